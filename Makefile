@@ -1,0 +1,38 @@
+# make demo / make test work on a fresh machine: each sets up what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint unit wheel-check bench clean
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip wheel
+	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q torch
+	$(PY) -m pip install -q -e ".[dev,models,triton,redis]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/inferline demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+unit: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+# Build the wheel, install it into a fresh venv and run the CLI from it: proves the folder
+# mapping into the inferline namespace works outside an editable install.
+wheel-check: $(STAMP)
+	rm -rf build dist /tmp/inferline-wheel-venv
+	$(PY) -m build -q --wheel --no-isolation --outdir dist . >/dev/null
+	$(PYTHON) -m venv /tmp/inferline-wheel-venv
+	/tmp/inferline-wheel-venv/bin/pip install -q dist/inferline-*.whl
+	cd /tmp && /tmp/inferline-wheel-venv/bin/python -c "import inferline.core, inferline.queueing, inferline.adapters, inferline.selection, inferline.velox; print('wheel imports ok')"
+	cd /tmp && /tmp/inferline-wheel-venv/bin/inferline --help >/dev/null && echo "wheel CLI ok"
+
+test: $(STAMP) lint wheel-check unit
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

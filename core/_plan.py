@@ -1,0 +1,213 @@
+"""Plan (format ``inferline.plan/1``): per-model configuration plus the tuner's inputs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ._hardware import HardwareCatalog
+from ._validate import (
+    as_float,
+    as_int,
+    as_list,
+    as_mapping,
+    as_str,
+    check_format,
+    no_extra_keys,
+    req,
+)
+from .errors import NotFoundError
+
+__all__ = ["PLAN_FORMAT", "ModelConfig", "Plan", "TunerInputs", "TunerModel"]
+
+PLAN_FORMAT = "inferline.plan/1"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """How one model is served: hardware kind, maximum batch size and replica count."""
+
+    hardware: str
+    max_batch_size: int = 1
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        as_str(self.hardware, "hardware")
+        as_int(self.max_batch_size, "max_batch_size", minimum=1)
+        as_int(self.replicas, "replicas", minimum=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hardware": self.hardware,
+            "max_batch_size": self.max_batch_size,
+            "replicas": self.replicas,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "model") -> ModelConfig:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"hardware", "max_batch_size", "replicas"}, where)
+        return cls(
+            hardware=as_str(req(m, "hardware", where), f"{where}.hardware"),
+            max_batch_size=as_int(
+                req(m, "max_batch_size", where), f"{where}.max_batch_size", minimum=1
+            ),
+            replicas=as_int(req(m, "replicas", where), f"{where}.replicas", minimum=0),
+        )
+
+    def cost_per_hour(self, catalog: HardwareCatalog) -> float:
+        return self.replicas * catalog.cost(self.hardware)
+
+
+@dataclass(frozen=True)
+class TunerModel:
+    """Per-model inputs of the tuner (InferLine §5)."""
+
+    scale_factor: float
+    throughput_qps: float  # single replica, at the planned batch size and hardware
+    max_provisioning_ratio: float  # planned arrival rate at the model / planned capacity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scale_factor": self.scale_factor,
+            "throughput_qps": self.throughput_qps,
+            "max_provisioning_ratio": self.max_provisioning_ratio,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> TunerModel:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"scale_factor", "throughput_qps", "max_provisioning_ratio"}, where)
+        return cls(
+            as_float(req(m, "scale_factor", where), f"{where}.scale_factor", positive=True, hi=1.0),
+            as_float(req(m, "throughput_qps", where), f"{where}.throughput_qps", positive=True),
+            as_float(
+                req(m, "max_provisioning_ratio", where),
+                f"{where}.max_provisioning_ratio",
+                positive=True,
+            ),
+        )
+
+
+@dataclass(frozen=True)
+class TunerInputs:
+    """The traffic envelope of the planning trace and per-model slack figures."""
+
+    service_time_s: float
+    # (window_s, max arrivals in any window of that size), windows doubling up to 60 s
+    envelope: tuple[tuple[float, int], ...]
+    mean_rate_qps: float
+    models: Mapping[str, TunerModel] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "envelope", tuple((float(w), int(n)) for w, n in self.envelope))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "service_time_s": self.service_time_s,
+            "envelope": [[w, n] for w, n in self.envelope],
+            "mean_rate_qps": self.mean_rate_qps,
+            "models": {k: v.to_dict() for k, v in self.models.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tuner") -> TunerInputs:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"service_time_s", "envelope", "mean_rate_qps", "models"}, where)
+        env = []
+        for i, e in enumerate(as_list(req(m, "envelope", where), f"{where}.envelope")):
+            e = as_list(e, f"{where}.envelope[{i}]")
+            env.append(
+                (
+                    as_float(e[0], f"{where}.envelope[{i}][0]", positive=True),
+                    as_int(e[1], f"{where}.envelope[{i}][1]", minimum=0),
+                )
+            )
+        models = {
+            k: TunerModel.from_dict(v, f"{where}.models.{k}")
+            for k, v in as_mapping(m.get("models", {}), f"{where}.models").items()
+        }
+        return cls(
+            as_float(req(m, "service_time_s", where), f"{where}.service_time_s", positive=True),
+            tuple(env),
+            as_float(req(m, "mean_rate_qps", where), f"{where}.mean_rate_qps", nonneg=True),
+            models,
+        )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A configuration of every model of a pipeline, as chosen by a planner."""
+
+    pipeline: str
+    slo_s: float
+    models: Mapping[str, ModelConfig]
+    percentile: float = 99.0
+    cost_per_hour: float = 0.0
+    estimated_latency_s: float = 0.0
+    strategy: str = "inferline"
+    tuner: TunerInputs | None = None
+
+    def config(self, model: str) -> ModelConfig:
+        try:
+            return self.models[model]
+        except KeyError:
+            raise NotFoundError("model in plan", model, sorted(self.models)) from None
+
+    def with_models(self, models: Mapping[str, ModelConfig]) -> Plan:
+        return replace(self, models=dict(models))
+
+    def total_cost(self, catalog: HardwareCatalog) -> float:
+        return sum(c.cost_per_hour(catalog) for c in self.models.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "format": PLAN_FORMAT,
+            "pipeline": self.pipeline,
+            "slo_s": self.slo_s,
+            "percentile": self.percentile,
+            "cost_per_hour": self.cost_per_hour,
+            "estimated_latency_s": self.estimated_latency_s,
+            "strategy": self.strategy,
+            "models": {k: v.to_dict() for k, v in self.models.items()},
+        }
+        if self.tuner is not None:
+            d["tuner"] = self.tuner.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Plan:
+        m = check_format(d, PLAN_FORMAT)
+        no_extra_keys(
+            m,
+            {
+                "format",
+                "pipeline",
+                "slo_s",
+                "percentile",
+                "cost_per_hour",
+                "estimated_latency_s",
+                "strategy",
+                "models",
+                "tuner",
+            },
+            "",
+        )
+        models = {
+            as_str(k, "models"): ModelConfig.from_dict(v, f"models.{k}")
+            for k, v in as_mapping(req(m, "models", ""), "models").items()
+        }
+        tuner = TunerInputs.from_dict(m["tuner"]) if m.get("tuner") is not None else None
+        return cls(
+            pipeline=as_str(req(m, "pipeline", ""), "pipeline"),
+            slo_s=as_float(req(m, "slo_s", ""), "slo_s", positive=True),
+            models=models,
+            percentile=as_float(m.get("percentile", 99.0), "percentile", lo=0.0, hi=100.0),
+            cost_per_hour=as_float(m.get("cost_per_hour", 0.0), "cost_per_hour", nonneg=True),
+            estimated_latency_s=as_float(
+                m.get("estimated_latency_s", 0.0), "estimated_latency_s", nonneg=True
+            ),
+            strategy=as_str(m.get("strategy", "inferline"), "strategy"),
+            tuner=tuner,
+        )

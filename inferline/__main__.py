@@ -1,0 +1,3 @@
+from inferline.cli import main
+
+raise SystemExit(main())

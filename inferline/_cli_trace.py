@@ -1,0 +1,101 @@
+"""``inferline trace ...``: generate, convert and describe arrival traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+from inferline.cli import register
+from inferline.core import (
+    gamma_trace,
+    load_csv_trace,
+    load_trace,
+    max_arrivals_in_window,
+    mean_rate,
+    rescale_to_rate,
+    save_trace,
+    varying_trace,
+)
+
+
+def _gamma(args: argparse.Namespace) -> int:
+    trace = gamma_trace(args.rate, args.cv, args.duration_s, np.random.default_rng(args.seed))
+    save_trace(trace, args.output)
+    print(f"wrote {trace.size} arrivals to {args.output}")
+    return 0
+
+
+def _varying(args: argparse.Namespace) -> int:
+    segs = []
+    for i, s in enumerate(args.segment):
+        try:
+            r, c, d = (float(x) for x in s.split(","))
+        except ValueError:
+            from inferline.core.errors import ValidationError
+
+            raise ValidationError(f"--segment[{i}]", "RATE,CV,DURATION_S", s) from None
+        segs.append((r, c, d))
+    trace = varying_trace(segs, np.random.default_rng(args.seed), transition_s=args.transition_s)
+    save_trace(trace, args.output)
+    print(f"wrote {trace.size} arrivals to {args.output}")
+    return 0
+
+
+def _from_csv(args: argparse.Namespace) -> int:
+    trace = load_csv_trace(args.csv, column=args.column)
+    if args.rate is not None:
+        trace = rescale_to_rate(trace, args.rate)
+    save_trace(trace, args.output)
+    print(f"wrote {trace.size} arrivals ({mean_rate(trace):.3f} q/s) to {args.output}")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    trace = load_trace(args.trace)
+    gaps = np.diff(trace)
+    out = {
+        "arrivals": int(trace.size),
+        "span_s": float(trace[-1] - trace[0]),
+        "mean_rate_qps": mean_rate(trace),
+        "cv": float(gaps.std() / gaps.mean()) if gaps.size and gaps.mean() > 0 else 0.0,
+        "peak_rate_qps": {
+            str(w): max_arrivals_in_window(trace, w) / w for w in (0.1, 1.0, 10.0, 60.0)
+        },
+    }
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+@register
+def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("trace", help="generate or convert arrival traces")
+    ts = p.add_subparsers(dest="trace_command", metavar="KIND")
+    ts.required = True
+
+    g = ts.add_parser("gamma", help="gamma-process arrivals with a given rate and CV")
+    g.add_argument("--rate", type=float, required=True, help="mean arrival rate, queries/s")
+    g.add_argument("--cv", type=float, default=1.0, help="coefficient of variation (default 1)")
+    g.add_argument("--duration-s", type=float, required=True)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("-o", "--output", required=True)
+    g.set_defaults(func=_gamma)
+
+    v = ts.add_parser("varying", help="move between (rate, CV) segments over a transition time")
+    v.add_argument("--segment", action="append", required=True, metavar="RATE,CV,DURATION_S")
+    v.add_argument("--transition-s", type=float, default=0.0)
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("-o", "--output", required=True)
+    v.set_defaults(func=_varying)
+
+    c = ts.add_parser("from-csv", help="arrival times from a CSV timestamp column")
+    c.add_argument("csv")
+    c.add_argument("--column", default="TIMESTAMP")
+    c.add_argument("--rate", type=float, default=None, help="rescale to this mean rate")
+    c.add_argument("-o", "--output", required=True)
+    c.set_defaults(func=_from_csv)
+
+    d = ts.add_parser("describe", help="print rate, CV and peak rates of a trace")
+    d.add_argument("trace")
+    d.set_defaults(func=_describe)

@@ -1,0 +1,72 @@
+"""The ``inferline`` command. Each subcommand lives in a small ``_cli_*`` module that registers
+its parser; errors print as one line with a non-zero exit (tracebacks only with ``--debug``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from inferline.core.errors import InferlineError
+
+__all__ = ["main", "register"]
+
+Registrar = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
+_REGISTRARS: list[Registrar] = []
+
+
+def register(fn: Registrar) -> Registrar:
+    _REGISTRARS.append(fn)
+    return fn
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # Importing the command modules registers their subparsers.
+    from inferline import _cli_trace  # noqa: F401
+
+    for mod in ("_cli_plan", "_cli_serve", "_cli_tools"):
+        try:
+            __import__(f"inferline.{mod}")
+        except ModuleNotFoundError as e:
+            if e.name != f"inferline.{mod}":
+                raise
+    p = argparse.ArgumentParser(
+        prog="inferline",
+        description="Plan, simulate, serve and tune ML prediction pipelines under latency SLOs.",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    seen: set[int] = set()
+    for fn in _REGISTRARS:
+        if id(fn) not in seen:
+            seen.add(id(fn))
+            fn(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        rc = args.func(args)
+    except InferlineError as e:
+        if args.debug:
+            raise
+        print(f"inferline: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("inferline: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

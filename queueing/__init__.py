@@ -1,0 +1,1 @@
+"""The data path: per-model EDF queues, batching policies, cache, dispatch, pipeline driver."""
