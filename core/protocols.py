@@ -7,7 +7,7 @@ They live in ``core`` so the queue in ``queueing`` can drive replicas without im
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -105,7 +105,19 @@ class Backend(Protocol):
 
     async def remove(self, model: str) -> None: ...
 
-    def replicas(self, model: str) -> list[ReplicaHandle]: ...
+    def replicas(self, model: str) -> list[ReplicaHandle]:
+        """The replicas that are active now (started, healthy, not draining)."""
+        ...
+
+    def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
+        """Call ``callback(model, replicas(model))`` whenever a model's active set changes.
+
+        This is how the interposed queue keeps one puller per replica without polling: a
+        replica that is added (after it is ready), removed (it stops taking batches, and the
+        backend waits for its in-flight batch before stopping it), dies or is restarted shows up
+        as a call.
+        """
+        ...
 
     async def stats(self, model: str) -> Mapping[str, Any]: ...
 
