@@ -1,0 +1,284 @@
+"""Built-in selection policies: Exp3, Exp4 (Clipper §3.5, after Auer et al.), epsilon-greedy,
+UCB1 and a static policy.
+
+Policies hold only parameters and the injected ``random.Random``; everything learned is in the
+``WeightState`` they return, so states can be kept per user or per session.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from inferline.core.errors import ValidationError
+
+from ._policy import (
+    Combined,
+    Loss,
+    WeightState,
+    check_models,
+    check_rate,
+    combine_votes,
+    zero_one_loss,
+)
+
+__all__ = ["UCB1", "EpsilonGreedy", "Exp3", "Exp4", "StaticPolicy", "make_policy"]
+
+
+class _Base:
+    name = "base"
+
+    def __init__(
+        self, models: Sequence[str], *, loss: Loss = zero_one_loss, rng: random.Random | None = None
+    ) -> None:
+        self.models = check_models(models)
+        self.loss = loss
+        self.rng = rng if rng is not None else random.Random(0)
+
+    def init(self) -> WeightState:
+        return WeightState.fresh(self.models)
+
+    def state_from_dict(self, d: Mapping[str, Any]) -> WeightState:
+        st = WeightState.from_dict(d)
+        if st.models != self.models:
+            raise ValidationError("state.models", f"{list(self.models)!r}", list(st.models))
+        return st
+
+    def combine(self, state: WeightState, x: Any, predictions: Mapping[str, Any]) -> Combined:
+        w = state.weights()
+        weights = {m: float(w[i]) for i, m in enumerate(state.models)}
+        return combine_votes(predictions, weights, self.select_all_for_confidence(state, x))
+
+    def select_all_for_confidence(self, state: WeightState, x: Any) -> list[str]:
+        return self.select(state, x)
+
+    def select(self, state: WeightState, x: Any) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        return {"policy": self.name, "models": list(self.models)}
+
+    @staticmethod
+    def _record(
+        state: WeightState, i: int, loss: float
+    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+        counts = list(state.counts)
+        tl = list(state.total_loss)
+        counts[i] += 1
+        tl[i] += loss
+        return tuple(counts), tuple(tl)
+
+
+class StaticPolicy(_Base):
+    """Always the same model (or the same fixed ensemble)."""
+
+    name = "static"
+
+    def __init__(
+        self, models: Sequence[str], *, use: Sequence[str] | None = None, **kw: Any
+    ) -> None:
+        super().__init__(models, **kw)
+        self.use = list(use) if use is not None else [self.models[0]]
+        for m in self.use:
+            if m not in self.models:
+                raise ValidationError("use", f"models from {list(self.models)!r}", m)
+
+    def select(self, state: WeightState, x: Any) -> list[str]:
+        return list(self.use)
+
+    def observe(
+        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> WeightState:
+        counts, tl = state.counts, state.total_loss
+        for m, y in predictions.items():
+            counts, tl = self._record(
+                replace(state, counts=counts, total_loss=tl), state.index(m), self.loss(feedback, y)
+            )
+        return replace(state, counts=counts, total_loss=tl, steps=state.steps + 1)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "use": self.use}
+
+
+class Exp3(_Base):
+    """Single-model selection (Clipper's Exp3 policy).
+
+    Selects model i with probability ``p_i = (1-gamma) s_i / sum(s) + gamma / k`` and, after the
+    loss L of the selected model is observed, sets ``s_i <- s_i * exp(-eta * L / p_i)``. Clipper
+    describes gamma = 0; Auer et al.'s Exp3 mixes in uniform exploration, which is what lets a
+    model that failed and recovered win traffic back, so a small gamma is the default.
+    """
+
+    name = "exp3"
+
+    def __init__(
+        self, models: Sequence[str], *, eta: float = 0.05, gamma: float = 0.05, **kw: Any
+    ) -> None:
+        super().__init__(models, **kw)
+        self.eta = check_rate(eta, "eta")
+        if not 0.0 <= gamma < 1.0:
+            raise ValidationError("gamma", "a number in [0, 1)", gamma)
+        self.gamma = float(gamma)
+
+    def probabilities(self, state: WeightState) -> np.ndarray:
+        k = len(state.models)
+        return (1.0 - self.gamma) * state.weights() + self.gamma / k
+
+    def select(self, state: WeightState, x: Any) -> list[str]:
+        p = self.probabilities(state)
+        u = self.rng.random()
+        i = int(np.searchsorted(np.cumsum(p), u * p.sum(), side="right"))
+        return [state.models[min(i, len(p) - 1)]]
+
+    def combine(self, state: WeightState, x: Any, predictions: Mapping[str, Any]) -> Combined:
+        if not predictions:
+            return Combined(None, 0.0, 0, 1)
+        y = next(iter(predictions.values()))
+        return Combined(y, 1.0, 1, 1)
+
+    def observe(
+        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> WeightState:
+        if not predictions:
+            return state
+        p = self.probabilities(state)
+        lw = list(state.log_weights)
+        counts, tl = state.counts, state.total_loss
+        for m, y in predictions.items():
+            i = state.index(m)
+            loss = self.loss(feedback, y)
+            lw[i] -= self.eta * loss / p[i]
+            counts, tl = self._record(replace(state, counts=counts, total_loss=tl), i, loss)
+        top = max(lw)  # renormalize in log space so weights never underflow
+        return replace(
+            state,
+            log_weights=tuple(v - top for v in lw),
+            counts=counts,
+            total_loss=tl,
+            steps=state.steps + 1,
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "eta": self.eta, "gamma": self.gamma}
+
+
+class Exp4(_Base):
+    """Ensemble policy (Clipper's Exp4): query every model, combine by weight, and update each
+    model's weight by its own loss, ``s_i <- s_i * exp(-eta * L_i)``.
+
+    Confidence is the fraction of models that agree with the combined output; a model whose
+    prediction did not arrive by the deadline counts as not agreeing.
+    """
+
+    name = "exp4"
+
+    def __init__(self, models: Sequence[str], *, eta: float = 0.3, **kw: Any) -> None:
+        super().__init__(models, **kw)
+        self.eta = check_rate(eta, "eta")
+
+    def select(self, state: WeightState, x: Any) -> list[str]:
+        return list(state.models)
+
+    def observe(
+        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> WeightState:
+        lw = list(state.log_weights)
+        counts, tl = state.counts, state.total_loss
+        for m, y in predictions.items():
+            i = state.index(m)
+            loss = self.loss(feedback, y)
+            lw[i] -= self.eta * loss
+            counts, tl = self._record(replace(state, counts=counts, total_loss=tl), i, loss)
+        top = max(lw)
+        return replace(
+            state,
+            log_weights=tuple(v - top for v in lw),
+            counts=counts,
+            total_loss=tl,
+            steps=state.steps + 1,
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "eta": self.eta}
+
+
+class EpsilonGreedy(_Base):
+    """Reference policy: the model with the lowest mean loss, or a uniform pick with prob. epsilon."""
+
+    name = "epsilon-greedy"
+
+    def __init__(self, models: Sequence[str], *, epsilon: float = 0.1, **kw: Any) -> None:
+        super().__init__(models, **kw)
+        if not 0.0 <= epsilon <= 1.0:
+            raise ValidationError("epsilon", "a number in [0, 1]", epsilon)
+        self.epsilon = float(epsilon)
+
+    def select(self, state: WeightState, x: Any) -> list[str]:
+        if self.rng.random() < self.epsilon or 0 in state.counts:
+            untried = [m for m, c in zip(state.models, state.counts, strict=True) if c == 0]
+            pool = untried if untried and self.rng.random() >= self.epsilon else list(state.models)
+            return [pool[self.rng.randrange(len(pool))]]
+        means = [tl / c for tl, c in zip(state.total_loss, state.counts, strict=True)]
+        return [state.models[int(np.argmin(means))]]
+
+    def combine(self, state: WeightState, x: Any, predictions: Mapping[str, Any]) -> Combined:
+        return Exp3.combine(self, state, x, predictions)  # type: ignore[arg-type]
+
+    def observe(
+        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> WeightState:
+        counts, tl = state.counts, state.total_loss
+        for m, y in predictions.items():
+            counts, tl = self._record(
+                replace(state, counts=counts, total_loss=tl), state.index(m), self.loss(feedback, y)
+            )
+        return replace(state, counts=counts, total_loss=tl, steps=state.steps + 1)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "epsilon": self.epsilon}
+
+
+class UCB1(_Base):
+    """Reference policy (Auer et al. 2002): maximize mean reward + sqrt(2 ln n / n_i)."""
+
+    name = "ucb1"
+
+    def select(self, state: WeightState, x: Any) -> list[str]:
+        for m, c in zip(state.models, state.counts, strict=True):
+            if c == 0:
+                return [m]
+        n = sum(state.counts)
+        scores = [
+            1.0 - tl / c + math.sqrt(2.0 * math.log(n) / c)
+            for tl, c in zip(state.total_loss, state.counts, strict=True)
+        ]
+        return [state.models[int(np.argmax(scores))]]
+
+    combine = EpsilonGreedy.combine
+    observe = EpsilonGreedy.observe
+
+
+_POLICIES: dict[str, type[_Base]] = {
+    c.name: c for c in (StaticPolicy, Exp3, Exp4, EpsilonGreedy, UCB1)
+}
+
+
+def make_policy(config: Mapping[str, Any], *, rng: random.Random | None = None) -> _Base:
+    """Build a policy from ``{"policy": name, "models": [...], **params}`` (JSON round trip of
+    ``policy.config()``)."""
+    cfg = dict(config)
+    name = cfg.pop("policy", None)
+    if name not in _POLICIES:
+        raise ValidationError("policy", f"one of {sorted(_POLICIES)!r}", name)
+    models = cfg.pop("models", None)
+    if not isinstance(models, list):
+        raise ValidationError("models", "a list of model names", models)
+    try:
+        return _POLICIES[name](models, rng=rng, **cfg)
+    except TypeError as e:
+        raise ValidationError(f"{name} parameters", "known parameter names", str(e)) from None
