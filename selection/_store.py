@@ -1,0 +1,216 @@
+"""Where per-application / per-user / per-session policy state lives (Clipper's contextualization).
+
+States are JSON objects (``state.to_dict()``). Three stores with one interface:
+
+- ``MemoryStore``: in-process LRU with a capacity (states of evicted keys restart from ``init``).
+- ``SQLiteStore``: persistent; WAL journal and ``synchronous=FULL`` so an update that returned
+  (was acknowledged) survives a crash of the process (kill -9) or the machine.
+- ``RedisStore``: shared by several frontends; optional (needs the ``redis`` package and a server).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from inferline.core.errors import BackendError, ValidationError
+
+__all__ = ["MemoryStore", "RedisStore", "SQLiteStore", "StateStore", "open_store"]
+
+JSONState = dict[str, Any]
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    def get(self, key: str) -> JSONState | None: ...
+
+    def put(self, key: str, state: Mapping[str, Any]) -> None: ...
+
+    def update(
+        self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]
+    ) -> JSONState: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _check_key(key: object) -> str:
+    if not isinstance(key, str) or not key or len(key) > 512:
+        raise ValidationError("state key", "a non-empty string of at most 512 characters", key)
+    return key
+
+
+class MemoryStore:
+    """In-memory LRU store; thread-safe."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        if capacity < 1:
+            raise ValidationError("capacity", "an integer >= 1", capacity)
+        self.capacity = capacity
+        self._data: OrderedDict[str, str] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> JSONState | None:
+        with self._lock:
+            raw = self._data.get(_check_key(key))
+            if raw is None:
+                return None
+            self._data.move_to_end(key)
+            return json.loads(raw)  # type: ignore[no-any-return]
+
+    def put(self, key: str, state: Mapping[str, Any]) -> None:
+        raw = json.dumps(dict(state))  # serialize: callers cannot mutate what is stored
+        with self._lock:
+            self._data[_check_key(key)] = raw
+            self._data.move_to_end(key)
+            while len(self._data) > self.capacity:
+                self._data.popitem(last=False)
+
+    def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
+        with self._lock:
+            raw = self._data.get(_check_key(key))
+            new = dict(fn(json.loads(raw) if raw is not None else None))
+            self._data[key] = json.dumps(new)
+            self._data.move_to_end(key)
+            while len(self._data) > self.capacity:
+                self._data.popitem(last=False)
+            return new
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._data.pop(_check_key(key), None)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def close(self) -> None:
+        pass
+
+
+class SQLiteStore:
+    """Durable store in one SQLite file (WAL, synchronous=FULL)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # FULL: the commit is on disk before put() returns, so an acknowledged write survives
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
+
+    def get(self, key: str) -> JSONState | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT value FROM state WHERE key=?", (_check_key(key),)
+            ).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def put(self, key: str, state: Mapping[str, Any]) -> None:
+        raw = json.dumps(dict(state))
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO state(key, value) VALUES(?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (_check_key(key), raw),
+            )
+
+    def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                row = self._db.execute(
+                    "SELECT value FROM state WHERE key=?", (_check_key(key),)
+                ).fetchone()
+                new = dict(fn(json.loads(row[0]) if row else None))
+                self._db.execute(
+                    "INSERT INTO state(key, value) VALUES(?, ?) "
+                    "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                    (key, json.dumps(new)),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return new
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM state WHERE key=?", (_check_key(key),))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM state").fetchone()[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class RedisStore:
+    """Store shared by several frontends; updates use WATCH/MULTI optimistic transactions."""
+
+    def __init__(
+        self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "inferline:state:"
+    ) -> None:
+        try:
+            import redis
+        except ImportError:  # pragma: no cover - depends on the optional extra
+            raise BackendError(
+                "redis", "the 'redis' package is not installed (pip install inferline[redis])"
+            ) from None
+        self._redis = redis.Redis.from_url(url)
+        self._watch_error = redis.WatchError
+        self.prefix = prefix
+        try:
+            self._redis.ping()
+        except redis.RedisError as e:
+            raise BackendError(url, f"cannot reach redis: {e}") from None
+
+    def _k(self, key: str) -> str:
+        return self.prefix + _check_key(key)
+
+    def get(self, key: str) -> JSONState | None:
+        raw = self._redis.get(self._k(key))
+        return json.loads(raw) if raw is not None else None
+
+    def put(self, key: str, state: Mapping[str, Any]) -> None:
+        self._redis.set(self._k(key), json.dumps(dict(state)))
+
+    def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
+        k = self._k(key)
+        with self._redis.pipeline() as pipe:
+            while True:
+                try:
+                    pipe.watch(k)
+                    raw = pipe.get(k)
+                    new = dict(fn(json.loads(raw) if raw is not None else None))
+                    pipe.multi()
+                    pipe.set(k, json.dumps(new))
+                    pipe.execute()
+                    return new
+                except self._watch_error:
+                    continue
+
+    def delete(self, key: str) -> None:
+        self._redis.delete(self._k(key))
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def open_store(spec: str | None) -> StateStore:
+    """``None``/``"memory"`` -> MemoryStore; ``redis://...`` -> RedisStore; else a SQLite path."""
+    if spec is None or spec == "memory":
+        return MemoryStore()
+    if spec.startswith(("redis://", "rediss://")):
+        return RedisStore(spec)
+    return SQLiteStore(spec)
