@@ -4,6 +4,17 @@ from ._bandits import UCB1, EpsilonGreedy, Exp3, Exp4, StaticPolicy, make_policy
 from ._policy import Combined, SelectionPolicy, WeightState, as_label, combine_votes, zero_one_loss
 from ._service import Prediction, SelectionConfig, SelectionService, input_digest
 from ._store import MemoryStore, RedisStore, SQLiteStore, StateStore, open_store
+from ._switching import (
+    RateEstimator,
+    SwitchDecision,
+    SwitchingConfig,
+    SwitchingController,
+    SwitchingTable,
+    SwitchOption,
+    Variant,
+    build_switching_table,
+    thread_hardware,
+)
 
 __all__ = [
     "UCB1",
@@ -13,6 +24,7 @@ __all__ = [
     "Exp4",
     "MemoryStore",
     "Prediction",
+    "RateEstimator",
     "RedisStore",
     "SQLiteStore",
     "SelectionConfig",
@@ -20,11 +32,19 @@ __all__ = [
     "SelectionService",
     "StateStore",
     "StaticPolicy",
+    "SwitchDecision",
+    "SwitchOption",
+    "SwitchingConfig",
+    "SwitchingController",
+    "SwitchingTable",
+    "Variant",
     "WeightState",
     "as_label",
+    "build_switching_table",
     "combine_votes",
     "input_digest",
     "make_policy",
     "open_store",
+    "thread_hardware",
     "zero_one_loss",
 ]
