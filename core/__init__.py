@@ -3,6 +3,13 @@
 Pure: no sockets, no processes, no wall clock.
 """
 
+from ._envelope import (
+    MAX_ENVELOPE_WINDOW_S,
+    OnlineEnvelope,
+    TrafficEnvelope,
+    envelope_windows,
+    trace_envelope,
+)
 from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatalog
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
 from ._pipeline import PIPELINE_FORMAT, Pipeline
@@ -21,6 +28,14 @@ from ._trace import (
     split_trace,
     varying_trace,
 )
+from ._tuner import (
+    InferLineController,
+    Tuner,
+    TunerConfig,
+    TunerDecision,
+    TunerPolicy,
+    TunerState,
+)
 from .errors import (
     BackendError,
     CapacityError,
@@ -35,6 +50,17 @@ from .errors import (
 from .protocols import Backend, ModelSpec, ReplicaHandle
 
 __all__ = [
+    "MAX_ENVELOPE_WINDOW_S",
+    "OnlineEnvelope",
+    "TrafficEnvelope",
+    "envelope_windows",
+    "trace_envelope",
+    "InferLineController",
+    "Tuner",
+    "TunerConfig",
+    "TunerDecision",
+    "TunerPolicy",
+    "TunerState",
     "DEFAULT_CATALOG",
     "HARDWARE_FORMAT",
     "PIPELINE_FORMAT",

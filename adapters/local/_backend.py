@@ -1,0 +1,665 @@
+"""``LocalBackend`` (``local://``): the bundled Clipper-style container runtime.
+
+Each replica is its own OS process (``python -m inferline.adapters.local.replica``) serving one
+model container over gRPC on 127.0.0.1. The backend places replicas on CPU cores or GPUs from
+its inventory, scales them up and down at run time (draining before stopping), watches them
+(process exit plus a gRPC heartbeat) and restarts the ones that die.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from inferline.core import (
+    BackendError,
+    ModelConfig,
+    ModelSpec,
+    NotFoundError,
+    ReplicaHandle,
+    ValidationError,
+)
+
+from . import _server
+from . import replica_pb2_grpc as pbg
+from ._handle import ACTIVE, DRAINING, STARTING, STOPPED, LocalReplica
+from ._inventory import Inventory, Placement, detect_cores, detect_gpus
+
+__all__ = ["REPLICA_MODULE", "LocalBackend"]
+
+REPLICA_MODULE = __package__ + ".replica"
+
+log = logging.getLogger(__name__)
+
+# Every replica pid any LocalBackend started and has not yet reaped: killed at interpreter exit
+# so a parent that crashes out of its event loop leaves no orphans (the replicas also watch
+# their parent, for the case where the parent is killed outright).
+_LIVE_PIDS: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def _is_our_child(pid: int) -> bool:
+    # Guards against pid reuse: only signal a process whose parent is still this process.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return not os.path.isdir("/proc")  # no procfs (not Linux): trust the bookkeeping
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (IndexError, ValueError):
+        return False
+
+
+def _kill_pids(pids: set[int]) -> None:
+    with _LIVE_LOCK:
+        for pid in list(pids):
+            if pid in _LIVE_PIDS and _is_our_child(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            _LIVE_PIDS.discard(pid)
+        pids.clear()
+
+
+atexit.register(_kill_pids, _LIVE_PIDS)
+
+
+@dataclass
+class _Slot:
+    """A replica position of a model: holds its placement across restarts."""
+
+    index: int
+    placement: Placement
+    replica: LocalReplica | None = None
+    restart_task: asyncio.Task[None] | None = None
+    failures: int = 0  # consecutive failed starts
+    restarts: int = 0
+
+
+@dataclass
+class _Model:
+    spec: ModelSpec
+    config: ModelConfig
+    slots: list[_Slot] = field(default_factory=list)
+    next_index: int = 0
+    restarts: int = 0
+    retired: list[dict[str, Any]] = field(default_factory=list)
+
+
+class LocalBackend:
+    """The bundled runtime. All methods must be called from one asyncio event loop.
+
+    Args:
+        url: the backend's URL (``local://``; kept for messages and ``url``).
+        cores: CPU core ids replicas may be pinned to (default: this process's affinity).
+        gpus: GPU ids (strings or ints) for ``CUDA_VISIBLE_DEVICES`` (default: ``nvidia-smi -L``,
+            or ``CUDA_VISIBLE_DEVICES`` if set; none when neither is available).
+        gpu_kind: the hardware catalog name the GPUs are offered as.
+        oversubscribe: share cores/GPUs round-robin instead of refusing with ``CapacityError``.
+        heartbeat_interval_s, heartbeat_timeout_s, heartbeat_misses: the gRPC ping every
+            interval; a replica missing ``heartbeat_misses`` pings in a row is killed and restarted.
+        start_timeout_s: how long a replica may take from spawn to its first healthy ping.
+        drain_timeout_s: how long scale-down waits for an in-flight batch before killing.
+        predict_timeout_s: optional deadline for one batch RPC (None: rely on health checks).
+        restart: restart replicas that die (default True).
+        max_start_failures: consecutive failed restarts of a slot before giving up on it.
+        python: the interpreter replicas run with (default: this one).
+        env: extra environment variables for replica processes.
+        max_message_bytes: gRPC message size limit both ways.
+        replica_log_level: logging level inside the replica processes.
+    """
+
+    def __init__(
+        self,
+        url: str = "local://",
+        *,
+        cores: Sequence[int] | None = None,
+        gpus: Sequence[int | str] | None = None,
+        gpu_kind: str = "gpu-v100",
+        oversubscribe: bool = False,
+        heartbeat_interval_s: float = 0.5,
+        heartbeat_timeout_s: float = 1.0,
+        heartbeat_misses: int = 4,
+        start_timeout_s: float = 60.0,
+        drain_timeout_s: float = 60.0,
+        predict_timeout_s: float | None = None,
+        restart: bool = True,
+        max_start_failures: int = 5,
+        python: str | None = None,
+        env: Mapping[str, str] | None = None,
+        max_message_bytes: int = 64 << 20,
+        replica_log_level: str = "WARNING",
+    ) -> None:
+        all_cores = detect_cores()
+        if cores is not None:
+            unknown = sorted(set(cores) - set(all_cores))
+            if unknown:
+                raise ValidationError(
+                    "cores", f"a subset of this process's cores {all_cores}", unknown
+                )
+        self._url = url
+        self._inv = Inventory(
+            list(cores) if cores is not None else all_cores,
+            [str(g) for g in gpus] if gpus is not None else detect_gpus(),
+            gpu_kind,
+            oversubscribe,
+        )
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.heartbeat_misses = heartbeat_misses
+        self.start_timeout_s = start_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.predict_timeout_s = predict_timeout_s
+        self.restart = restart
+        self.max_start_failures = max_start_failures
+        self.python = python or sys.executable
+        self.env = dict(env or {})
+        self.max_message_bytes = max_message_bytes
+        self.replica_log_level = replica_log_level
+        self._models: dict[str, _Model] = {}
+        self._subscribers: list[Callable[[str, list[ReplicaHandle]], None]] = []
+        self._ids = itertools.count()
+        self._closed = False
+        self._pids: set[int] = set()
+        self._finalizer = weakref.finalize(self, _kill_pids, self._pids)
+
+    # -- views ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def gpu_kind(self) -> str:
+        return self._inv.gpu_kind
+
+    @property
+    def oversubscribe(self) -> bool:
+        return self._inv.oversubscribe
+
+    def inventory(self) -> dict[str, int]:
+        return self._inv.inventory()
+
+    def free(self) -> dict[str, int]:
+        return self._inv.free()
+
+    def models(self) -> list[str]:
+        return list(self._models)
+
+    def replicas(self, model: str) -> list[ReplicaHandle]:
+        m = self._get(model)
+        return [s.replica for s in m.slots if s.replica is not None and s.replica.state == ACTIVE]
+
+    def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
+        self._subscribers.append(callback)
+
+    def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(callback)
+
+    def _get(self, model: str) -> _Model:
+        try:
+            return self._models[model]
+        except KeyError:
+            raise NotFoundError("model", model, sorted(self._models)) from None
+
+    def _notify(self, model: str) -> None:
+        active = self.replicas(model) if model in self._models else []
+        for cb in list(self._subscribers):
+            try:
+                cb(model, active)
+            except Exception:
+                log.exception("replica-set subscriber %r failed for model %r", cb, model)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendError(self._url, "backend is closed")
+
+    # -- deploy / scale / remove ------------------------------------------------------------
+
+    async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
+        """Start ``config.replicas`` replicas of ``spec`` on ``config.hardware``; returns once
+        all of them answer their first heartbeat."""
+        self._check_open()
+        if spec.name in self._models:
+            raise ValidationError(
+                "model", "a model that is not deployed yet (use scale() or remove())", spec.name
+            )
+        mod, sep, attr = spec.source.partition(":")
+        if not sep or not mod or not attr:
+            raise ValidationError(f"{spec.name}.source", "'package.module:factory'", spec.source)
+        try:
+            json.dumps(dict(spec.params))
+        except (TypeError, ValueError):
+            raise ValidationError(
+                f"{spec.name}.params", "JSON-able keyword arguments", spec.params
+            ) from None
+        placements = self._inv.allocate(spec.name, config.hardware, spec.threads, config.replicas)
+        m = _Model(spec, config)
+        self._models[spec.name] = m
+        try:
+            await self._start_slots(m, placements)
+        except BaseException:
+            self._models.pop(spec.name, None)
+            await self._stop_all_slots(m)
+            self._notify(spec.name)
+            raise
+
+    async def scale(self, model: str, replicas: int) -> None:
+        """Grow or shrink ``model`` to ``replicas`` replicas. New ones join the active set when
+        ready; removed ones leave it at once and stop after their in-flight batch."""
+        self._check_open()
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValidationError("replicas", "an integer >= 0", replicas)
+        m = self._get(model)
+        cur = len(m.slots)
+        m.config = ModelConfig(m.config.hardware, m.config.max_batch_size, replicas)
+        if replicas > cur:
+            placements = self._inv.allocate(
+                model, m.config.hardware, m.spec.threads, replicas - cur
+            )
+            await self._start_slots(m, placements)
+        elif replicas < cur:
+            # Prefer giving up slots that are not serving (starting, restarting), then the newest.
+            def order(s: _Slot) -> tuple[int, int]:
+                serving = s.replica is not None and s.replica.state == ACTIVE
+                return (1 if serving else 0, -s.index)
+
+            victims = sorted(m.slots, key=order)[: cur - replicas]
+            for s in victims:
+                m.slots.remove(s)
+            self._notify(model)
+            await asyncio.gather(*(self._retire_slot(m, s) for s in victims))
+
+    async def remove(self, model: str) -> None:
+        """Drain and stop every replica of ``model`` and forget it."""
+        self._check_open()
+        m = self._get(model)
+        slots = list(m.slots)
+        m.slots.clear()
+        self._notify(model)
+        await asyncio.gather(*(self._retire_slot(m, s) for s in slots))
+        self._models.pop(model, None)
+
+    async def _start_slots(self, m: _Model, placements: list[Placement]) -> None:
+        slots = []
+        for p in placements:
+            slots.append(_Slot(m.next_index, p))
+            m.next_index += 1
+        m.slots.extend(slots)
+        results = await asyncio.gather(
+            *(self._start_replica(m, s) for s in slots), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for s in slots:  # all or nothing
+                if s in m.slots:
+                    m.slots.remove(s)
+            self._notify(m.spec.name)
+            await asyncio.gather(*(self._retire_slot(m, s) for s in slots))
+            raise errors[0]
+
+    async def _retire_slot(self, m: _Model, s: _Slot) -> None:
+        if s.restart_task is not None and s.restart_task is not asyncio.current_task():
+            s.restart_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await s.restart_task
+        r = s.replica
+        try:
+            if r is not None:
+                await self._drain_and_stop(m, r)
+        finally:
+            self._inv.release(s.placement)
+
+    async def _stop_all_slots(self, m: _Model) -> None:
+        slots = list(m.slots)
+        m.slots.clear()
+        await asyncio.gather(*(self._retire_slot(m, s) for s in slots), return_exceptions=True)
+
+    # -- replica processes ------------------------------------------------------------------
+
+    def _replica_env(self, m: _Model, p: Placement) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.env)
+        n = str(m.spec.threads)
+        for var in (
+            "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS",
+            "NUMEXPR_NUM_THREADS",
+            "VECLIB_MAXIMUM_THREADS",
+        ):
+            env[var] = n
+        # A CPU replica must not grab a GPU by accident; a GPU replica sees exactly its own.
+        env["CUDA_VISIBLE_DEVICES"] = p.gpu if p.gpu is not None else ""
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    async def _start_replica(self, m: _Model, s: _Slot) -> LocalReplica:
+        """Spawn a process for slot ``s``, wait for its first healthy ping, make it active."""
+        name = m.spec.name
+        rid = f"{name}-{next(self._ids)}"
+        r = LocalReplica(self, name, rid, m.config.hardware, s.placement)
+        s.replica = r
+        cfg = {
+            "model": name,
+            "replica": rid,
+            "source": m.spec.source,
+            "params": dict(m.spec.params),
+            "threads": m.spec.threads,
+            "cores": list(s.placement.cores),
+            "gpu": s.placement.gpu,
+            "parent_pid": os.getpid(),
+            # The parent-death signal fires when the spawning *thread* exits, so only arm it
+            # when that thread is the main one (a loop in a worker thread may end early).
+            "pdeathsig": threading.current_thread() is threading.main_thread(),
+            "max_message_bytes": self.max_message_bytes,
+            "log_level": self.replica_log_level,
+        }
+        t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            self.python,
+            "-m",
+            REPLICA_MODULE,
+            json.dumps(cfg),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            env=self._replica_env(m, s.placement),
+            start_new_session=True,  # a Ctrl-C at the terminal goes to the frontend only
+        )
+        r.proc, r.pid = proc, proc.pid
+        with _LIVE_LOCK:
+            _LIVE_PIDS.add(proc.pid)
+        self._pids.add(proc.pid)
+        r.tasks.append(asyncio.create_task(self._watch_exit(m, s, r), name=f"watch-{rid}"))
+        try:
+            ready = await asyncio.wait_for(self._read_ready(r), self.start_timeout_s)
+            r.port = int(ready["port"])
+            r.load_s = float(ready.get("load_s", 0.0))
+            r.channel = grpc.aio.insecure_channel(
+                f"127.0.0.1:{r.port}",
+                options=[
+                    ("grpc.max_receive_message_length", self.max_message_bytes),
+                    ("grpc.max_send_message_length", self.max_message_bytes),
+                    ("grpc.enable_retries", 0),
+                ],
+            )
+            r.stub = pbg.ReplicaStub(r.channel)
+            await asyncio.wait_for(
+                self._first_ping(r), max(0.1, t0 + self.start_timeout_s - time.monotonic())
+            )
+        except BaseException as e:
+            reason = e if isinstance(e, BackendError) else None
+            self._kill(r)
+            if isinstance(e, asyncio.TimeoutError):
+                reason = BackendError(
+                    self._url,
+                    f"replica {rid} of {name!r} not ready within {self.start_timeout_s} s",
+                )
+            if reason is not None:
+                raise reason from None
+            raise
+        r.activation_delay_s = time.monotonic() - t0
+        r.last_heartbeat_mono = time.monotonic()
+        if r.died.done() or self._closed or s not in m.slots or s.replica is not r:
+            self._kill(r)
+            raise BackendError(self._url, f"replica {rid} of {name!r} was stopped while starting")
+        r.state = ACTIVE
+        log.info(
+            "replica %s of %r ready: pid %d, port %d, cores %s%s, activation delay %.3f s "
+            "(load %.3f s)",
+            rid,
+            name,
+            r.pid,
+            r.port,
+            list(s.placement.cores),
+            f", gpu {s.placement.gpu}" if s.placement.gpu is not None else "",
+            r.activation_delay_s,
+            r.load_s,
+        )
+        r.tasks.append(asyncio.create_task(self._heartbeat(r), name=f"heartbeat-{rid}"))
+        self._notify(name)
+        return r
+
+    async def _read_ready(self, r: LocalReplica) -> dict[str, Any]:
+        assert r.proc is not None and r.proc.stdout is not None
+        while True:
+            line = await r.proc.stdout.readline()
+            if not line:  # EOF: the process exited before it was ready
+                rc = await r.proc.wait()
+                raise BackendError(
+                    self._url,
+                    f"replica {r.id} of {r.model!r} exited with code {rc} before it was ready",
+                )
+            text = line.decode("utf-8", "replace").strip()
+            if text.startswith(_server.READY):
+                return json.loads(text[len(_server.READY) :])
+            if text.startswith(_server.ERROR):
+                try:
+                    err = json.loads(text[len(_server.ERROR) :])
+                    why = f"{err.get('type')}: {err.get('message')}"
+                except ValueError:
+                    why = text
+                raise BackendError(
+                    self._url, f"replica {r.id} of {r.model!r} failed to load its container: {why}"
+                )
+            log.debug("replica %s stdout: %s", r.id, text)
+
+    async def _first_ping(self, r: LocalReplica) -> None:
+        while not await r.ping(self.heartbeat_timeout_s):
+            if r.died.done():
+                raise BackendError(
+                    self._url, f"replica {r.id} died while starting: {r.died.result()}"
+                )
+            await asyncio.sleep(0.02)
+
+    async def _heartbeat(self, r: LocalReplica) -> None:
+        while r.state in (ACTIVE, DRAINING):
+            await asyncio.sleep(self.heartbeat_interval_s)
+            if r.state not in (ACTIVE, DRAINING) or r.died.done():
+                return
+            if await r.ping(self.heartbeat_timeout_s):
+                r.heartbeat_misses = 0
+                r.last_heartbeat_mono = time.monotonic()
+                continue
+            r.heartbeat_misses += 1
+            log.warning(
+                "replica %s missed heartbeat %d/%d", r.id, r.heartbeat_misses, self.heartbeat_misses
+            )
+            if r.heartbeat_misses >= self.heartbeat_misses:
+                # Alive but unresponsive (hung container, wedged server): kill it so the exit
+                # watcher handles it like any other death and restarts it.
+                r.death_reason = f"missed {r.heartbeat_misses} heartbeats"
+                self._kill(r)
+                return
+
+    async def _watch_exit(self, m: _Model, s: _Slot, r: LocalReplica) -> None:
+        assert r.proc is not None
+        rc = await r.proc.wait()
+        r.exit_code = rc
+        with _LIVE_LOCK:
+            _LIVE_PIDS.discard(r.pid)
+        self._pids.discard(r.pid)
+        expected = r.state in (STOPPED, DRAINING) or self._closed
+        was_active = r.state == ACTIVE
+        r.mark_dead(r.death_reason or f"process exited with code {rc}")
+        if r.channel is not None:
+            with contextlib.suppress(Exception):
+                await r.channel.close()
+        if expected or r.state == STOPPED:
+            return
+        log.warning("replica %s of %r died: %s", r.id, m.spec.name, r.death_reason)
+        m.retired.append(r.describe())
+        if was_active:
+            self._notify(m.spec.name)
+        if (
+            self.restart
+            and not self._closed
+            and s in m.slots
+            and s.replica is r
+            and was_active  # a replica that dies while starting fails its start instead
+        ):
+            s.restart_task = asyncio.create_task(self._restart(m, s), name=f"restart-{r.id}")
+
+    async def _restart(self, m: _Model, s: _Slot) -> None:
+        delay = 0.0
+        while not self._closed and s in m.slots:
+            if delay:
+                await asyncio.sleep(delay)
+            try:
+                await self._start_replica(m, s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                s.failures += 1
+                log.warning("restart %d of a %r replica failed: %s", s.failures, m.spec.name, e)
+                if s.failures >= self.max_start_failures:
+                    log.error(
+                        "giving up on a replica of %r after %d failed starts",
+                        m.spec.name,
+                        s.failures,
+                    )
+                    return
+                delay = min(10.0, 0.2 * 2**s.failures)
+                continue
+            s.failures = 0
+            s.restarts += 1
+            m.restarts += 1
+            return
+
+    async def _drain_and_stop(self, m: _Model, r: LocalReplica) -> None:
+        if r.state == ACTIVE:
+            r.state = DRAINING
+        elif r.state == STARTING:
+            r.state = STOPPED
+            self._kill(r)
+            return
+        if r.inflight:
+            try:
+                await asyncio.wait_for(r.idle.wait(), self.drain_timeout_s)
+            except TimeoutError:
+                log.warning(
+                    "replica %s did not finish its batch in %s s; killing it",
+                    r.id,
+                    self.drain_timeout_s,
+                )
+        await r.info()  # keep its final counters for stats()
+        r.state = STOPPED
+        m.retired.append(r.describe())
+        await self._terminate(r)
+
+    def _kill(self, r: LocalReplica) -> None:
+        if r.proc is not None and r.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.kill()
+
+    async def _terminate(self, r: LocalReplica, grace_s: float = 2.0) -> None:
+        for t in r.tasks:
+            if t is not asyncio.current_task() and not t.get_name().startswith("watch-"):
+                t.cancel()
+        if r.proc is None:
+            return
+        if r.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                r.proc.terminate()
+            try:
+                await asyncio.wait_for(asyncio.shield(r.proc.wait()), grace_s)
+            except TimeoutError:
+                self._kill(r)
+                await r.proc.wait()
+        # Let the exit watcher finish its bookkeeping (pid sets, channel close).
+        for t in r.tasks:
+            if t.get_name().startswith("watch-") and t is not asyncio.current_task():
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        if r.channel is not None:
+            with contextlib.suppress(Exception):
+                await r.channel.close()
+
+    # -- stats / close ----------------------------------------------------------------------
+
+    async def stats(self, model: str) -> Mapping[str, Any]:
+        """What the replicas measured: per replica batches, items, service times (measured
+        inside the replica), activation delay (spawn to first healthy ping), state."""
+        m = self._get(model)
+        live = [s.replica for s in m.slots if s.replica is not None]
+        await asyncio.gather(*(r.info() for r in live if r.state == ACTIVE))
+        reps = [r.describe() for r in live]
+        delays = [d["activation_delay_s"] for d in reps + m.retired if d.get("activation_delay_s")]
+        return {
+            "model": model,
+            "backend": self._url,
+            "hardware": m.config.hardware,
+            "threads": m.spec.threads,
+            "target_replicas": len(m.slots),
+            "active_replicas": sum(1 for r in live if r.state == ACTIVE),
+            "restarts": m.restarts,
+            "batches": sum(d.get("batches") or 0 for d in reps),
+            "items": sum(d.get("items") or 0 for d in reps),
+            "activation_delay_s": {
+                "mean": sum(delays) / len(delays) if delays else None,
+                "max": max(delays) if delays else None,
+                "samples": len(delays),
+            },
+            "replicas": reps,
+            "retired": list(m.retired[-50:]),
+        }
+
+    async def close(self) -> None:
+        """Stop every replica (in-flight batches fail with ``ReplicaError``). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        reps: list[LocalReplica] = []
+        for m in self._models.values():
+            for s in m.slots:
+                if s.restart_task is not None:
+                    s.restart_task.cancel()
+                if s.replica is not None:
+                    reps.append(s.replica)
+        for name in list(self._models):
+            self._notify_empty(name)
+        for r in reps:
+            r.state = STOPPED
+            r.mark_dead("backend closed")
+        await asyncio.gather(
+            *(self._terminate(r, grace_s=1.0) for r in reps), return_exceptions=True
+        )
+        for m in self._models.values():
+            for s in m.slots:
+                self._inv.release(s.placement)
+            m.slots.clear()
+        self._models.clear()
+        _kill_pids(self._pids)  # anything left (a spawn racing close)
+
+    def _notify_empty(self, model: str) -> None:
+        for cb in list(self._subscribers):
+            try:
+                cb(model, [])
+            except Exception:
+                log.exception("replica-set subscriber %r failed for model %r", cb, model)
+
+    def close_now(self) -> None:
+        """Kill every replica process immediately, without an event loop (for finalizers)."""
+        self._closed = True
+        _kill_pids(self._pids)
+
+    def pids(self) -> list[int]:
+        """OS process ids of the replica processes running now (for tests and operators)."""
+        return sorted(self._pids)

@@ -1,0 +1,210 @@
+"""The frontend side of one replica process: its ``ReplicaHandle`` and process bookkeeping."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from inferline.core import BackendError, ReplicaError, ValidationError
+
+from . import _convert
+from . import replica_pb2 as pb
+from . import replica_pb2_grpc as pbg
+from ._inventory import Placement
+
+if TYPE_CHECKING:
+    from ._backend import LocalBackend
+
+__all__ = ["LocalReplica"]
+
+log = logging.getLogger(__name__)
+
+# Replica life cycle: starting -> active -> (draining -> stopped) | dead.
+STARTING, ACTIVE, DRAINING, STOPPED, DEAD = "starting", "active", "draining", "stopped", "dead"
+
+
+class LocalReplica:
+    """One replica process of a model (a ``ReplicaHandle``).
+
+    A restarted replica is a new ``LocalReplica`` with a new ``id``, so a queue that keys its
+    pullers by id never confuses the dead incarnation with its successor.
+    """
+
+    def __init__(
+        self, backend: LocalBackend, model: str, rid: str, hardware: str, placement: Placement
+    ) -> None:
+        self._backend = backend
+        self._model = model
+        self._id = rid
+        self._hardware = hardware
+        self.placement = placement
+        self.state = STARTING
+        self.proc: asyncio.subprocess.Process | None = None
+        self.port = 0
+        self.pid = 0
+        self.spawned_at = time.time()  # wall clock, for reports only
+        self._spawned_mono = time.monotonic()
+        self.activation_delay_s: float | None = None
+        self.load_s: float | None = None
+        self.exit_code: int | None = None
+        self.death_reason = ""
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pbg.ReplicaStub | None = None
+        self.inflight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        # Resolved (with a reason) the moment the process is known to be gone; every in-flight
+        # call races against it, so a kill -9 fails the batch without waiting for a timeout.
+        self.died: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.tasks: list[asyncio.Task[Any]] = []
+        self.heartbeat_misses = 0
+        self.last_heartbeat_mono: float | None = None
+        self.last_stats: dict[str, Any] = {}
+
+    # -- ReplicaHandle ----------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def hardware(self) -> str:
+        return self._hardware
+
+    @property
+    def alive(self) -> bool:
+        return self.state in (ACTIVE, DRAINING) and not self.died.done()
+
+    def __repr__(self) -> str:
+        return f"LocalReplica({self._id!r}, pid={self.pid}, state={self.state!r})"
+
+    async def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        """One output (or ``InferlineError``) per input; ``ReplicaError`` if the batch failed."""
+        url = self._backend.url
+        if self.state != ACTIVE or self.died.done() or self.stub is None:
+            raise ReplicaError(url, self._id, f"not accepting batches (state {self.state})")
+        n = len(inputs)
+        req = pb.PredictRequest()
+        bad: dict[int, ValidationError] = {}
+        for i, x in enumerate(inputs):
+            try:
+                _convert.to_pb_strict(x, req.inputs.add())
+            except ValidationError as e:
+                del req.inputs[-1]
+                bad[i] = ValidationError(f"inputs[{i}]", e.expected, e.got)
+        if bad and len(bad) == n:
+            return [bad[i] for i in range(n)]
+        self.inflight += 1
+        self.idle.clear()
+        call = self.stub.PredictBatch(req, timeout=self._backend.predict_timeout_s)
+        fut = asyncio.ensure_future(self._await_call(call))
+        try:
+            done, _ = await asyncio.wait({fut, self.died}, return_when=asyncio.FIRST_COMPLETED)
+            if fut not in done:
+                call.cancel()
+                fut.cancel()
+                raise ReplicaError(
+                    url, self._id, f"died during a batch of {n}: {self.died.result()}"
+                )
+            resp = fut.result()
+        finally:
+            if not fut.done():  # the caller was cancelled: do not leave the RPC running
+                call.cancel()
+                fut.cancel()
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.idle.set()
+        if resp.HasField("batch_error"):
+            raise BackendError(url, resp.batch_error.message)
+        want = n - len(bad)
+        if len(resp.outputs) != want:
+            raise BackendError(
+                url, f"model {self._model!r} returned {len(resp.outputs)} outputs for {want} inputs"
+            )
+        outs: list[Any] = []
+        for i, v in enumerate(resp.outputs):
+            try:
+                outs.append(_convert.from_pb(v, f"outputs[{i}]"))
+            except ValidationError as e:
+                outs.append(e)
+        if bad:
+            it = iter(outs)
+            outs = [bad[i] if i in bad else next(it) for i in range(n)]
+        return outs
+
+    async def _await_call(self, call: Any) -> pb.PredictResponse:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as e:
+            # The process may still be shutting down; say what the RPC layer saw.
+            reason = f"RPC failed: {e.code().name}: {e.details()}"
+            raise ReplicaError(self._backend.url, self._id, reason) from None
+
+    # -- used by the backend ----------------------------------------------------------------
+
+    async def ping(self, timeout_s: float) -> bool:
+        if self.stub is None:
+            return False
+        try:
+            await self.stub.Ping(pb.PingRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def info(self, timeout_s: float = 1.0) -> dict[str, Any]:
+        if self.stub is None or self.died.done():
+            return self.last_stats
+        with contextlib.suppress(grpc.aio.AioRpcError, ValueError, asyncio.TimeoutError):
+            resp = await self.stub.Info(pb.InfoRequest(), timeout=timeout_s)
+            self.last_stats = json.loads(resp.stats_json)
+        return self.last_stats
+
+    def mark_dead(self, reason: str) -> None:
+        if not self.died.done():
+            self.died.set_result(reason)
+        if self.state != STOPPED:
+            self.state = DEAD
+        self.death_reason = self.death_reason or reason
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self._id,
+            "state": self.state,
+            "pid": self.pid,
+            "hardware": self._hardware,
+            "cores": list(self.placement.cores),
+            "gpu": self.placement.gpu,
+            "spawned_at": self.spawned_at,
+            "activation_delay_s": self.activation_delay_s,
+            "load_s": self.load_s,
+            "inflight": self.inflight,
+        }
+        if self.last_heartbeat_mono is not None:
+            d["heartbeat_age_s"] = time.monotonic() - self.last_heartbeat_mono
+        for k in (
+            "batches",
+            "items",
+            "batch_errors",
+            "service_mean_s",
+            "service_p50_s",
+            "service_p99_s",
+            "service_max_s",
+        ):
+            d[k] = self.last_stats.get(k)
+        if self.exit_code is not None:
+            d["exit_code"] = self.exit_code
+        if self.death_reason:
+            d["death_reason"] = self.death_reason
+        return d

@@ -1,0 +1,157 @@
+"""Small model containers for the bundled runtime: examples, benchmarks and tests use them.
+
+A container is any object with ``predict_batch(inputs: list) -> list`` (one output per input)
+and an optional ``load()``; deployments name a factory by import path, e.g.
+``ModelSpec("noop", source="inferline.adapters.local.examples:noop")``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "Linear",
+    "Sleep",
+    "crashing",
+    "failing",
+    "linear",
+    "noop",
+    "scale",
+    "sleep",
+    "wrong_count",
+]
+
+
+class _NoOp:
+    """Returns its inputs unchanged (measures runtime and RPC overhead)."""
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        return list(inputs)
+
+
+def noop() -> _NoOp:
+    return _NoOp()
+
+
+class _Scale:
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        return [np.asarray(x) * self.factor for x in inputs]
+
+
+def scale(factor: float = 2.0) -> _Scale:
+    """Multiplies each numeric input by ``factor``."""
+    return _Scale(factor)
+
+
+class Sleep:
+    """Busy for ``base_s + per_item_s * len(batch)`` per batch; answers ``{"pid", "n", "x"}``.
+
+    ``spin=True`` burns CPU instead of sleeping (for profiling under contention).
+    """
+
+    def __init__(self, base_s: float = 0.01, per_item_s: float = 0.0, spin: bool = False) -> None:
+        self.base_s = base_s
+        self.per_item_s = per_item_s
+        self.spin = spin
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        dt = self.base_s + self.per_item_s * len(inputs)
+        if self.spin:
+            end = time.perf_counter() + dt
+            while time.perf_counter() < end:
+                pass
+        else:
+            time.sleep(dt)
+        pid = os.getpid()
+        return [{"pid": pid, "n": len(inputs), "x": x if _jsonable(x) else None} for x in inputs]
+
+
+def _jsonable(x: Any) -> bool:
+    return x is None or isinstance(x, bool | int | float | str)
+
+
+def sleep(base_s: float = 0.01, per_item_s: float = 0.0, spin: bool = False) -> Sleep:
+    return Sleep(base_s, per_item_s, spin)
+
+
+class _Failing:
+    """Raises for any batch that contains the input ``"fail"``; else echoes."""
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        if any(isinstance(x, str) and x == "fail" for x in inputs):
+            raise RuntimeError("asked to fail")
+        return [ValueError(f"bad item {x!r}") if x == "bad" else x for x in inputs]
+
+
+def failing() -> _Failing:
+    return _Failing()
+
+
+class _WrongCount:
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        return [*inputs, None]
+
+
+def wrong_count() -> _WrongCount:
+    """Returns one output too many: the runtime must report it as a BackendError."""
+    return _WrongCount()
+
+
+class _Crashing:
+    def __init__(self, at_load: bool) -> None:
+        self.at_load = at_load
+
+    def load(self) -> None:
+        if self.at_load:
+            raise RuntimeError("container refuses to load")
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        if "crash" in [x for x in inputs if isinstance(x, str)]:
+            os._exit(17)  # a hard crash, as a segfaulting native library would
+        return list(inputs)
+
+
+def crashing(at_load: bool = False) -> _Crashing:
+    """Exits the process on the input ``"crash"`` (or fails ``load()`` with ``at_load``)."""
+    return _Crashing(at_load)
+
+
+class Linear:
+    """A linear classifier ``argmax(x @ W + b)`` whose weights come from ``.npy`` files.
+
+    Weights are saved with ``numpy.save`` and loaded with ``allow_pickle=False`` (no pickle on
+    any path). Inputs are 1-d feature vectors; outputs are the class index (``int``), or the
+    scores too with ``scores=True``.
+    """
+
+    def __init__(self, weights: str, bias: str, scores: bool = False) -> None:
+        self.weights_path = Path(weights)
+        self.bias_path = Path(bias)
+        self.scores = scores
+        self._w: np.ndarray | None = None
+        self._b: np.ndarray | None = None
+
+    def load(self) -> None:
+        self._w = np.load(self.weights_path, allow_pickle=False)
+        self._b = np.load(self.bias_path, allow_pickle=False)
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        assert self._w is not None and self._b is not None, "load() was not called"
+        x = np.stack([np.asarray(v, dtype=self._w.dtype).reshape(-1) for v in inputs])
+        s = x @ self._w + self._b
+        labels = s.argmax(axis=1)
+        if self.scores:
+            return [{"label": int(k), "scores": row} for k, row in zip(labels, s, strict=True)]
+        return [int(k) for k in labels]
+
+
+def linear(weights: str, bias: str, scores: bool = False) -> Linear:
+    return Linear(weights, bias, scores)
