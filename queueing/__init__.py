@@ -1,1 +1,36 @@
 """The data path: per-model EDF queues, batching policies, cache, dispatch, pipeline driver."""
+
+from ._batching import (
+    AIMDBatching,
+    BatchDecision,
+    BatchingPolicy,
+    DelayedBatching,
+    FixedBatching,
+    RafikiGreedyBatching,
+    batching_from_dict,
+)
+from ._dispatcher import Dispatcher, Listener
+from ._driver import PipelineContext, PipelineFn, PipelineRunner, QueryResult
+from ._inprocess import InProcessReplica, NoOpModel
+from ._stats import ArrivalEvent, BatchEvent, ModelStats
+
+__all__ = [
+    "AIMDBatching",
+    "ArrivalEvent",
+    "BatchDecision",
+    "BatchEvent",
+    "BatchingPolicy",
+    "DelayedBatching",
+    "Dispatcher",
+    "FixedBatching",
+    "InProcessReplica",
+    "Listener",
+    "ModelStats",
+    "NoOpModel",
+    "PipelineContext",
+    "PipelineFn",
+    "PipelineRunner",
+    "QueryResult",
+    "RafikiGreedyBatching",
+    "batching_from_dict",
+]

@@ -1,0 +1,93 @@
+"""Per-model counters of the dispatcher and the events it reports to listeners."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ArrivalEvent", "BatchEvent", "ModelStats"]
+
+
+@dataclass(frozen=True)
+class ArrivalEvent:
+    """A query was offered to a model's queue (``accepted`` False: refused as overloaded)."""
+
+    model: str
+    time: float
+    accepted: bool
+    queued: int
+
+
+@dataclass(frozen=True)
+class BatchEvent:
+    """A batch left a replica: ``ok`` False when the whole batch failed (``ReplicaError``)."""
+
+    model: str
+    replica: str
+    size: int
+    start: float
+    service_s: float
+    queue_delays_s: tuple[float, ...]
+    ok: bool
+
+
+@dataclass(frozen=True)
+class ModelStats:
+    """A snapshot of one model's queue. Times in seconds of the dispatcher's clock.
+
+    ``queued`` waiting, ``in_flight`` queries inside replicas now, ``pending`` both (what
+    ``max_queue`` bounds). ``batch_sizes`` maps a batch size to how many batches had it.
+    ``queue_delay_*`` is the time from enqueue to dispatch, ``service_*`` a batch's time in
+    its replica.
+    """
+
+    model: str
+    queued: int
+    in_flight: int
+    in_flight_batches: int
+    replicas: int
+    max_queue: int
+    max_batch_size: int
+    submitted: int
+    rejected: int
+    completed: int
+    failed: int
+    expired: int
+    cancelled: int
+    retried: int
+    batches: int
+    failed_batches: int
+    batch_sizes: dict[int, int] = field(default_factory=dict)
+    queue_delay_s_sum: float = 0.0
+    queue_delay_s_max: float = 0.0
+    service_s_sum: float = 0.0
+    service_s_max: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        return self.queued + self.in_flight
+
+    @property
+    def mean_batch_size(self) -> float:
+        n = sum(self.batch_sizes.values())
+        return sum(b * c for b, c in self.batch_sizes.items()) / n if n else 0.0
+
+    @property
+    def mean_queue_delay_s(self) -> float:
+        n = sum(b * c for b, c in self.batch_sizes.items())
+        return self.queue_delay_s_sum / n if n else 0.0
+
+    @property
+    def mean_service_s(self) -> float:
+        return self.service_s_sum / self.batches if self.batches else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["batch_sizes"] = {str(b): c for b, c in sorted(self.batch_sizes.items())}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelStats:
+        kw = dict(d)
+        kw["batch_sizes"] = {int(b): int(c) for b, c in d.get("batch_sizes", {}).items()}
+        return cls(**kw)
