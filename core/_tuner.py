@@ -1,0 +1,366 @@
+"""The high-frequency tuner (InferLine §5): per-model replica scaling from traffic envelopes.
+
+Reading of the paper, and the choices made where it is silent:
+
+- **Detection.** The planner hands over the envelope of the planning trace (max arrivals per
+  window, windows from the service time doubling to 60 s). The tuner maintains the envelope of
+  the live traffic (:class:`~inferline.core.OnlineEnvelope`) and, at every tick, looks at the
+  windows that *ended since the previous tick*. A window whose count is above the planned count
+  for its size means the pipeline is under-provisioned at that time scale.
+- **Scale up.** ``λ`` is the largest rate ``count / window`` among the exceeding windows (short
+  windows exceed when traffic got burstier, long ones when the mean rate grew). Every model gets
+  at least ``ceil(λ · s_m / (μ_m · ρ_m))`` replicas; counts only grow here.
+- **Scale down.** Only when no change happened for ``stabilization_delay_s`` (15 s, three times
+  the 5 s activation time). The rate is the largest 5 s-window count over the last 30 s divided
+  by 5, and every model uses the smallest ``ρ`` of the pipeline (more replicas, conservative).
+  Counts only shrink here, and never below (a) what the scale-up rule asks for the exceeding
+  rates seen in the same 30 s, so a scale-down is never undone by the next tick, nor (b) the
+  planned counts (``floor="plan"``, the default): the trigger compares with the *planned*
+  envelope, which is only a valid reference while the configuration is at least the planned
+  one; a lasting drop below the planning workload is the planner's job (re-plan), as the paper
+  says. ``floor="one"`` allows scaling below the plan (down to one replica per model).
+- **Clock.** Pure: :meth:`TunerPolicy.step` takes the state, the time and the per-window peaks
+  and returns the new state and the decision (or ``None``). :class:`Tuner` bundles a policy, its
+  online envelope and its state for a caller that feeds arrival times and a clock.
+
+Every decision carries its reason (which window, which rate) for logs and metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ._envelope import MAX_ENVELOPE_WINDOW_S, OnlineEnvelope
+from ._plan import Plan, TunerInputs
+from ._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys, req
+from .errors import ValidationError
+
+__all__ = [
+    "InferLineController",
+    "Tuner",
+    "TunerConfig",
+    "TunerDecision",
+    "TunerPolicy",
+    "TunerState",
+]
+
+# Replica counts are ceilings of ratios that are integers at the planned rate; the slack keeps
+# float noise (2.0000000001) from adding a replica.
+_EPS = 1e-9
+Floor = Literal["plan", "one"]
+
+
+def _ceil(x: float) -> int:
+    return max(0, math.ceil(x - _EPS))
+
+
+@dataclass(frozen=True)
+class TunerConfig:
+    """Knobs of the tuner; the defaults are the paper's."""
+
+    stabilization_delay_s: float = 15.0
+    down_horizon_s: float = 30.0
+    down_window_s: float = 5.0
+    max_window_s: float = MAX_ENVELOPE_WINDOW_S
+    interval_s: float = 0.1  # how often a driver calls the tuner (simulation and live)
+    resolution_s: float | None = 0.001  # arrival times snapped to this grid (bounds memory)
+    floor: Floor = "plan"
+
+    def __post_init__(self) -> None:
+        as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
+        as_float(self.down_horizon_s, "down_horizon_s", positive=True)
+        as_float(self.down_window_s, "down_window_s", positive=True)
+        as_float(self.max_window_s, "max_window_s", positive=True)
+        as_float(self.interval_s, "interval_s", positive=True)
+        if self.resolution_s is not None:
+            as_float(self.resolution_s, "resolution_s", positive=True)
+        if self.floor not in ("plan", "one"):
+            raise ValidationError("floor", "'plan' or 'one'", self.floor)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stabilization_delay_s": self.stabilization_delay_s,
+            "down_horizon_s": self.down_horizon_s,
+            "down_window_s": self.down_window_s,
+            "max_window_s": self.max_window_s,
+            "interval_s": self.interval_s,
+            "resolution_s": self.resolution_s,
+            "floor": self.floor,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tuner_config") -> TunerConfig:
+        m = as_mapping(d, where)
+        keys = {f for f in cls.__dataclass_fields__}
+        no_extra_keys(m, keys, where)
+        kw: dict[str, Any] = {}
+        for k in keys - {"floor", "resolution_s"}:
+            if k in m:
+                kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
+        if m.get("resolution_s") is not None:
+            kw["resolution_s"] = as_float(m["resolution_s"], f"{where}.resolution_s", positive=True)
+        elif "resolution_s" in m:
+            kw["resolution_s"] = None
+        if "floor" in m:
+            kw["floor"] = as_str(m["floor"], f"{where}.floor")
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class TunerDecision:
+    """A change of replica counts and why it was made."""
+
+    time_s: float
+    replicas: Mapping[str, int]  # the new absolute count of every model
+    reason: str
+    window_s: float  # the window whose rate drove the decision
+    rate_qps: float  # that rate
+    action: Literal["up", "down"] = "up"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "time_s": self.time_s,
+            "replicas": dict(self.replicas),
+            "reason": self.reason,
+            "window_s": self.window_s,
+            "rate_qps": self.rate_qps,
+            "action": self.action,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "decision") -> TunerDecision:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"time_s", "replicas", "reason", "window_s", "rate_qps", "action"}, where)
+        action = as_str(m.get("action", "up"), f"{where}.action")
+        if action not in ("up", "down"):
+            raise ValidationError(f"{where}.action", "'up' or 'down'", action)
+        return cls(
+            time_s=as_float(req(m, "time_s", where), f"{where}.time_s"),
+            replicas={
+                as_str(k, f"{where}.replicas"): as_int(v, f"{where}.replicas.{k}", minimum=0)
+                for k, v in as_mapping(req(m, "replicas", where), f"{where}.replicas").items()
+            },
+            reason=as_str(req(m, "reason", where), f"{where}.reason"),
+            window_s=as_float(req(m, "window_s", where), f"{where}.window_s", nonneg=True),
+            rate_qps=as_float(req(m, "rate_qps", where), f"{where}.rate_qps", nonneg=True),
+            action=action,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class TunerState:
+    """What the tuner remembers between ticks.
+
+    ``history`` holds one ``(time_s, down_window_count, exceeding_rate_qps)`` per tick of the
+    last ``down_horizon_s`` seconds: the largest count of a ``down_window_s`` window that ended
+    in the tick, and the largest rate that exceeded the plan in it (0 if none).
+    """
+
+    replicas: Mapping[str, int]
+    last_change_s: float
+    history: tuple[tuple[float, int, float], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "replicas": dict(self.replicas),
+            "last_change_s": self.last_change_s,
+            "history": [list(h) for h in self.history],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "tuner_state") -> TunerState:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"replicas", "last_change_s", "history"}, where)
+        hist = []
+        for i, h in enumerate(as_list(m.get("history", []), f"{where}.history")):
+            h = as_list(h, f"{where}.history[{i}]")
+            hist.append(
+                (
+                    as_float(h[0], f"{where}.history[{i}][0]"),
+                    as_int(h[1], f"{where}.history[{i}][1]", minimum=0),
+                    as_float(h[2], f"{where}.history[{i}][2]", nonneg=True),
+                )
+            )
+        return cls(
+            replicas={
+                as_str(k, f"{where}.replicas"): as_int(v, f"{where}.replicas.{k}", minimum=0)
+                for k, v in as_mapping(req(m, "replicas", where), f"{where}.replicas").items()
+            },
+            last_change_s=as_float(req(m, "last_change_s", where), f"{where}.last_change_s"),
+            history=tuple(hist),
+        )
+
+
+class TunerPolicy:
+    """The pure decision rule. ``windows`` lists the window sizes whose peaks :meth:`step`
+    expects, in order: the planning envelope's windows, then the scale-down window if it is not
+    one of them."""
+
+    def __init__(
+        self,
+        inputs: TunerInputs,
+        planned: Mapping[str, int],
+        config: TunerConfig = TunerConfig(),
+    ) -> None:
+        if not inputs.envelope:
+            raise ValidationError("tuner.envelope", "at least one (window_s, count)", [])
+        missing = sorted(set(planned) - set(inputs.models))
+        if missing:
+            raise ValidationError("tuner.models", f"inputs for every planned model {missing!r}", [])
+        self.inputs = inputs
+        self.planned = {m: int(n) for m, n in planned.items()}
+        self.config = config
+        env_windows = tuple(w for w, _ in inputs.envelope)
+        self._planned_counts = tuple(n for _, n in inputs.envelope)
+        self._n_env = len(env_windows)
+        if config.down_window_s in env_windows:
+            self._down_idx = env_windows.index(config.down_window_s)
+            self.windows = env_windows
+        else:
+            self._down_idx = len(env_windows)
+            self.windows = (*env_windows, config.down_window_s)
+        self._rho_min = min(inputs.models[m].max_provisioning_ratio for m in self.planned)
+
+    @classmethod
+    def from_plan(cls, plan: Plan, config: TunerConfig = TunerConfig()) -> TunerPolicy:
+        if plan.tuner is None:
+            raise ValidationError("plan.tuner", "tuner inputs (re-run the planner)", None)
+        return cls(plan.tuner, {m: c.replicas for m, c in plan.models.items()}, config)
+
+    def initial_state(self, now_s: float = 0.0) -> TunerState:
+        return TunerState(dict(self.planned), float(now_s), ())
+
+    def need(self, rate_qps: float, rho: float | None = None) -> dict[str, int]:
+        """Replicas each model needs for ``rate_qps``: ``ceil(λ s_m / (μ_m ρ))``."""
+        out = {}
+        for m in self.planned:
+            t = self.inputs.models[m]
+            r = t.max_provisioning_ratio if rho is None else rho
+            out[m] = _ceil(rate_qps * t.scale_factor / (t.throughput_qps * r))
+        return out
+
+    def step(
+        self, state: TunerState, now_s: float, peaks: Sequence[int]
+    ) -> tuple[TunerState, TunerDecision | None]:
+        """One tick: ``peaks[i]`` is the largest count of a ``windows[i]`` window that ended
+        since the previous tick."""
+        if len(peaks) != len(self.windows):
+            raise ValidationError("peaks", f"{len(self.windows)} counts (one per window)", peaks)
+        cfg = self.config
+        # The most-exceeded rate of this tick (largest count / window among exceeding windows).
+        up_rate, up_window, up_count, up_planned = 0.0, 0.0, 0, 0
+        for i in range(self._n_env):
+            n, planned_n = int(peaks[i]), self._planned_counts[i]
+            if n > planned_n:
+                w = self.windows[i]
+                if n / w > up_rate:
+                    up_rate, up_window, up_count, up_planned = n / w, w, n, planned_n
+        horizon_start = now_s - cfg.down_horizon_s
+        history = (
+            *tuple(h for h in state.history if h[0] > horizon_start),
+            (float(now_s), int(peaks[self._down_idx]), up_rate),
+        )
+        cur = dict(state.replicas)
+
+        if up_rate > 0:
+            need = self.need(up_rate)
+            new = {m: max(cur[m], need[m]) for m in cur}
+            if new != cur:
+                reason = (
+                    f"scale up: {up_count} arrivals in a {up_window:g} s window "
+                    f"({up_rate:.1f} q/s) > planned {up_planned} ({up_planned / up_window:.1f} "
+                    f"q/s); provisioning for {up_rate:.1f} q/s: {_diff(cur, new)}"
+                )
+                decision = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up")
+                return TunerState(new, float(now_s), history), decision
+
+        if now_s - state.last_change_s >= cfg.stabilization_delay_s:
+            down_rate = max(h[1] for h in history) / cfg.down_window_s
+            need = self.need(down_rate, self._rho_min)
+            recent_up = max(h[2] for h in history)
+            keep = self.need(recent_up) if recent_up > 0 else {}
+            new = {}
+            for m, n in cur.items():
+                floor = self.planned[m] if cfg.floor == "plan" else 1
+                new[m] = min(n, max(need[m], keep.get(m, 0), floor))
+            if new != cur:
+                reason = (
+                    f"scale down: max rate over the last {cfg.down_horizon_s:g} s in "
+                    f"{cfg.down_window_s:g} s windows is {down_rate:.1f} q/s "
+                    f"(rho_min={self._rho_min:.3f}), stable for "
+                    f"{now_s - state.last_change_s:.1f} s: {_diff(cur, new)}"
+                )
+                decision = TunerDecision(
+                    float(now_s), new, reason, cfg.down_window_s, down_rate, "down"
+                )
+                return TunerState(new, float(now_s), history), decision
+
+        return replace(state, history=history), None
+
+
+def _diff(old: Mapping[str, int], new: Mapping[str, int]) -> str:
+    return ", ".join(f"{m} {old[m]}->{new[m]}" for m in new if new[m] != old[m])
+
+
+@dataclass
+class Tuner:
+    """A policy with its online envelope and state: feed arrival times, call :meth:`tick`.
+
+    Not pure (it holds the envelope and state) but clock-free: the caller passes the time.
+    """
+
+    policy: TunerPolicy
+    start_s: float = 0.0
+    state: TunerState = field(init=False)
+    envelope: OnlineEnvelope = field(init=False)
+    decisions: list[TunerDecision] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = self.policy.initial_state(self.start_s)
+        self.envelope = OnlineEnvelope(self.policy.windows, self.policy.config.resolution_s)
+
+    @classmethod
+    def from_plan(
+        cls, plan: Plan, config: TunerConfig = TunerConfig(), start_s: float = 0.0
+    ) -> Tuner:
+        return cls(TunerPolicy.from_plan(plan, config), start_s)
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        return dict(self.state.replicas)
+
+    def record(self, arrivals: npt.ArrayLike) -> None:
+        self.envelope.extend(arrivals)
+
+    def tick(self, now_s: float) -> TunerDecision | None:
+        self.state, decision = self.policy.step(self.state, now_s, self.envelope.take_peaks())
+        if decision is not None:
+            self.decisions.append(decision)
+        return decision
+
+
+class InferLineController:
+    """The tuner as the estimator's in-the-loop controller (``simulate(..., controller=)``)."""
+
+    def __init__(
+        self, plan: Plan, config: TunerConfig = TunerConfig(), start_s: float = 0.0
+    ) -> None:
+        self.interval_s = config.interval_s
+        self.tuner = Tuner.from_plan(plan, config, start_s)
+
+    @property
+    def decisions(self) -> list[TunerDecision]:
+        return self.tuner.decisions
+
+    def observe(
+        self, now_s: float, new_arrivals: npt.NDArray[np.float64], state: Any = None
+    ) -> dict[str, int] | None:
+        self.tuner.record(new_arrivals)
+        d = self.tuner.tick(now_s)
+        return dict(d.replicas) if d is not None else None
