@@ -10,6 +10,16 @@ from ._envelope import (
     envelope_windows,
     trace_envelope,
 )
+from ._estimator import (
+    Controller,
+    EstimatorOptions,
+    ModelSimStats,
+    SimResult,
+    SystemState,
+    draw_visits,
+    simulate,
+    simulate_plan,
+)
 from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatalog
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
 from ._pipeline import PIPELINE_FORMAT, Pipeline
@@ -50,6 +60,14 @@ from .errors import (
 from .protocols import Backend, ModelSpec, ReplicaHandle
 
 __all__ = [
+    "Controller",
+    "EstimatorOptions",
+    "ModelSimStats",
+    "SimResult",
+    "SystemState",
+    "draw_visits",
+    "simulate",
+    "simulate_plan",
     "MAX_ENVELOPE_WINDOW_S",
     "OnlineEnvelope",
     "TrafficEnvelope",

@@ -1,0 +1,666 @@
+"""Discrete-event latency estimator (the contract of DESIGN.md "Estimator semantics").
+
+One EDF queue per model, pull-based identical replicas taking ``min(max_batch_size, queued)``
+queries at once, all arrivals and completions of an instant applied before any replica takes
+a batch, fan-out to visited children, joins on the last visited parent, seeded conditional
+visits. Optional: per-hop overhead, delayed batching, replica activation delay, replica-count
+schedules and a controller (tuner) called every ``interval_s`` of simulated time.
+
+The event loop is the compiled kernel in ``_estimator_kernel.py``; this module validates
+inputs, lays out the arrays, drives the kernel segment by segment and summarizes the result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from . import _estimator_kernel as K
+from ._hardware import DEFAULT_CATALOG, HardwareCatalog
+from ._pipeline import Pipeline
+from ._plan import ModelConfig, Plan
+from ._profiles import Profiles
+from ._validate import as_float, as_int, as_mapping, no_extra_keys
+from .errors import ValidationError
+
+__all__ = [
+    "Controller",
+    "EstimatorOptions",
+    "ModelSimStats",
+    "SimResult",
+    "SystemState",
+    "draw_visits",
+    "simulate",
+    "simulate_plan",
+]
+
+
+# -- configuration and results ---------------------------------------------------------------
+@dataclass(frozen=True)
+class EstimatorOptions:
+    """Departures from the ideal system that the live one has (all off by default).
+
+    ``hop_overhead_s``: fixed time before a query enters each model's queue (RPC per hop).
+    ``batch_wait_s``: per model, an idle replica with fewer than ``max_batch_size`` queued
+    starts only when the batch fills or the oldest queued query has waited this long.
+    ``activation_delay_s``: time from requesting a replica to it serving.
+    ``seed``: seed of the conditional-visit draws.
+    """
+
+    hop_overhead_s: float = 0.0
+    batch_wait_s: Mapping[str, float] = field(default_factory=dict)
+    activation_delay_s: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        as_float(self.hop_overhead_s, "hop_overhead_s", nonneg=True)
+        as_float(self.activation_delay_s, "activation_delay_s", nonneg=True)
+        as_int(self.seed, "seed", minimum=0)
+        as_mapping(self.batch_wait_s, "batch_wait_s")
+        for k, v in self.batch_wait_s.items():
+            as_float(v, f"batch_wait_s.{k}", nonneg=True)
+        object.__setattr__(self, "batch_wait_s", dict(self.batch_wait_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "hop_overhead_s": self.hop_overhead_s,
+            "batch_wait_s": dict(self.batch_wait_s),
+            "activation_delay_s": self.activation_delay_s,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> EstimatorOptions:
+        m = as_mapping(d, "options")
+        no_extra_keys(m, {"hop_overhead_s", "batch_wait_s", "activation_delay_s", "seed"}, "")
+        return cls(
+            hop_overhead_s=as_float(m.get("hop_overhead_s", 0.0), "hop_overhead_s", nonneg=True),
+            batch_wait_s={
+                str(k): as_float(v, f"batch_wait_s.{k}", nonneg=True)
+                for k, v in as_mapping(m.get("batch_wait_s", {}), "batch_wait_s").items()
+            },
+            activation_delay_s=as_float(
+                m.get("activation_delay_s", 0.0), "activation_delay_s", nonneg=True
+            ),
+            seed=as_int(m.get("seed", 0), "seed", minimum=0),
+        )
+
+
+@dataclass(frozen=True)
+class ModelSimStats:
+    """Per-model figures of one simulation.
+
+    ``utilization``: busy replica-seconds over serving replica-seconds between the first
+    arrival and the last event. Queue delay: from entering the queue to the batch starting.
+    """
+
+    visits: int
+    batches: int
+    mean_batch_size: float
+    utilization: float
+    mean_queue_delay_s: float
+    p99_queue_delay_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "visits": self.visits,
+            "batches": self.batches,
+            "mean_batch_size": self.mean_batch_size,
+            "utilization": self.utilization,
+            "mean_queue_delay_s": self.mean_queue_delay_s,
+            "p99_queue_delay_s": self.p99_queue_delay_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "model") -> ModelSimStats:
+        m = as_mapping(d, where)
+        no_extra_keys(m, set(cls.__dataclass_fields__), where)
+        return cls(
+            visits=as_int(m["visits"], f"{where}.visits", minimum=0),
+            batches=as_int(m["batches"], f"{where}.batches", minimum=0),
+            mean_batch_size=float(m["mean_batch_size"]),
+            utilization=float(m["utilization"]),
+            mean_queue_delay_s=float(m["mean_queue_delay_s"]),
+            p99_queue_delay_s=float(m["p99_queue_delay_s"]),
+        )
+
+
+def _pct_key(p: float) -> str:
+    return f"latency_p{float(p):g}_s"
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Per-query latencies (arrival order; inf for a query that never finished) and stats.
+
+    ``replica_timeline``: ``(time_s, model, serving replicas)`` at the start and at every
+    change. ``cost_per_hour``: replica cost integrated from request to removal, averaged over
+    the trace span (first to last arrival).
+    """
+
+    arrivals_s: np.ndarray
+    latencies_s: np.ndarray
+    models: Mapping[str, ModelSimStats]
+    cost_per_hour: float
+    replica_timeline: tuple[tuple[float, str, int], ...] = ()
+
+    def percentile(self, p: float = 99.0) -> float:
+        if self.latencies_s.size == 0:
+            return 0.0
+        return float(np.percentile(self.latencies_s, p))
+
+    def miss_rate(self, slo_s: float) -> float:
+        if self.latencies_s.size == 0:
+            return 0.0
+        return float(np.count_nonzero(self.latencies_s > slo_s) / self.latencies_s.size)
+
+    def summary(self, slo_s: float, percentile: float = 99.0) -> dict[str, Any]:
+        return {
+            _pct_key(percentile): self.percentile(percentile),
+            "slo_miss_rate": self.miss_rate(slo_s),
+            "cost_per_hour": self.cost_per_hour,
+            "queries": int(self.latencies_s.size),
+            "models": {k: v.to_dict() for k, v in self.models.items()},
+        }
+
+
+@dataclass(frozen=True)
+class SystemState:
+    """What a controller sees at a decision time (per model, keyed by model name)."""
+
+    now_s: float
+    queued: Mapping[str, int]
+    in_service: Mapping[str, int]
+    active_replicas: Mapping[str, int]
+    pending_replicas: Mapping[str, int]
+    in_system: int
+
+
+class Controller(Protocol):
+    """A tuner in the loop: called every ``interval_s`` of simulated time.
+
+    ``new_arrivals`` are the pipeline arrivals since the previous call (``[prev, now)``); the
+    state reflects every event strictly before ``now_s``. Return desired absolute replica
+    counts (only the models to change) or None.
+    """
+
+    interval_s: float
+
+    def observe(
+        self, now_s: float, new_arrivals: np.ndarray, state: SystemState
+    ) -> Mapping[str, int] | None: ...
+
+
+# -- preparation -----------------------------------------------------------------------------
+def draw_visits(pipeline: Pipeline, n: int, seed: int) -> np.ndarray:
+    """Visit matrix ``[n, M]`` (models in topological order), drawn up front.
+
+    One ``rng.random(n)`` per model in topological order from ``default_rng(seed)``: a query
+    visits a root with its scale factor, and any other model iff it visited at least one parent
+    and the draw is below ``pipeline.visit_probability(model)``.
+    """
+    order = pipeline.topological_order
+    pos = {m: j for j, m in enumerate(order)}
+    rng = np.random.default_rng(seed)
+    vis = np.zeros((n, len(order)), dtype=np.uint8)
+    for j, m in enumerate(order):
+        u = rng.random(n)
+        ok = u < pipeline.visit_probability(m)
+        ps = pipeline.parents[m]
+        if ps:
+            anyp = np.zeros(n, dtype=bool)
+            for p in ps:
+                anyp |= vis[:, pos[p]].astype(bool)
+            ok &= anyp
+        vis[:, j] = ok
+    return vis
+
+
+def _check_arrivals(arrivals: Any) -> np.ndarray:
+    a = np.asarray(arrivals, dtype=np.float64)
+    if a.ndim != 1:
+        raise ValidationError("arrivals", "a 1-D array of arrival times", f"shape {a.shape}")
+    if a.size and not np.all(np.isfinite(a)):
+        raise ValidationError("arrivals", "finite arrival times", "NaN or inf")
+    if a.size > 1 and np.any(np.diff(a) < 0):
+        i = int(np.argmax(np.diff(a) < 0))
+        raise ValidationError(
+            "arrivals", "non-decreasing arrival times", f"arrivals[{i + 1}] < arrivals[{i}]"
+        )
+    return np.ascontiguousarray(a)
+
+
+@dataclass
+class _Prep:
+    order: tuple[str, ...]
+    maxb: np.ndarray
+    table: np.ndarray
+    waitv: np.ndarray
+    replicas: np.ndarray
+    price: np.ndarray
+    ch_ptr: np.ndarray
+    ch_idx: np.ndarray
+    is_root: np.ndarray
+    nparents: list[list[int]]
+
+
+def _prepare(
+    pipeline: Pipeline,
+    configs: Mapping[str, ModelConfig],
+    profiles: Profiles,
+    options: EstimatorOptions,
+    catalog: HardwareCatalog,
+) -> _Prep:
+    order = pipeline.topological_order
+    pos = {m: j for j, m in enumerate(order)}
+    for k in configs:
+        if k not in pos:
+            raise ValidationError("configs", f"model names from {list(pipeline.models)!r}", k)
+    for k in options.batch_wait_s:
+        if k not in pos:
+            raise ValidationError(
+                "options.batch_wait_s", f"model names from {list(pipeline.models)!r}", k
+            )
+    M = len(order)
+    maxb = np.zeros(M, dtype=np.int64)
+    replicas = np.zeros(M, dtype=np.int64)
+    price = np.zeros(M, dtype=np.float64)
+    for j, m in enumerate(order):
+        c = configs.get(m)
+        if not isinstance(c, ModelConfig):
+            raise ValidationError(f"configs.{m}", "a ModelConfig", c)
+        if c.hardware not in catalog:
+            raise ValidationError(
+                f"configs.{m}.hardware",
+                f"hardware from the catalog {catalog.names()!r}",
+                c.hardware,
+            )
+        if not profiles.has(m, c.hardware):
+            have = sorted(profiles.models.get(m, {}))
+            raise ValidationError(
+                f"configs.{m}.hardware", f"a hardware profiled for {m!r} ({have!r})", c.hardware
+            )
+        largest = profiles.max_batch(m, c.hardware)
+        if c.max_batch_size > largest:
+            raise ValidationError(
+                f"configs.{m}.max_batch_size",
+                f"at most the largest profiled batch size {largest} on {c.hardware!r}",
+                c.max_batch_size,
+            )
+        maxb[j] = c.max_batch_size
+        replicas[j] = c.replicas
+        price[j] = catalog.cost(c.hardware)
+    B = int(maxb.max())
+    table = np.zeros((M, B + 1), dtype=np.float64)
+    for j, m in enumerate(order):
+        hw = configs[m].hardware
+        table[j, : maxb[j] + 1] = _latency_table(profiles, m, hw, int(maxb[j]))
+    waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
+    ch_ptr = np.zeros(M + 1, dtype=np.int64)
+    kids: list[int] = []
+    for j, m in enumerate(order):
+        kids.extend(pos[c] for c in pipeline.children[m])
+        ch_ptr[j + 1] = len(kids)
+    is_root = np.array([not pipeline.parents[m] for m in order], dtype=np.uint8)
+    nparents = [[pos[p] for p in pipeline.parents[m]] for m in order]
+    return _Prep(
+        order,
+        maxb,
+        table,
+        waitv,
+        replicas,
+        price,
+        ch_ptr,
+        np.array(kids, np.int64),
+        is_root,
+        nparents,
+    )
+
+
+_TABLES: dict[tuple[int, str, str, int], tuple[Profiles, np.ndarray]] = {}
+
+
+def _latency_table(profiles: Profiles, model: str, hw: str, maxb: int) -> np.ndarray:
+    """``table[b]`` = latency of a batch of b (cached: the planner asks for the same ones often)."""
+    key = (id(profiles), model, hw, maxb)
+    hit = _TABLES.get(key)
+    if hit is not None and hit[0] is profiles:  # identity check: ids are reused after GC
+        return hit[1]
+    if len(_TABLES) > 4096:
+        _TABLES.clear()
+    t = np.array(profiles.latency_table(model, hw, maxb), dtype=np.float64)
+    _TABLES[key] = (profiles, t)
+    return t
+
+
+def _new_state(p: _Prep, arr: np.ndarray, vis: np.ndarray, hop: float) -> K.KState:
+    N = arr.shape[0]
+    M = len(p.order)
+    B = int(p.maxb.max())
+    NM = N * M
+    visf = np.ascontiguousarray(vis).reshape(-1)
+    rem = np.zeros((N, M), dtype=np.int32)
+    for j, ps in enumerate(p.nparents):
+        for q in ps:
+            rem[:, j] += vis[:, q]
+    rem *= vis  # only visited models wait for parents
+    left = vis.sum(axis=1, dtype=np.int32)
+    use_wait = bool(np.any(p.waitv > 0))
+    S0 = int(p.replicas.sum())
+    cap = max(16, 2 * S0)
+    rep_m = np.full(cap, -1, dtype=np.int64)
+    rep_m[:S0] = np.repeat(np.arange(M, dtype=np.int64), p.replicas)
+    rep_st = np.full(cap, K.REMOVED, dtype=np.int64)
+    rep_st[:S0] = K.IDLE
+    rep_next = np.full(cap, -1, dtype=np.int64)
+    idle_head = np.full(M, -1, dtype=np.int64)
+    for s in range(S0):  # build each model's idle stack
+        m = rep_m[s]
+        rep_next[s] = idle_head[m]
+        idle_head[m] = s
+    ist = np.zeros(8, dtype=np.int64)
+    ist[K.I_NSLOTS] = S0
+    fst = np.zeros(4, dtype=np.float64)
+    fst[K.F_HOP] = hop
+    ecap = cap + M + 8
+    return K.KState(
+        arr=arr,
+        vis=visf,
+        ch_ptr=p.ch_ptr,
+        ch_idx=p.ch_idx,
+        is_root=p.is_root,
+        maxb=p.maxb,
+        table=p.table,
+        waitv=p.waitv,
+        rem=rem.reshape(-1),
+        left=left,
+        fin=np.full(N, np.inf),
+        enq=np.zeros(NM),
+        qd=np.full(NM, np.nan),
+        qheap=np.zeros(NM, dtype=np.int64),
+        qlen=np.zeros(M, dtype=np.int64),
+        fifo=np.zeros(NM if use_wait else 1, dtype=np.int64),
+        fhead=np.zeros(M, dtype=np.int64),
+        ftail=np.zeros(M, dtype=np.int64),
+        wake_at=np.full(M, np.inf),
+        hq_i=np.zeros(NM if hop > 0 else 1, dtype=np.int64),
+        hq_m=np.zeros(NM if hop > 0 else 1, dtype=np.int64),
+        hq_t=np.zeros(NM if hop > 0 else 1),
+        ev_t=np.zeros(ecap),
+        ev_k=np.zeros(ecap, dtype=np.int64),
+        ev_a=np.zeros(ecap, dtype=np.int64),
+        rep_m=rep_m,
+        rep_st=rep_st,
+        rep_b=np.zeros(cap, dtype=np.int64),
+        rep_batch=np.zeros((cap, B), dtype=np.int64),
+        rep_next=rep_next,
+        rep_fin=np.full(cap, np.inf),
+        rep_req=np.where(np.arange(cap) < S0, -np.inf, np.inf),
+        rep_act=np.where(np.arange(cap) < S0, -np.inf, np.inf),
+        rep_stop=np.full(cap, np.inf),
+        rep_end=np.full(cap, np.inf),
+        idle_head=idle_head,
+        inflight=np.zeros(M, dtype=np.int64),
+        nbatch=np.zeros(M, dtype=np.int64),
+        busy=np.zeros(M),
+        dirty=np.zeros(M, dtype=np.uint8),
+        dlist=np.zeros(M, dtype=np.int64),
+        ist=ist,
+        fst=fst,
+    )
+
+
+def _ensure_slots(S: K.KState, extra: int) -> K.KState:
+    """Grow the replica-slot and event arrays so ``extra`` more slots fit."""
+    cap = S.rep_m.shape[0]
+    need = int(S.ist[K.I_NSLOTS]) + extra
+    if need <= cap:
+        return S
+    new = max(2 * cap, need)
+
+    def grow(a: np.ndarray, fill: float) -> np.ndarray:
+        out = np.full((new, *a.shape[1:]), fill, dtype=a.dtype)
+        out[:cap] = a
+        return out
+
+    M = S.maxb.shape[0]
+    ecap = new + M + 8
+    ev_t = np.zeros(ecap)
+    ev_k = np.zeros(ecap, dtype=np.int64)
+    ev_a = np.zeros(ecap, dtype=np.int64)
+    n = int(S.ist[K.I_EVN])
+    ev_t[:n], ev_k[:n], ev_a[:n] = S.ev_t[:n], S.ev_k[:n], S.ev_a[:n]
+    return S._replace(
+        rep_m=grow(S.rep_m, -1),
+        rep_st=grow(S.rep_st, K.REMOVED),
+        rep_b=grow(S.rep_b, 0),
+        rep_batch=grow(S.rep_batch, 0),
+        rep_next=grow(S.rep_next, -1),
+        rep_fin=grow(S.rep_fin, np.inf),
+        rep_req=grow(S.rep_req, np.inf),
+        rep_act=grow(S.rep_act, np.inf),
+        rep_stop=grow(S.rep_stop, np.inf),
+        rep_end=grow(S.rep_end, np.inf),
+        ev_t=ev_t,
+        ev_k=ev_k,
+        ev_a=ev_a,
+    )
+
+
+def _system_state(S: K.KState, order: tuple[str, ...], now: float) -> SystemState:
+    M = len(order)
+    ns = int(S.ist[K.I_NSLOTS])
+    rm, st = S.rep_m[:ns], S.rep_st[:ns]
+    active = np.bincount(rm[(st == K.IDLE) | (st == K.BUSY)], minlength=M)
+    pending = np.bincount(rm[st == K.PENDING], minlength=M)
+    return SystemState(
+        now_s=now,
+        queued={m: int(S.qlen[j]) for j, m in enumerate(order)},
+        in_service={m: int(S.inflight[j]) for j, m in enumerate(order)},
+        active_replicas={m: int(active[j]) for j, m in enumerate(order)},
+        pending_replicas={m: int(pending[j]) for j, m in enumerate(order)},
+        in_system=int(S.ist[K.I_INSYS]),
+    )
+
+
+# -- the simulation --------------------------------------------------------------------------
+def simulate(
+    pipeline: Pipeline,
+    configs: Mapping[str, ModelConfig],
+    profiles: Profiles,
+    arrivals: np.ndarray,
+    *,
+    options: EstimatorOptions = EstimatorOptions(),
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    schedule: Sequence[tuple[float, str, int]] = (),
+    controller: Controller | None = None,
+) -> SimResult:
+    """Simulate ``arrivals`` through ``pipeline`` served as ``configs``; see the module doc.
+
+    ``schedule``: ``(time_s, model, replicas)`` changes applied at those times (same time axis
+    as ``arrivals``). ``controller``: see :class:`Controller`. A change at time T is applied
+    after every event before T and before the events at T.
+    """
+    arr = _check_arrivals(arrivals)
+    prep = _prepare(pipeline, configs, profiles, options, catalog)
+    order = prep.order
+    pos = {m: j for j, m in enumerate(order)}
+    sched = _check_schedule(schedule, pos)
+    interval = 0.0
+    if controller is not None:
+        interval = as_float(getattr(controller, "interval_s", None), "controller.interval_s")
+        if interval <= 0:
+            raise ValidationError("controller.interval_s", "a number > 0", interval)
+    N = arr.shape[0]
+    vis = draw_visits(pipeline, N, options.seed)
+    if not sched and controller is None:
+        visited = vis.any(axis=0)
+        for j, m in enumerate(order):
+            if visited[j] and prep.replicas[j] == 0:
+                raise ValidationError(
+                    f"configs.{m}.replicas",
+                    f"at least 1 replica ({m!r} receives traffic and nothing scales it)",
+                    0,
+                )
+    S = _new_state(prep, arr, vis, options.hop_overhead_s)
+    delay = options.activation_delay_s
+    if not sched and controller is None:
+        K.run(S, np.inf)
+    else:
+        S = _drive(S, arr, order, pos, sched, controller, interval, delay)
+    return _result(S, prep, arr, vis)
+
+
+def _check_schedule(
+    schedule: Sequence[tuple[float, str, int]], pos: Mapping[str, int]
+) -> list[tuple[float, int, int]]:
+    out = []
+    for i, e in enumerate(schedule):
+        if len(e) != 3:
+            raise ValidationError(f"schedule[{i}]", "(time_s, model, replicas)", e)
+        t = as_float(e[0], f"schedule[{i}][0]")
+        if e[1] not in pos:
+            raise ValidationError(f"schedule[{i}][1]", f"a model from {list(pos)!r}", e[1])
+        n = as_int(
+            int(e[2]) if isinstance(e[2], np.integer) else e[2], f"schedule[{i}][2]", minimum=0
+        )
+        out.append((t, pos[e[1]], n))
+    out.sort(key=lambda x: x[0])  # stable: same-time entries apply in the given order
+    return out
+
+
+def _drive(
+    S: K.KState,
+    arr: np.ndarray,
+    order: tuple[str, ...],
+    pos: Mapping[str, int],
+    sched: list[tuple[float, int, int]],
+    controller: Controller | None,
+    interval: float,
+    delay: float,
+) -> K.KState:
+    """Run in segments between schedule entries and controller calls."""
+    t0 = float(arr[0]) if arr.size else 0.0
+    j = 0
+    k = 1
+    prev_ip = 0
+    while True:
+        ts = sched[j][0] if j < len(sched) else math.inf
+        tc = t0 + k * interval if controller is not None else math.inf
+        T = min(ts, tc)
+        if T == math.inf:
+            K.run(S, np.inf)
+            return S
+        nxt = K.run(S, T)
+        finished = nxt == math.inf and S.ist[K.I_INSYS] == 0
+        if finished and int(S.ist[K.I_AP]) >= arr.shape[0]:
+            return S  # nothing left to serve; later changes cannot affect any query
+        changed = False
+        while j < len(sched) and sched[j][0] == T:
+            _, m, n = sched[j]
+            S = _ensure_slots(S, n)
+            K.apply_scale(S, m, n, T, delay)
+            j += 1
+            changed = True
+        if controller is not None and tc == T:
+            ip = int(np.searchsorted(arr, T, side="left"))
+            state = _system_state(S, order, T)
+            want = controller.observe(T, arr[prev_ip:ip], state)
+            prev_ip = ip
+            k += 1
+            if want:
+                for name, n in want.items():
+                    if name not in pos:
+                        raise ValidationError(
+                            "controller.observe()", f"model names from {list(order)!r}", name
+                        )
+                    if isinstance(n, np.integer):
+                        n = int(n)
+                    n = as_int(n, f"controller.observe()[{name!r}]", minimum=0)
+                    if n != state.active_replicas[name] + state.pending_replicas[name]:
+                        changed = True
+                    S = _ensure_slots(S, n)
+                    K.apply_scale(S, pos[name], n, T, delay)
+            if nxt == math.inf and not changed and j >= len(sched):
+                return S  # starved (no replicas) and the controller does not react
+
+
+def _result(S: K.KState, p: _Prep, arr: np.ndarray, vis: np.ndarray) -> SimResult:
+    N = arr.shape[0]
+    M = len(p.order)
+    lat = S.fin - arr
+    lat[S.left > 0] = np.inf
+    t0 = float(arr[0]) if N else 0.0
+    t1 = float(arr[-1]) if N else 0.0
+    fin_ok = S.fin[np.isfinite(S.fin)]
+    t_end = max(t1, float(fin_ok.max()) if fin_ok.size else t1)
+    ns = int(S.ist[K.I_NSLOTS])
+    rm = S.rep_m[:ns]
+    req, act, stop, end = S.rep_req[:ns], S.rep_act[:ns], S.rep_stop[:ns], S.rep_end[:ns]
+    # cost: billed from request to removal, clipped to the trace span
+    if t1 > t0:
+        billed = np.clip(end, t0, t1) - np.clip(req, t0, t1)
+        cost = float(np.sum(billed * p.price[rm]) / (t1 - t0))
+    else:
+        cost = float(np.sum(p.replicas * p.price))
+    # serving capacity for utilization: from activation to gone, within [t0, t_end]
+    avail_per = np.clip(end, t0, t_end) - np.clip(act, t0, t_end)
+    avail = np.bincount(rm, weights=np.maximum(avail_per, 0.0), minlength=M)
+    qd = S.qd.reshape(N, M)
+    visits = vis.sum(axis=0)
+    models: dict[str, ModelSimStats] = {}
+    for j, m in enumerate(p.order):
+        col = qd[:, j]
+        col = col[~np.isnan(col)]
+        started = col.size
+        nb = int(S.nbatch[j])
+        models[m] = ModelSimStats(
+            visits=int(visits[j]),
+            batches=nb,
+            mean_batch_size=float(started / nb) if nb else 0.0,
+            utilization=float(S.busy[j] / avail[j]) if avail[j] > 0 else 0.0,
+            mean_queue_delay_s=float(col.mean()) if started else 0.0,
+            p99_queue_delay_s=float(np.percentile(col, 99)) if started else 0.0,
+        )
+    return SimResult(
+        arrivals_s=arr,
+        latencies_s=lat,
+        models=models,
+        cost_per_hour=cost,
+        replica_timeline=_timeline(rm, act, stop, p, t0),
+    )
+
+
+def _timeline(
+    rm: np.ndarray, act: np.ndarray, stop: np.ndarray, p: _Prep, t0: float
+) -> tuple[tuple[float, str, int], ...]:
+    """Serving replicas per model: the initial counts, then one entry per (time, model) change."""
+    changes: list[tuple[float, int, int]] = []
+    for s in range(rm.shape[0]):
+        if np.isfinite(act[s]) and act[s] != -np.inf:
+            changes.append((float(act[s]), int(rm[s]), 1))
+        if np.isfinite(stop[s]) and act[s] != np.inf:
+            changes.append((float(stop[s]), int(rm[s]), -1))
+    start = min([t0, *(c[0] for c in changes)])
+    count = [int(x) for x in p.replicas]
+    out: list[tuple[float, str, int]] = [(start, m, count[j]) for j, m in enumerate(p.order)]
+    changes.sort(key=lambda c: (c[0], c[1]))
+    i = 0
+    while i < len(changes):
+        t, m, _ = changes[i]
+        while i < len(changes) and changes[i][0] == t and changes[i][1] == m:
+            count[m] += changes[i][2]
+            i += 1
+        out.append((t, p.order[m], count[m]))
+    return tuple(out)
+
+
+def simulate_plan(
+    pipeline: Pipeline, plan: Plan, profiles: Profiles, arrivals: np.ndarray, **kw: Any
+) -> SimResult:
+    """:func:`simulate` with the plan's model configurations."""
+    return simulate(pipeline, plan.models, profiles, arrivals, **kw)

@@ -1,0 +1,432 @@
+"""Compiled event loop of the discrete-event estimator (numba ``@njit``, flat numpy arrays).
+
+All mutable simulation state lives in the arrays of a :class:`KState` named tuple, so a run can
+stop at any time ``t_stop`` (before the events of that instant) and resume later: the Python
+driver in ``_estimator.py`` uses this to apply replica schedules and controller decisions.
+
+Indexing: models are numbered in topological order; a visit of query ``i`` to model ``m`` is the
+flat index ``i * M + m``. Because the trace is sorted and every query has the same SLO, the EDF
+order (deadline, then arrival) is simply the query index, so each model's queue is a binary
+min-heap of query indices.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "ACTIVATE",
+    "BUSY",
+    "COMPLETE",
+    "IDLE",
+    "PENDING",
+    "REMOVED",
+    "RETIRING",
+    "WAKE",
+    "KState",
+    "apply_scale",
+    "run",
+]
+
+# event kinds
+COMPLETE = 0
+ACTIVATE = 1
+WAKE = 2
+# replica states
+PENDING = 0
+IDLE = 1
+BUSY = 2
+RETIRING = 3  # busy, will leave after its batch
+REMOVED = 4
+
+# slots of the scalar arrays
+I_AP = 0  # next arrival index
+I_EVN = 1  # event-heap size
+I_HQH = 2  # hop FIFO head
+I_HQT = 3  # hop FIFO tail
+I_INSYS = 4  # queries arrived and not finished
+I_NSLOTS = 5  # replica slots in use
+I_ND = 6  # dirty models this instant
+F_NOW = 0
+F_HOP = 1
+
+INF = np.inf
+
+
+class KState(NamedTuple):
+    """Every array the kernel reads or writes (static inputs first)."""
+
+    arr: np.ndarray  # f8[N] arrival times
+    vis: np.ndarray  # u1[N*M] visit flags
+    ch_ptr: np.ndarray  # i8[M+1] children CSR
+    ch_idx: np.ndarray  # i8[E]
+    is_root: np.ndarray  # u1[M]
+    maxb: np.ndarray  # i8[M]
+    table: np.ndarray  # f8[M, B+1] batch latency by size
+    waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy)
+    rem: np.ndarray  # i4[N*M] visited parents not yet finished
+    left: np.ndarray  # i4[N] visits not yet finished
+    fin: np.ndarray  # f8[N] finish time of the last finished visit
+    enq: np.ndarray  # f8[N*M] time the visit entered the queue
+    qd: np.ndarray  # f8[N*M] queueing delay (NaN until the visit starts)
+    qheap: np.ndarray  # i8[M*N] per-model EDF heaps
+    qlen: np.ndarray  # i8[M]
+    fifo: np.ndarray  # i8[M*N] per-model insertion order (only with batch wait)
+    fhead: np.ndarray  # i8[M]
+    ftail: np.ndarray  # i8[M]
+    wake_at: np.ndarray  # f8[M] outstanding batch-wait timer (inf = none)
+    hq_i: np.ndarray  # i8[cap] hop FIFO: query
+    hq_m: np.ndarray  # i8[cap] hop FIFO: model
+    hq_t: np.ndarray  # f8[cap] hop FIFO: time it enters the queue
+    ev_t: np.ndarray  # f8[C] event heap
+    ev_k: np.ndarray  # i8[C]
+    ev_a: np.ndarray  # i8[C]
+    rep_m: np.ndarray  # i8[S] model of each replica slot
+    rep_st: np.ndarray  # i8[S] state
+    rep_b: np.ndarray  # i8[S] size of the batch in flight
+    rep_batch: np.ndarray  # i8[S, B] queries of the batch in flight
+    rep_next: np.ndarray  # i8[S] idle-stack link
+    rep_fin: np.ndarray  # f8[S] finish time of the batch in flight
+    rep_req: np.ndarray  # f8[S] requested (billing starts)
+    rep_act: np.ndarray  # f8[S] active (serving starts); inf if cancelled
+    rep_stop: np.ndarray  # f8[S] stops taking work (scale-down)
+    rep_end: np.ndarray  # f8[S] gone (billing ends)
+    idle_head: np.ndarray  # i8[M]
+    inflight: np.ndarray  # i8[M] queries in service
+    nbatch: np.ndarray  # i8[M]
+    busy: np.ndarray  # f8[M] replica-seconds spent processing
+    dirty: np.ndarray  # u1[M]
+    dlist: np.ndarray  # i8[M]
+    ist: np.ndarray  # i8 scalars (I_*)
+    fst: np.ndarray  # f8 scalars (F_*)
+
+
+@njit(cache=True, inline="always")
+def _ev_push(ev_t, ev_k, ev_a, ist, t, k, a):  # type: ignore[no-untyped-def]
+    i = ist[I_EVN]
+    while i > 0:
+        p = (i - 1) >> 1
+        if ev_t[p] <= t:
+            break
+        ev_t[i] = ev_t[p]
+        ev_k[i] = ev_k[p]
+        ev_a[i] = ev_a[p]
+        i = p
+    ev_t[i] = t
+    ev_k[i] = k
+    ev_a[i] = a
+    ist[I_EVN] += 1
+
+
+@njit(cache=True, inline="always")
+def _ev_pop(ev_t, ev_k, ev_a, ist):  # type: ignore[no-untyped-def]
+    n = ist[I_EVN] - 1
+    ist[I_EVN] = n
+    if n == 0:
+        return
+    t = ev_t[n]
+    k = ev_k[n]
+    a = ev_a[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and ev_t[c + 1] < ev_t[c]:
+            c += 1
+        if ev_t[c] >= t:
+            break
+        ev_t[i] = ev_t[c]
+        ev_k[i] = ev_k[c]
+        ev_a[i] = ev_a[c]
+        i = c
+    ev_t[i] = t
+    ev_k[i] = k
+    ev_a[i] = a
+
+
+@njit(cache=True, inline="always")
+def _mark(dirty, dlist, ist, m):  # type: ignore[no-untyped-def]
+    if dirty[m] == 0:
+        dirty[m] = 1
+        dlist[ist[I_ND]] = m
+        ist[I_ND] += 1
+
+
+@njit(cache=True, inline="always")
+def _enqueue(qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m, t):  # type: ignore[no-untyped-def]
+    base = m * N
+    n = qlen[m]
+    j = n
+    while j > 0:  # sift up; usually stops at once since indices mostly arrive in order
+        p = (j - 1) >> 1
+        y = qheap[base + p]
+        if y <= i:
+            break
+        qheap[base + j] = y
+        j = p
+    qheap[base + j] = i
+    qlen[m] = n + 1
+    enq[i * M + m] = t
+    if waitv[m] > 0.0:
+        fifo[base + ftail[m]] = i
+        ftail[m] += 1
+    _mark(dirty, dlist, ist, m)
+
+
+@njit(cache=True)
+def run(S: KState, t_stop: float) -> float:
+    """Process every instant strictly before ``t_stop``; return the next event time (inf: none).
+
+    At each instant all arrivals, queue entries and completions are applied first, then every
+    model touched at that instant dispatches batches to its idle replicas (DESIGN.md rule 3).
+    """
+    return _loop(
+        S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.waitv, S.rem, S.left,
+        S.fin, S.enq, S.qd, S.qheap, S.qlen, S.fifo, S.fhead, S.ftail, S.wake_at, S.hq_i, S.hq_m,
+        S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_st, S.rep_b, S.rep_batch, S.rep_next,
+        S.rep_fin, S.rep_end, S.idle_head, S.inflight, S.nbatch, S.busy, S.dirty, S.dlist,
+        S.ist, S.fst, t_stop,
+    )  # fmt: skip
+
+
+# The loop takes every array as a plain argument: reading fields of the named tuple inside the
+# hot loop makes numba emit atomic reference-count updates on every access (5x slower).
+@njit(cache=True)
+def _loop(  # type: ignore[no-untyped-def]
+    arr, vis, ch_ptr, ch_idx, is_root, maxb, table, waitv, rem, left,
+    fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
+    hq_t, ev_t, ev_k, ev_a, rep_m, rep_st, rep_b, rep_batch, rep_next,
+    rep_fin, rep_end, idle_head, inflight, nbatch, busy, dirty, dlist,
+    ist, fst, t_stop,
+):  # fmt: skip
+    N = arr.shape[0]
+    M = maxb.shape[0]
+    hop = fst[F_HOP]
+    while True:
+        ap = ist[I_AP]
+        t = INF
+        if ap < N:
+            t = arr[ap]
+        if ist[I_EVN] > 0 and ev_t[0] < t:
+            t = ev_t[0]
+        hh = ist[I_HQH]
+        if hh < ist[I_HQT] and hq_t[hh] < t:
+            t = hq_t[hh]
+        if t >= t_stop or t == INF:
+            return t
+        fst[F_NOW] = t
+        # 1. arrivals enter every visited root (after the hop overhead)
+        while ap < N and arr[ap] == t:
+            i = ap
+            ap += 1
+            if left[i] == 0:  # visits no model at all
+                fin[i] = t
+                continue
+            ist[I_INSYS] += 1
+            for m in range(M):
+                if is_root[m] and vis[i * M + m]:
+                    if hop > 0.0:
+                        h = ist[I_HQT]
+                        hq_i[h] = i
+                        hq_m[h] = m
+                        hq_t[h] = t + hop
+                        ist[I_HQT] = h + 1
+                    else:
+                        _enqueue(
+                            qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m, t
+                        )
+        ist[I_AP] = ap
+        # 2. completions, activations, batch-wait timers
+        while ist[I_EVN] > 0 and ev_t[0] == t:
+            kind = ev_k[0]
+            s = ev_a[0]
+            _ev_pop(ev_t, ev_k, ev_a, ist)
+            if kind == COMPLETE:
+                m = rep_m[s]
+                b = rep_b[s]
+                inflight[m] -= b
+                lo = ch_ptr[m]
+                hi = ch_ptr[m + 1]
+                for k in range(b):
+                    i = rep_batch[s, k]
+                    fin[i] = t  # completions come in time order: this ends as the last finish
+                    left[i] -= 1
+                    if left[i] == 0:
+                        ist[I_INSYS] -= 1
+                    for e in range(lo, hi):
+                        c = ch_idx[e]
+                        idx = i * M + c
+                        if vis[idx]:
+                            rem[idx] -= 1
+                            if rem[idx] == 0:  # last visited parent: the join is complete
+                                if hop > 0.0:
+                                    h = ist[I_HQT]
+                                    hq_i[h] = i
+                                    hq_m[h] = c
+                                    hq_t[h] = t + hop
+                                    ist[I_HQT] = h + 1
+                                else:
+                                    _enqueue(
+                                        qheap,
+                                        qlen,
+                                        enq,
+                                        fifo,
+                                        ftail,
+                                        waitv,
+                                        dirty,
+                                        dlist,
+                                        ist,
+                                        N,
+                                        M,
+                                        i,
+                                        c,
+                                        t,
+                                    )
+                rep_b[s] = 0
+                if rep_st[s] == RETIRING:
+                    rep_st[s] = REMOVED
+                    rep_end[s] = t
+                else:
+                    rep_st[s] = IDLE
+                    rep_next[s] = idle_head[m]
+                    idle_head[m] = s
+                    _mark(dirty, dlist, ist, m)
+            elif kind == ACTIVATE:
+                if rep_st[s] == PENDING:
+                    m = rep_m[s]
+                    rep_st[s] = IDLE
+                    rep_next[s] = idle_head[m]
+                    idle_head[m] = s
+                    _mark(dirty, dlist, ist, m)
+            else:  # WAKE (the argument is the model)
+                if wake_at[s] == t:
+                    wake_at[s] = INF
+                _mark(dirty, dlist, ist, s)
+        # 3. hop arrivals (after completions: a hop too small to move t lands in this instant)
+        while ist[I_HQH] < ist[I_HQT] and hq_t[ist[I_HQH]] == t:
+            h = ist[I_HQH]
+            _enqueue(
+                qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, hq_i[h], hq_m[h], t
+            )
+            ist[I_HQH] = h + 1
+        # 4. dispatch: idle replicas of every touched model take batches
+        for d in range(ist[I_ND]):
+            m = dlist[d]
+            dirty[m] = 0
+            base = m * N
+            B = maxb[m]
+            w = waitv[m]
+            while idle_head[m] >= 0 and qlen[m] > 0:
+                n = qlen[m]
+                if w > 0.0 and n < B:
+                    # Delayed batching: wait until the batch fills or the oldest queued visit
+                    # has waited w. Insertion order is enqueue-time order; skip taken visits.
+                    h = fhead[m]
+                    while not np.isnan(qd[fifo[base + h] * M + m]):
+                        h += 1
+                    fhead[m] = h
+                    deadline = enq[fifo[base + h] * M + m] + w
+                    if t < deadline:
+                        if wake_at[m] == INF:
+                            wake_at[m] = deadline
+                            _ev_push(ev_t, ev_k, ev_a, ist, deadline, WAKE, m)
+                        break
+                b = B if n > B else n
+                s = idle_head[m]
+                idle_head[m] = rep_next[s]
+                rep_st[s] = BUSY
+                rep_b[s] = b
+                for k in range(b):
+                    top = qheap[base]
+                    n -= 1
+                    if n > 0:  # sift the last element down from the root
+                        x = qheap[base + n]
+                        j = 0
+                        while True:
+                            c = 2 * j + 1
+                            if c >= n:
+                                break
+                            if c + 1 < n and qheap[base + c + 1] < qheap[base + c]:
+                                c += 1
+                            y = qheap[base + c]
+                            if y >= x:
+                                break
+                            qheap[base + j] = y
+                            j = c
+                        qheap[base + j] = x
+                    rep_batch[s, k] = top
+                    idx = top * M + m
+                    qd[idx] = t - enq[idx]
+                qlen[m] = n
+                lat = table[m, b]
+                done = t + lat
+                rep_fin[s] = done
+                _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
+                nbatch[m] += 1
+                busy[m] += lat
+                inflight[m] += b
+        ist[I_ND] = 0
+
+
+@njit(cache=True)
+def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
+    """Set model ``m``'s replica count (active + pending) to ``n`` at time ``t``.
+
+    Scale-up: new replicas are billed from ``t`` and serve from ``t + delay``. Scale-down:
+    cancel pending replicas (latest first), then remove idle ones, then retire busy ones (the
+    ones finishing soonest first), which leave after their batch. The caller guarantees slot
+    and event-heap capacity.
+    """
+    ns = S.ist[I_NSLOTS]
+    cur = 0
+    for s in range(ns):
+        if S.rep_m[s] == m:
+            st = S.rep_st[s]
+            if st == PENDING or st == IDLE or st == BUSY:
+                cur += 1
+    if n > cur:
+        for _ in range(n - cur):
+            s = S.ist[I_NSLOTS]
+            S.ist[I_NSLOTS] = s + 1
+            S.rep_m[s] = m
+            S.rep_st[s] = PENDING
+            S.rep_b[s] = 0
+            S.rep_next[s] = -1
+            S.rep_fin[s] = INF
+            S.rep_req[s] = t
+            S.rep_act[s] = t + delay
+            S.rep_stop[s] = INF
+            S.rep_end[s] = INF
+            _ev_push(S.ev_t, S.ev_k, S.ev_a, S.ist, t + delay, ACTIVATE, s)
+        return
+    k = cur - n
+    s = ns - 1
+    while k > 0 and s >= 0:  # newer slots were requested later, so they activate later
+        if S.rep_m[s] == m and S.rep_st[s] == PENDING:
+            S.rep_st[s] = REMOVED
+            S.rep_act[s] = INF
+            S.rep_end[s] = t
+            k -= 1
+        s -= 1
+    while k > 0 and S.idle_head[m] >= 0:
+        s = S.idle_head[m]
+        S.idle_head[m] = S.rep_next[s]
+        S.rep_st[s] = REMOVED
+        S.rep_stop[s] = t
+        S.rep_end[s] = t
+        k -= 1
+    while k > 0:
+        best = -1
+        for s in range(ns):
+            if S.rep_m[s] == m and S.rep_st[s] == BUSY:
+                if best < 0 or S.rep_fin[s] < S.rep_fin[best]:
+                    best = s
+        if best < 0:
+            break
+        S.rep_st[best] = RETIRING
+        S.rep_stop[best] = t
+        k -= 1
