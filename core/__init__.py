@@ -46,6 +46,16 @@ from ._tuner import (
     TunerPolicy,
     TunerState,
 )
+from ._wire import (
+    decode_error,
+    decode_value,
+    dumps_value,
+    encode_error,
+    encode_value,
+    loads_value,
+    value_from_json,
+    value_to_json,
+)
 from .errors import (
     BackendError,
     CapacityError,
@@ -60,6 +70,14 @@ from .errors import (
 from .protocols import Backend, ModelSpec, ReplicaHandle
 
 __all__ = [
+    "decode_error",
+    "decode_value",
+    "dumps_value",
+    "encode_error",
+    "encode_value",
+    "loads_value",
+    "value_from_json",
+    "value_to_json",
     "Controller",
     "EstimatorOptions",
     "ModelSimStats",
