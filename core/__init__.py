@@ -3,6 +3,15 @@
 Pure: no sockets, no processes, no wall clock.
 """
 
+from ._autoscale import (
+    AutoScaleConfig,
+    AutoScaleController,
+    AutoScaleDecision,
+    AutoScalePolicy,
+    AutoScaleState,
+    packing_factor,
+    pipeline_unit,
+)
 from ._envelope import (
     MAX_ENVELOPE_WINDOW_S,
     OnlineEnvelope,
@@ -70,6 +79,13 @@ from .errors import (
 from .protocols import Backend, ModelSpec, ReplicaHandle
 
 __all__ = [
+    "AutoScaleConfig",
+    "AutoScaleController",
+    "AutoScaleDecision",
+    "AutoScalePolicy",
+    "AutoScaleState",
+    "packing_factor",
+    "pipeline_unit",
     "decode_error",
     "decode_value",
     "dumps_value",

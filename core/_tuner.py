@@ -9,7 +9,9 @@ Reading of the paper, and the choices made where it is silent:
   for its size means the pipeline is under-provisioned at that time scale.
 - **Scale up.** ``λ`` is the largest rate ``count / window`` among the exceeding windows (short
   windows exceed when traffic got burstier, long ones when the mean rate grew). Every model gets
-  at least ``ceil(λ · s_m / (μ_m · ρ_m))`` replicas; counts only grow here.
+  at least ``ceil(λ · s_m / (μ_m · ρ_m))`` replicas; counts only grow here. Option
+  ``up_rate="scaled"`` (not the paper's) provisions instead for the planned mean rate times
+  the excess ratio ``count / planned_count`` of the exceeding window (see ``_rate``).
 - **Scale down.** Only when no change happened for ``stabilization_delay_s`` (15 s, three times
   the 5 s activation time). The rate is the largest 5 s-window count over the last 30 s divided
   by 5, and every model uses the smallest ``ρ`` of the pipeline (more replicas, conservative).
@@ -54,6 +56,7 @@ __all__ = [
 # float noise (2.0000000001) from adding a replica.
 _EPS = 1e-9
 Floor = Literal["plan", "one"]
+UpRate = Literal["window", "scaled"]
 
 
 def _ceil(x: float) -> int:
@@ -71,6 +74,7 @@ class TunerConfig:
     interval_s: float = 0.1  # how often a driver calls the tuner (simulation and live)
     resolution_s: float | None = 0.001  # arrival times snapped to this grid (bounds memory)
     floor: Floor = "plan"
+    up_rate: UpRate = "window"
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -82,6 +86,8 @@ class TunerConfig:
             as_float(self.resolution_s, "resolution_s", positive=True)
         if self.floor not in ("plan", "one"):
             raise ValidationError("floor", "'plan' or 'one'", self.floor)
+        if self.up_rate not in ("window", "scaled"):
+            raise ValidationError("up_rate", "'window' or 'scaled'", self.up_rate)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -92,6 +98,7 @@ class TunerConfig:
             "interval_s": self.interval_s,
             "resolution_s": self.resolution_s,
             "floor": self.floor,
+            "up_rate": self.up_rate,
         }
 
     @classmethod
@@ -100,15 +107,16 @@ class TunerConfig:
         keys = {f for f in cls.__dataclass_fields__}
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
-        for k in keys - {"floor", "resolution_s"}:
+        for k in keys - {"floor", "resolution_s", "up_rate"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
         if m.get("resolution_s") is not None:
             kw["resolution_s"] = as_float(m["resolution_s"], f"{where}.resolution_s", positive=True)
         elif "resolution_s" in m:
             kw["resolution_s"] = None
-        if "floor" in m:
-            kw["floor"] = as_str(m["floor"], f"{where}.floor")
+        for k in ("floor", "up_rate"):
+            if k in m:
+                kw[k] = as_str(m[k], f"{where}.{k}")
         return cls(**kw)
 
 
@@ -245,6 +253,18 @@ class TunerPolicy:
             out[m] = _ceil(rate_qps * t.scale_factor / (t.throughput_qps * r))
         return out
 
+    def _rate(self, count: int, planned_count: int, window_s: float) -> float:
+        """The arrival rate an exceeding window asks to provision for.
+
+        ``window`` (the paper): the window's own rate ``count / window_s``. ``scaled``: the
+        planned mean rate times how far the envelope is exceeded at that window, ``λ_plan ·
+        count / planned_count`` (a short window's rate is a burst rate, not a sustained one;
+        scaling the plan by the excess keeps the plan's slack at that time scale).
+        """
+        if self.config.up_rate == "window":
+            return count / window_s
+        return self.inputs.mean_rate_qps * count / max(planned_count, 1)
+
     def step(
         self, state: TunerState, now_s: float, peaks: Sequence[int]
     ) -> tuple[TunerState, TunerDecision | None]:
@@ -253,14 +273,15 @@ class TunerPolicy:
         if len(peaks) != len(self.windows):
             raise ValidationError("peaks", f"{len(self.windows)} counts (one per window)", peaks)
         cfg = self.config
-        # The most-exceeded rate of this tick (largest count / window among exceeding windows).
+        # The rate to provision for: the largest among the windows above the plan this tick.
         up_rate, up_window, up_count, up_planned = 0.0, 0.0, 0, 0
         for i in range(self._n_env):
             n, planned_n = int(peaks[i]), self._planned_counts[i]
             if n > planned_n:
                 w = self.windows[i]
-                if n / w > up_rate:
-                    up_rate, up_window, up_count, up_planned = n / w, w, n, planned_n
+                rate = self._rate(n, planned_n, w)
+                if rate > up_rate:
+                    up_rate, up_window, up_count, up_planned = rate, w, n, planned_n
         horizon_start = now_s - cfg.down_horizon_s
         history = (
             *tuple(h for h in state.history if h[0] > horizon_start),
@@ -274,8 +295,9 @@ class TunerPolicy:
             if new != cur:
                 reason = (
                     f"scale up: {up_count} arrivals in a {up_window:g} s window "
-                    f"({up_rate:.1f} q/s) > planned {up_planned} ({up_planned / up_window:.1f} "
-                    f"q/s); provisioning for {up_rate:.1f} q/s: {_diff(cur, new)}"
+                    f"({up_count / up_window:.1f} q/s) > planned {up_planned} "
+                    f"({up_planned / up_window:.1f} q/s); provisioning for {up_rate:.1f} q/s: "
+                    f"{_diff(cur, new)}"
                 )
                 decision = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up")
                 return TunerState(new, float(now_s), history), decision

@@ -85,6 +85,16 @@ def test_scale_up_uses_the_largest_exceeding_rate_and_says_why():
     assert d3 is not None and d3.replicas == {"a": 16, "b": 8}
 
 
+def test_scaled_rule_provisions_for_the_plan_scaled_by_the_excess():
+    p = policy(up_rate="scaled")
+    # excess ratios: 0.1 s 31/30, 1 s 150/120 = 1.25 -> 1.25 x the planned 100 q/s
+    _s, d = p.step(p.initial_state(0.0), 2.0, (31, 150, 500))
+    assert d is not None and d.window_s == 1.0 and d.rate_qps == pytest.approx(125.0)
+    assert d.replicas == {"a": 5, "b": 3}
+    assert "150 arrivals in a 1 s window (150.0 q/s)" in d.reason
+    assert "provisioning for 125.0 q/s" in d.reason
+
+
 def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
     p = policy()
     s = p.initial_state(0.0)
@@ -163,7 +173,7 @@ def test_step_validates_its_inputs():
 
 
 def test_round_trips():
-    c = TunerConfig(stabilization_delay_s=3.0, resolution_s=None, floor="one")
+    c = TunerConfig(stabilization_delay_s=3.0, resolution_s=None, floor="one", up_rate="scaled")
     assert TunerConfig.from_dict(c.to_dict()) == c
     assert TunerConfig.from_dict(TunerConfig().to_dict()) == TunerConfig()
     d = TunerDecision(1.5, {"a": 3}, "why", 0.1, 310.0, "up")
