@@ -9,14 +9,16 @@ Semantics (DESIGN.md "Estimator semantics", so that plans transfer):
   one batch in flight, so the dispatcher never has more batches in flight to a backend than
   replicas and the backend's own queue stays empty.
 - "At one instant, arrivals and completions are applied before an idle replica takes a batch":
-  an asyncio program has no instants, so the dispatcher uses the event loop's iterations. A
-  puller that is about to form a batch (woken by an arrival, or just done with a batch) first
-  yields ``coalesce_yields`` times (default 2) so that everything already runnable in the
-  loop is enqueued before the batch is cut: a burst submitted by one ``gather``, the
-  continuations of a finished upstream batch (they wake in lockstep, one iteration after the
-  results are set), and other timers due at the same time as the replica's completion (their
-  tasks may run one iteration after the puller, hence the second yield). A yield costs about
-  a microsecond per batch.
+  an asyncio program has no instants, so the dispatcher ends an instant when the event loop
+  runs out of runnable work. A puller about to cut a batch (woken by an arrival, or just done
+  with one) waits at a shared barrier: a callback that re-schedules itself while the loop's
+  ready queue holds other work and releases every waiting puller once it is the last runnable
+  thing (at most ``coalesce_rounds`` loop iterations, so a busy loop never starves a replica).
+  By then a burst submitted by one ``gather``, the continuations of a finished upstream batch
+  (however many task hops the pipeline code takes to reach its next ``predict``) and tasks
+  woken by timers due at the same time are all enqueued. On a virtual-time loop this is
+  exactly the estimator's instant (tests compare per-query latencies bit for bit). Loops
+  without a visible ready queue (uvloop) get ``min(coalesce_rounds, 2)`` plain yields instead.
 - Pullers block on futures, never poll: an arrival wakes the idle pullers of its model; a
   policy that asks to wait (delayed batching, Rafiki) also arms one timer.
 
@@ -60,9 +62,9 @@ log = logging.getLogger(__name__)
 Listener = Callable[[ArrivalEvent | BatchEvent], None]
 
 # A queued query is a tuple so the heap compares plain floats/ints; ``seq`` is unique, so the
-# comparison never reaches the payload. Fields: deadline, arrival, seq, input, future,
-# enqueue time, retries so far.
-_DEADLINE, _ARRIVAL, _SEQ, _X, _FUT, _ENQ, _RETRIES = range(7)
+# comparison never reaches the payload. Fields: deadline, arrival, rank (the caller's query id,
+# else seq: same-arrival ties keep query order), seq, input, future, enqueue time, retries.
+_DEADLINE, _ARRIVAL, _RANK, _SEQ, _X, _FUT, _ENQ, _RETRIES = range(8)
 
 
 class _Puller:
@@ -151,13 +153,18 @@ class Dispatcher:
         self,
         clock: Callable[[], float] = time.monotonic,
         *,
-        coalesce_yields: int = 2,
+        coalesce_rounds: int = 16,
         retry_cooldown_s: float = 0.005,
     ) -> None:
-        if coalesce_yields < 0:
-            raise ValidationError("coalesce_yields", "an int >= 0", coalesce_yields)
+        if isinstance(coalesce_rounds, bool) or not isinstance(coalesce_rounds, int):
+            raise ValidationError("coalesce_rounds", "an int >= 0", coalesce_rounds)
+        if coalesce_rounds < 0:
+            raise ValidationError("coalesce_rounds", "an int >= 0", coalesce_rounds)
         self._clock = clock
-        self._coalesce = coalesce_yields
+        self._coalesce = coalesce_rounds
+        self._forming: list[asyncio.Future[None]] = []  # pullers waiting for the instant's end
+        self._barrier_armed = False
+        self._barrier_rounds = 0
         self._cooldown = float(retry_cooldown_s)
         self._queues: dict[str, _ModelQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -339,6 +346,36 @@ class Dispatcher:
             if p in q.idle:
                 q.idle.remove(p)
 
+    async def _end_of_instant(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        if getattr(loop, "_ready", None) is None:
+            for _ in range(min(self._coalesce, 2)):
+                await asyncio.sleep(0)
+            return
+        w = loop.create_future()
+        self._forming.append(w)
+        if not self._barrier_armed:
+            self._barrier_armed = True
+            self._barrier_rounds = 0
+            loop.call_soon(self._barrier)
+        await w
+
+    def _barrier(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        # ``_ready`` holds what is still to run in this iteration plus what was scheduled
+        # during it: empty means this callback is the last runnable thing of the instant.
+        if loop._ready and self._barrier_rounds < self._coalesce:  # type: ignore[attr-defined]
+            self._barrier_rounds += 1
+            loop.call_soon(self._barrier)
+            return
+        self._barrier_armed = False
+        waiters, self._forming = self._forming, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
     def _purge_head(self, q: _ModelQueue, now: float) -> None:
         heap = q.heap
         while heap:
@@ -366,8 +403,8 @@ class Dispatcher:
                 if not heap:
                     await self._idle_wait(q, p, None)
                     continue
-                for _ in range(self._coalesce):
-                    await asyncio.sleep(0)
+                if self._coalesce:
+                    await self._end_of_instant()
                 if p.stopping or self._closed:
                     return
                 now = self._clock()
@@ -495,7 +532,12 @@ class Dispatcher:
 
     # -- submitting ---------------------------------------------------------------------
     def _enqueue(
-        self, q: _ModelQueue, x: Any, deadline: float, arrival: float | None
+        self,
+        q: _ModelQueue,
+        x: Any,
+        deadline: float,
+        arrival: float | None,
+        query_id: int | None = None,
     ) -> asyncio.Future[Any]:
         if self._closed:
             raise _closed_error(q.name)
@@ -515,8 +557,19 @@ class Dispatcher:
             raise OverloadedError(q.name, q.max_queue)
         fut = loop.create_future()
         self._seq += 1
+        seq = self._seq
         heapq.heappush(
-            q.heap, (deadline, now if arrival is None else arrival, self._seq, x, fut, now, 0)
+            q.heap,
+            (
+                deadline,
+                now if arrival is None else arrival,
+                seq if query_id is None else query_id,
+                seq,
+                x,
+                fut,
+                now,
+                0,
+            ),
         )
         q.submitted += 1
         if q.idle:
@@ -526,17 +579,25 @@ class Dispatcher:
         return fut
 
     async def submit(
-        self, model: str, x: Any, *, deadline: float, arrival: float | None = None
+        self,
+        model: str,
+        x: Any,
+        *,
+        deadline: float,
+        arrival: float | None = None,
+        query_id: int | None = None,
     ) -> Any:
         """Queue ``x`` for ``model`` and return its output (or raise its error).
 
         ``deadline`` orders the queue (clock time); ``arrival`` (default now) breaks deadline
-        ties. Raises ``OverloadedError`` at once when the queue is full, ``NotFoundError`` for
+        ties, then ``query_id`` (pipeline queries numbered in arrival order; default: order of
+        submission), so queries that arrived together keep their order at every model as in
+        the estimator. Raises ``OverloadedError`` at once when the queue is full, ``NotFoundError`` for
         an unknown model. Cancelling the caller removes the query (it is skipped)."""
         q = self._queues.get(model)
         if q is None:
             raise NotFoundError("model", model, list(self._queues))
-        return await self._enqueue(q, x, deadline, arrival)
+        return await self._enqueue(q, x, deadline, arrival, query_id)
 
     async def submit_many(
         self, model: str, xs: Sequence[Any], *, deadline: float, arrival: float | None = None

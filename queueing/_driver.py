@@ -118,7 +118,9 @@ class PipelineRunner:
             raise ValidationError("slo_s", "a number of seconds > 0", slo_s)
 
     async def _plain_call(self, model: str, x: Any, ctx: PipelineContext) -> Any:
-        return await self.dispatcher.submit(model, x, deadline=ctx.deadline, arrival=ctx.arrival)
+        return await self.dispatcher.submit(
+            model, x, deadline=ctx.deadline, arrival=ctx.arrival, query_id=ctx.query_id
+        )
 
     async def _cached_call(self, model: str, x: Any, ctx: PipelineContext) -> Any:
         assert self.cache is not None

@@ -1,0 +1,129 @@
+"""The live queue behaves like the estimator: identical per-query latencies in virtual time.
+
+The same pipeline (fan-out, a conditional branch, a join), plan, profiles and trace go through
+``inferline.core.simulate`` and through Dispatcher + PipelineRunner + in-process replicas on
+a virtual-time loop. Times are dyadic fractions so every sum is exact and "the same instant"
+means the same float in both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inferline.core import ModelConfig, Pipeline, Profiles
+from inferline.queueing import (
+    DelayedBatching,
+    Dispatcher,
+    FixedBatching,
+    InProcessReplica,
+    NoOpModel,
+    PipelineContext,
+    PipelineRunner,
+)
+
+core = pytest.importorskip("inferline.core")
+if not hasattr(core, "simulate"):
+    pytest.skip("inferline.core.simulate (the estimator) is not available", allow_module_level=True)
+simulate = core.simulate
+draw_visits = core.draw_visits
+EstimatorOptions = core.EstimatorOptions
+
+SLO_S = 4.0
+PIPE = Pipeline(
+    "fanout",
+    ("a", "b", "c", "d"),
+    (("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")),
+    {"c": 0.5},
+)
+PROFILES = Profiles.from_latencies(
+    {
+        "a": {"cpu": {1: 0.03125, 2: 0.046875, 4: 0.0625, 8: 0.09375}},
+        "b": {"cpu": {1: 0.0625, 2: 0.078125, 4: 0.109375, 8: 0.15625}},
+        "c": {"cpu": {1: 0.125, 2: 0.1875, 4: 0.25}},
+        "d": {"cpu": {1: 0.015625, 2: 0.015625, 4: 0.03125, 8: 0.046875}},
+    }
+)
+CONFIGS = {
+    "a": ModelConfig("cpu", max_batch_size=4, replicas=1),
+    "b": ModelConfig("cpu", max_batch_size=8, replicas=2),
+    "c": ModelConfig("cpu", max_batch_size=2, replicas=2),
+    "d": ModelConfig("cpu", max_batch_size=8, replicas=1),
+}
+
+
+def _arrivals(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    gaps = rng.integers(0, 4, size=n) / 64.0  # zero gaps: simultaneous arrivals
+    return np.cumsum(gaps)
+
+
+async def _live(
+    arrivals: np.ndarray, visits: np.ndarray, batch_wait_s: dict[str, float]
+) -> list[float]:
+    loop = asyncio.get_running_loop()
+    d = Dispatcher(clock=loop.time)
+    for m, cfg in CONFIGS.items():
+        wait = batch_wait_s.get(m, 0.0)
+        policy: Any = (
+            DelayedBatching(cfg.max_batch_size, wait) if wait else FixedBatching(cfg.max_batch_size)
+        )
+        d.add_model(m, batching=policy)
+
+        def service(b: int, m: str = m, hw: str = cfg.hardware) -> float:
+            return PROFILES.latency(m, hw, b)
+
+        d.set_replicas(
+            m, [InProcessReplica(m, NoOpModel(), service_s=service) for _ in range(cfg.replicas)]
+        )
+    order = PIPE.topological_order
+    visits_c = visits[:, order.index("c")]
+
+    async def pipeline(i: int, ctx: PipelineContext) -> int:
+        await ctx.predict("a", i)
+        if visits_c[i]:
+            await asyncio.gather(ctx.predict("b", i), ctx.predict("c", i))
+        else:
+            await ctx.predict("b", i)
+        return await ctx.predict("d", i)
+
+    runner = PipelineRunner(d, pipeline, slo_s=SLO_S)
+
+    async def one(i: int, t: float) -> float:
+        await runner.run(i, arrival=t)
+        return loop.time() - t
+
+    tasks = []
+    for i, t in enumerate(arrivals.tolist()):
+        if t > loop.time():
+            await asyncio.sleep(t - loop.time())
+        tasks.append(asyncio.ensure_future(one(i, t)))
+    lat = await asyncio.gather(*tasks)
+    await d.close()
+    return lat
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_live_latencies_equal_the_estimator(vrun: Any, seed: int) -> None:
+    arrivals = _arrivals(300, seed)
+    opts = EstimatorOptions(seed=seed)
+    sim = simulate(PIPE, CONFIGS, PROFILES, arrivals, options=opts)
+    visits = draw_visits(PIPE, len(arrivals), seed)
+    assert 0.3 < visits[:, PIPE.topological_order.index("c")].mean() < 0.7
+    live = vrun(lambda: _live(arrivals, visits, {}))
+    np.testing.assert_array_equal(np.asarray(live), sim.latencies_s)
+    # the load must actually queue and batch, or the comparison says little
+    assert max(live) > 2 * min(live)
+
+
+def test_delayed_batching_matches_the_estimator_option(vrun: Any) -> None:
+    arrivals = _arrivals(200, 7)
+    waits = {"a": 0.03125, "b": 0.046875}
+    opts = EstimatorOptions(seed=7, batch_wait_s=waits)
+    sim = simulate(PIPE, CONFIGS, PROFILES, arrivals, options=opts)
+    visits = draw_visits(PIPE, len(arrivals), 7)
+    live = vrun(lambda: _live(arrivals, visits, waits))
+    np.testing.assert_array_equal(np.asarray(live), sim.latencies_s)
