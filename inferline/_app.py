@@ -1,0 +1,482 @@
+"""The HTTP frontend: a FastAPI app over a ``Service``.
+
+Endpoints: ``POST /apps/{app}/predict`` (one input or ``input_batch``), ``GET /apps``,
+``GET /healthz``, ``GET /metrics`` (Prometheus text), and FastAPI's ``/openapi.json`` and
+``/docs``. Every endpoint, including mounted routers, sits behind one ASGI guard that checks
+the optional bearer token and the request body limit (413) before any route code runs.
+
+Other subsystems add endpoints by passing routers (or factories ``service -> APIRouter``)
+to ``create_app``, e.g. ``create_app(service, routers=[make_velox_router])``; their handlers
+reach the service as ``request.app.state.service`` and may raise inferline's errors, which
+render here with the same status codes and JSON shape as the built-in routes.
+
+The predict route parses the body itself (one ``json.loads``, no pydantic on the hot path):
+pydantic models below only describe the API in the OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+from collections.abc import Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from inferline.core import (
+    BackendError,
+    CapacityError,
+    DeadlineExceededError,
+    InfeasibleError,
+    InferlineError,
+    NotFoundError,
+    OverloadedError,
+    ValidationError,
+)
+
+from ._service import Prediction, Service
+
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "RouterSource",
+    "create_app",
+    "error_body",
+    "run_server",
+    "status_for",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 1 << 20
+MAX_SLO_MS = 3_600_000.0
+RouterSource = APIRouter | Callable[[Service], APIRouter]
+_JSON = "application/json"
+
+
+# ---------------------------------------------------------------- errors -> HTTP
+
+
+def status_for(exc: BaseException) -> int:
+    """The HTTP status an inferline error maps to."""
+    if isinstance(exc, ValidationError):
+        return 422
+    if isinstance(exc, NotFoundError):
+        return 404
+    if isinstance(exc, OverloadedError | CapacityError):
+        return 503
+    if isinstance(exc, DeadlineExceededError):
+        return 504
+    if isinstance(exc, BackendError):
+        return 502
+    if isinstance(exc, InfeasibleError):
+        return 409
+    return 500
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """``{"detail": message, "error": class name, ...context}``: the shape of every error."""
+    body: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
+    if isinstance(exc, ValidationError):
+        body["field"] = exc.field
+        body["expected"] = exc.expected
+    elif isinstance(exc, NotFoundError):
+        body["kind"] = exc.kind
+        body["known"] = exc.known if isinstance(exc.known, list | type(None)) else repr(exc.known)
+    elif isinstance(exc, OverloadedError):
+        body["model"] = exc.model
+    return body
+
+
+def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
+        status_code=status,
+        media_type=_JSON,
+        headers=headers,
+    )
+
+
+def _error_response(exc: BaseException) -> Response:
+    status = status_for(exc)
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return _json_response(status, error_body(exc), headers)
+
+
+# ---------------------------------------------------------------- the ASGI guard
+
+
+class _BodyTooLarge(Exception):
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(f"request body is larger than the limit of {limit} bytes")
+
+
+class _Guard:
+    """Bearer token and body size limit, for every HTTP route (mounted routers included)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.token = token.encode() if token else None
+        self.limit = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = None
+        auth = None
+        for k, v in scope["headers"]:
+            if k == b"content-length":
+                length = v
+            elif k == b"authorization":
+                auth = v
+        if self.token is not None and not (
+            auth is not None
+            and auth[:7].lower() == b"bearer "
+            and hmac.compare_digest(auth[7:].strip(), self.token)
+        ):
+            await _send_plain(
+                send,
+                401,
+                {"detail": "missing or wrong bearer token", "error": "Unauthorized"},
+                [(b"www-authenticate", b"Bearer")],
+            )
+            return
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                n = -1
+            if n < 0:
+                await _send_plain(
+                    send, 400, {"detail": "bad Content-Length header", "error": "BadRequest"}
+                )
+                return
+            if n > self.limit:
+                await _send_plain(send, 413, _too_large(self.limit))
+                return
+            await self.app(scope, receive, send)
+            return
+        # No length given (chunked): count as the body arrives.
+        seen = 0
+        limit = self.limit
+
+        async def counting_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge(limit)
+            return msg
+
+        await self.app(scope, counting_receive, send)
+
+
+def _too_large(limit: int) -> dict[str, Any]:
+    return {
+        "detail": f"request body is larger than the limit of {limit} bytes",
+        "error": "PayloadTooLarge",
+        "limit_bytes": limit,
+    }
+
+
+async def _send_plain(
+    send: Send, status: int, body: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    data = json.dumps(body).encode()
+    headers = [(b"content-type", _JSON.encode()), (b"content-length", str(len(data)).encode())]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": headers + (extra or [])}
+    )
+    await send({"type": "http.response.body", "body": data})
+
+
+# ---------------------------------------------------------------- OpenAPI descriptions
+
+
+class PredictRequest(BaseModel):
+    """One query (``input``) or several (``input_batch``), with an optional per-query SLO."""
+
+    input: Any = Field(
+        None,
+        description="The query: JSON, or an array as {dtype, shape, b64} / {dtype, data}",
+    )
+    input_batch: list[Any] | None = Field(None, description="Several queries, answered in order")
+    latency_slo_ms: float | None = Field(None, gt=0, description="Override the app's SLO")
+
+
+class PredictResponse(BaseModel):
+    query_id: str
+    output: Any
+    default: bool = Field(description="True when the output is the app's default output")
+    default_explanation: str | None = None
+
+
+class BatchItem(BaseModel):
+    query_id: str | None = None
+    output: Any = None
+    default: bool | None = None
+    default_explanation: str | None = None
+    error: str | None = Field(None, description="Error class when this item failed")
+    detail: str | None = None
+    status: int | None = None
+
+
+class BatchResponse(BaseModel):
+    results: list[BatchItem]
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+    error: str
+    field: str | None = None
+    expected: str | None = None
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 502, 503, 504)
+}
+
+
+# ---------------------------------------------------------------- request parsing
+
+
+def _parse_request(
+    service: Service, app_name: str, raw: bytes
+) -> tuple[Any, list[Any], float, bool]:
+    """Returns ``(app, inputs, slo_s, is_batch)``."""
+    app = service.app(app_name)
+    if not raw:
+        raise ValidationError("body", 'a JSON object like {"input": ...}', "an empty body")
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _Malformed(f"malformed JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise ValidationError("body", 'a JSON object like {"input": ...}', type(body).__name__)
+    extra = set(body) - {"input", "input_batch", "latency_slo_ms"}
+    if extra:
+        raise ValidationError("body", "only keys input, input_batch, latency_slo_ms", sorted(extra))
+    slo_s = app.slo_s
+    if "latency_slo_ms" in body and body["latency_slo_ms"] is not None:
+        v = body["latency_slo_ms"]
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+            or not 0 < v <= MAX_SLO_MS
+        ):
+            raise ValidationError("latency_slo_ms", f"a number in (0, {MAX_SLO_MS:.0f}]", v)
+        slo_s = float(v) / 1e3
+    has_one = "input" in body
+    has_batch = "input_batch" in body
+    if has_one == has_batch:
+        raise ValidationError("body", "exactly one of 'input' or 'input_batch'", sorted(body))
+    if has_one:
+        return app, [service.check_input(app, body["input"], "input")], slo_s, False
+    batch = body["input_batch"]
+    if not isinstance(batch, list) or not batch:
+        raise ValidationError("input_batch", "a non-empty JSON array of inputs", _brief(batch))
+    if len(batch) > app.max_batch_inputs:
+        raise ValidationError(
+            "input_batch", f"at most {app.max_batch_inputs} inputs", f"{len(batch)} inputs"
+        )
+    inputs = [service.check_input(app, x, f"input_batch[{i}]") for i, x in enumerate(batch)]
+    return app, inputs, slo_s, True
+
+
+def _brief(v: Any) -> Any:
+    r = repr(v)
+    return v if len(r) <= 60 else r[:57] + "..."
+
+
+class _Malformed(InferlineError):
+    pass
+
+
+def _batch_item(r: Prediction | BaseException) -> dict[str, Any]:
+    if isinstance(r, Prediction):
+        return r.to_json()
+    return {**error_body(r), "status": status_for(r)}
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(
+    service: Service,
+    *,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    routers: Sequence[RouterSource] = (),
+    close_service_on_shutdown: bool = True,
+    title: str = "inferline",
+) -> FastAPI:
+    """The ASGI app serving ``service``. ``token``: require ``Authorization: Bearer <token>``
+    on every endpoint. ``routers``: extra routers or ``service -> APIRouter`` factories."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> Any:
+        yield
+        if close_service_on_shutdown:
+            await service.close()
+
+    app = FastAPI(
+        title=title,
+        description="Prediction pipelines served under tail-latency SLOs.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+
+    @app.exception_handler(InferlineError)
+    async def _on_inferline_error(_req: Request, exc: InferlineError) -> Response:
+        if isinstance(exc, _Malformed):
+            return _json_response(400, {"detail": str(exc), "error": "MalformedJSON"})
+        return _error_response(exc)
+
+    @app.exception_handler(_BodyTooLarge)
+    async def _on_too_large(_req: Request, exc: _BodyTooLarge) -> Response:
+        return _json_response(413, _too_large(exc.limit))
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_request_validation(_req: Request, exc: RequestValidationError) -> Response:
+        errs = exc.errors()
+        first = errs[0] if errs else {}
+        field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        return _json_response(
+            422,
+            {
+                "detail": f"{field}: {first.get('msg', 'invalid')}",
+                "error": "ValidationError",
+                "field": field,
+                "expected": first.get("msg", ""),
+            },
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http(_req: Request, exc: StarletteHTTPException) -> Response:
+        return _json_response(
+            exc.status_code, {"detail": str(exc.detail), "error": "HTTPError"}, exc.headers
+        )
+
+    @app.post(
+        "/apps/{app_name}/predict",
+        summary="Predict with an application's pipeline",
+        response_model=PredictResponse | BatchResponse,
+        responses=_ERRORS,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {_JSON: {"schema": PredictRequest.model_json_schema()}},
+            }
+        },
+    )
+    async def predict(app_name: str, request: Request) -> Response:
+        if service.closing:
+            return _json_response(
+                503, {"detail": "server is shutting down", "error": "Unavailable"}
+            )
+        raw = await request.body()
+        try:
+            app_, inputs, slo_s, is_batch = _parse_request(service, app_name, raw)
+        except InferlineError as e:
+            service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
+            raise e
+        if not is_batch:
+            try:
+                pred = await service.predict(app_.name, inputs[0], slo_s)
+            except InferlineError as e:
+                return _error_response(e)
+            return _json_response(200, pred.to_json())
+        results = await asyncio.gather(
+            *(service.predict(app_.name, x, slo_s) for x in inputs), return_exceptions=True
+        )
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, InferlineError):
+                raise r
+        return _json_response(200, {"results": [_batch_item(r) for r in results]})
+
+    @app.get("/apps", summary="List applications")
+    async def list_apps() -> dict[str, Any]:
+        return {
+            "apps": {
+                a.name: {
+                    "slo_ms": a.slo_s * 1e3,
+                    "has_default": a.has_default,
+                    "input": None if a.input_spec is None else a.input_spec.to_dict(),
+                    "models": list(a.models),
+                    "description": a.description,
+                }
+                for a in service.apps.values()
+            }
+        }
+
+    @app.get("/healthz", summary="Liveness and replica counts")
+    async def healthz() -> Response:
+        h = service.health()
+        return _json_response(200 if h["status"] == "ok" else 503, h)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    for r in routers:
+        app.include_router(r if isinstance(r, APIRouter) else r(service))
+
+    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
+    return app
+
+
+def run_server(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    log_level: str = "warning",
+    ready: Callable[[int], None] | None = None,
+) -> None:
+    """Serve ``app`` with uvicorn (uvloop and httptools when installed) until interrupted.
+
+    ``port=0`` picks a free port; ``ready(port)`` is called once the socket listens.
+    """
+    import socket
+
+    import uvicorn
+
+    loop = "auto"
+    http = "auto"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    config = uvicorn.Config(
+        app,
+        loop=loop,
+        http=http,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=30,
+        backlog=2048,
+    )
+    server = uvicorn.Server(config)
+    bound = sock.getsockname()[1]
+    if ready is not None:
+        orig_startup = server.startup
+
+        async def startup(sockets: Any = None) -> None:
+            await orig_startup(sockets=sockets)
+            ready(bound)
+
+        server.startup = startup  # type: ignore[method-assign]
+    server.run(sockets=[sock])
