@@ -1,0 +1,151 @@
+"""The Velox HTTP API mounted in a small FastAPI app, exercised through TestClient."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from _velox_helpers import make_model
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from inferline.velox import SplitModel, VeloxConfig, VeloxService, make_velox_router, partition_of
+
+
+async def _tensor_features(x: Any) -> np.ndarray:
+    a = np.asarray(x, dtype=np.float64).ravel()
+    return np.concatenate([a[:3], [1.0]])
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    service = VeloxService()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Models are registered on the app's own event loop (the frontend does the same).
+        await service.register(make_model("movies"), VeloxConfig(partitions=2, owned_partitions=(0,)))
+        await service.register(SplitModel("tensors", 4, _tensor_features))
+        yield
+        await service.close()
+
+    app = FastAPI(lifespan=lifespan)
+    app.include_router(make_velox_router(service, max_body_bytes=4096))
+    with TestClient(app) as c:
+        yield c
+
+
+def _owned_uid(i: int = 0) -> str:
+    return [u for u in (f"user{j}" for j in range(100)) if partition_of(u, 2) == 0][i]
+
+
+def _foreign_uid() -> str:
+    return next(u for u in (f"user{j}" for j in range(100)) if partition_of(u, 2) == 1)
+
+
+def test_predict_observe_top_k_round_trip(client: TestClient) -> None:
+    uid = _owned_uid()
+    r = client.post("/velox/movies/observe", json={"uid": uid, "x": 3, "y": 4.5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["seq"] == 1 and body["new_user"] is True and body["version"] == 1
+    assert body["loss"] == pytest.approx(4.5**2)
+    r = client.post("/velox/movies/predict", json={"uid": uid, "x": 3})
+    assert r.status_code == 200 and r.json()["score"] > 0 and r.json()["new_user"] is False
+    r = client.post("/velox/movies/top_k", json={"uid": uid, "items": [1, 2, 3, 4], "k": 2,
+                                                 "alpha": 0.5})
+    assert r.status_code == 200, r.text
+    top = r.json()
+    assert len(top["items"]) == 2 and top["alpha"] == 0.5
+    assert {"item", "index", "score", "bonus"} <= set(top["items"][0])
+
+
+def test_tensor_items_travel_as_dtype_shape_bytes(client: TestClient) -> None:
+    arr = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    x = {"__ndarray__": {"dtype": arr.dtype.str, "shape": list(arr.shape),
+                         "data": base64.b64encode(arr.tobytes()).decode()}}
+    r = client.post("/velox/tensors/observe", json={"uid": "u", "x": x, "y": 1.0})
+    assert r.status_code == 200, r.text
+    r = client.post("/velox/tensors/top_k", json={"uid": "u", "items": [x, [0, 0, 0]], "k": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["items"][0]["index"] == 0
+    assert r.json()["items"][0]["item"]["__ndarray__"]["shape"] == [2, 2]  # echoed as a tensor
+
+
+def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
+    for i in range(20):
+        uid = _owned_uid(i % 3)
+        assert client.post("/velox/movies/observe", json={"uid": uid, "x": i, "y": float(i % 5)}).status_code == 200
+    r = client.post("/velox/movies/retrain", json={"reason": "test", "wait": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "done" and r.json()["version"] == 2
+    r = client.get("/velox/movies/versions")
+    body = r.json()
+    assert body["current"] == 2
+    assert [(v["version"], v["current"], v["reason"]) for v in body["versions"]] == [
+        (1, False, "initial"), (2, True, "test")]
+    r = client.post("/velox/movies/rollback", json={"version": 1})
+    assert r.status_code == 200 and r.json()["current"] == 1
+    assert client.get("/velox/movies/versions").json()["current"] == 1
+    kinds = [e["kind"] for e in client.get("/velox/movies/events").json()["events"]]
+    assert kinds == ["version", "retrained", "rollback"]
+    r = client.post("/velox/movies/retrain", json={})
+    assert r.status_code == 202 and r.json()["status"] == "running"
+    stats = client.get("/velox/movies/stats").json()
+    assert stats["users"] == 3 and stats["feature_cache"]["size"] > 0
+    info = client.get(f"/velox/movies/users/{_owned_uid(0)}").json()
+    assert info["observations"] >= 7
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/velox/movies/observe", {"uid": "u0", "x": 1}, 422, "y"),
+        ("/velox/movies/observe", {"uid": "u0", "x": 1, "y": "high"}, 422, "y"),
+        ("/velox/movies/observe", {"x": 1, "y": 1.0}, 422, "uid"),
+        ("/velox/movies/observe", {"uid": "", "x": 1, "y": 1.0}, 422, "uid"),
+        ("/velox/movies/observe", {"uid": "u0", "x": 1, "y": 1.0, "extra": 1}, 422, "extra"),
+        ("/velox/movies/predict", {"uid": "u0"}, 422, "x"),
+        ("/velox/movies/top_k", {"uid": "u0", "items": 5}, 422, "items"),
+        ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "k": 0}, 422, "k"),
+        ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "alpha": "x"}, 422, "alpha"),
+        ("/velox/movies/top_k",
+         {"uid": "u0", "items": [1, {"__ndarray__": {"dtype": "<f8", "shape": [3], "data": "AA=="}}]},
+         422, "items[1].data"),
+        ("/velox/movies/rollback", {"version": "2"}, 422, "version"),
+        ("/velox/movies/retrain", {"wait": "yes"}, 422, "wait"),
+    ],
+)
+def test_malformed_requests_name_the_field(client: TestClient, path: str, body: dict, status: int,
+                                           field: str) -> None:
+    body = {k: (_owned_uid() if v == "u0" else v) for k, v in body.items()}
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == "ValidationError" and err["field"] == field
+    assert field in err["message"]
+
+
+def test_not_found_misrouted_and_oversized(client: TestClient) -> None:
+    uid = _owned_uid()
+    r = client.post("/velox/nope/predict", json={"uid": uid, "x": 1})
+    assert r.status_code == 404 and r.json()["error"]["kind"] == "velox model"
+    assert "movies" in r.json()["error"]["message"]  # lists the known models
+    r = client.post("/velox/movies/predict", json={"uid": uid, "x": 12345})
+    assert r.status_code == 404 and r.json()["error"]["kind"] == "item"
+    r = client.get(f"/velox/movies/users/{_owned_uid(5)}")
+    assert r.status_code == 404 and r.json()["error"]["kind"] == "user"
+    r = client.post("/velox/movies/rollback", json={"version": 42})
+    assert r.status_code == 404 and r.json()["error"]["kind"] == "version"
+    r = client.post("/velox/movies/observe", json={"uid": _foreign_uid(), "x": 1, "y": 1.0})
+    assert r.status_code == 421 and r.json()["error"]["partition"] == 1
+    r = client.post("/velox/movies/top_k", json={"uid": uid, "items": list(range(2000))})
+    assert r.status_code == 413
+    r = client.post("/velox/movies/predict", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+    r = client.post("/velox/movies/predict", json=[1, 2])
+    assert r.status_code == 422 and r.json()["error"]["field"] == "body"
