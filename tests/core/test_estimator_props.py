@@ -1,0 +1,154 @@
+"""Hypothesis properties of the estimator, and agreement with the independent SimPy model."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferline.core import EstimatorOptions, ModelConfig, Pipeline, Profiles, draw_visits, simulate
+
+SHAPES = {
+    "linear": Pipeline.linear("linear", ["a", "b", "c"]),
+    "diamond": Pipeline(
+        "diamond", ("a", "b", "c", "d"), (("a", "b"), ("a", "c"), ("b", "d"), ("c", "d"))
+    ),
+    "conditional": Pipeline(
+        "conditional",
+        ("a", "b", "c", "d"),
+        (("a", "b"), ("a", "c"), ("b", "d"), ("c", "d")),
+        {"b": 0.6, "c": 0.3},
+    ),
+    "two-roots": Pipeline("two-roots", ("a", "b", "c"), (("a", "c"), ("b", "c")), {"b": 0.5}),
+}
+BATCHES = (1, 2, 4, 8)
+GRID = 64.0  # times on a 2^-6 s grid make events of different origins coincide
+
+
+@st.composite
+def systems(draw: st.DrawFn, grid: bool = False):  # type: ignore[no-untyped-def]
+    """A pipeline, monotone batch profiles, configs and a short trace."""
+    p = SHAPES[draw(st.sampled_from(sorted(SHAPES)))]
+    table = {}
+    configs = {}
+    for m in p.models:
+        lat1 = draw(st.integers(1, 12)) / GRID
+        lats, cur = {}, lat1
+        for b in BATCHES:  # non-decreasing in b, sub-linear on average
+            cur += draw(st.integers(0, 6)) / GRID if b > 1 else 0.0
+            lats[b] = cur
+        table[m] = {"cpu": lats}
+        configs[m] = ModelConfig("cpu", draw(st.sampled_from(BATCHES)), draw(st.integers(1, 3)))
+    n = draw(st.integers(1, 60))
+    gaps = draw(st.lists(st.integers(0, 16), min_size=n, max_size=n))
+    arr = np.cumsum(np.array(gaps, dtype=np.float64)) / GRID
+    if not grid:  # off the grid as well: irregular float times
+        arr = arr + draw(st.floats(0.0, 1.0)) * np.arange(n) * 1e-3
+    seed = draw(st.integers(0, 2**16))
+    return p, Profiles.from_latencies(table), configs, arr, seed
+
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(systems(), st.sampled_from([0.0, 1 / GRID]))
+def test_no_query_beats_its_critical_path(system, hop) -> None:  # type: ignore[no-untyped-def]
+    p, prof, configs, arr, seed = system
+    opt = EstimatorOptions(hop_overhead_s=hop, seed=seed)
+    r = simulate(p, configs, prof, arr, options=opt)
+    vis = draw_visits(p, arr.size, seed).astype(bool)
+    pos = {m: j for j, m in enumerate(p.topological_order)}
+    for i in range(arr.size):
+        # longest path through visited models, each costing hop + its batch-1 latency
+        best: dict[str, float] = {}
+        for m in p.topological_order:
+            if not vis[i, pos[m]]:
+                continue
+            before = max((best[q] for q in p.parents[m] if q in best), default=0.0)
+            best[m] = before + hop + prof.latency(m, "cpu", 1)
+        bound = max(best.values(), default=0.0)
+        assert r.latencies_s[i] >= bound - 1e-12
+
+
+@FAST
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=80), st.integers(1, 4), st.integers(1, 20))
+def test_single_model_batch_one_more_replicas_never_later(gaps, replicas, lat) -> None:  # type: ignore[no-untyped-def]
+    arr = np.cumsum(np.array(gaps, dtype=np.float64)) / GRID
+    p = Pipeline.linear("p", ["a"])
+    prof = Profiles.from_latencies({"a": {"cpu": {1: lat / GRID}}})
+    fewer = simulate(p, {"a": ModelConfig("cpu", 1, replicas)}, prof, arr).latencies_s
+    more = simulate(p, {"a": ModelConfig("cpu", 1, replicas + 1)}, prof, arr).latencies_s
+    assert np.all(more <= fewer + 1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(systems())
+def test_same_seed_same_result(system) -> None:  # type: ignore[no-untyped-def]
+    p, prof, configs, arr, seed = system
+    opt = EstimatorOptions(seed=seed, batch_wait_s={"a": 2 / GRID})
+    a = simulate(p, configs, prof, arr, options=opt)
+    b = simulate(p, configs, prof, arr.copy(), options=opt)
+    np.testing.assert_array_equal(a.latencies_s, b.latencies_s)
+    assert a.models == b.models and a.cost_per_hour == b.cost_per_hour
+
+
+def test_different_seeds_change_conditional_visits() -> None:
+    p = SHAPES["conditional"]
+    prof = Profiles.from_latencies({m: {"cpu": {1: 0.01}} for m in p.models})
+    cfg = {m: ModelConfig("cpu", 1, 1) for m in p.models}
+    arr = np.arange(200) * 0.1
+    a = simulate(p, cfg, prof, arr, options=EstimatorOptions(seed=1))
+    b = simulate(p, cfg, prof, arr, options=EstimatorOptions(seed=2))
+    assert not np.array_equal(a.latencies_s, b.latencies_s)
+
+
+# -- agreement with the SimPy model of benchmarks/estimator.py --------------------------------
+def _bench():  # type: ignore[no-untyped-def]
+    pytest.importorskip("simpy", reason="simpy (the reference model) is not installed")
+    name = "inferline_bench_estimator"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "benchmarks" / "estimator.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_benchmark_cases_agree_with_simpy(case: int) -> None:
+    bench = _bench()
+    r = bench.compare(bench.CASES[case], 8.0)
+    assert r["max_abs_diff_s"] <= 1e-9
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    systems(grid=True),
+    st.sampled_from([0.0, 1 / GRID]),
+    st.sampled_from([0.0, 3 / GRID]),
+    st.sampled_from([0.0, 8 / GRID]),
+    st.lists(st.tuples(st.integers(0, 64), st.sampled_from("abcd"), st.integers(0, 3)), max_size=4),
+)
+def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched) -> None:  # type: ignore[no-untyped-def]
+    bench = _bench()
+    p, prof, configs, arr, seed = system
+    schedule = [(t / GRID, m, n) for t, m, n in sched if m in p.models]
+    opt = EstimatorOptions(
+        hop_overhead_s=hop,
+        batch_wait_s={m: wait for m in p.models[::2]},
+        activation_delay_s=delay,
+        seed=seed,
+    )
+    ours = simulate(p, configs, prof, arr, options=opt, schedule=schedule).latencies_s
+    ref = bench.SimpyReference(p, configs, prof, arr, options=opt, schedule=schedule).run()
+    np.testing.assert_array_equal(np.isinf(ours), np.isinf(ref))
+    fin = np.isfinite(ours)
+    np.testing.assert_allclose(ours[fin], ref[fin], rtol=0, atol=1e-9)
