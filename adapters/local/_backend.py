@@ -407,6 +407,7 @@ class LocalBackend:
         except BaseException as e:
             reason = e if isinstance(e, BackendError) else None
             self._kill(r)
+            await self._reap(r)
             if isinstance(e, asyncio.TimeoutError):
                 reason = BackendError(
                     self._url,
@@ -419,6 +420,7 @@ class LocalBackend:
         r.last_heartbeat_mono = time.monotonic()
         if r.died.done() or self._closed or s not in m.slots or s.replica is not r:
             self._kill(r)
+            await self._reap(r)
             raise BackendError(self._url, f"replica {rid} of {name!r} was stopped while starting")
         r.state = ACTIVE
         log.info(
@@ -549,6 +551,7 @@ class LocalBackend:
         elif r.state == STARTING:
             r.state = STOPPED
             self._kill(r)
+            await self._reap(r)
             return
         if r.inflight:
             try:
@@ -563,6 +566,13 @@ class LocalBackend:
         r.state = STOPPED
         m.retired.append(r.describe())
         await self._terminate(r)
+
+    async def _reap(self, r: LocalReplica) -> None:
+        """Wait (a bounded time) for a killed replica's exit watcher to finish its bookkeeping."""
+        watchers = [t for t in r.tasks if t.get_name().startswith("watch-")]
+        if watchers:
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(watchers[0]), 5.0)
 
     def _kill(self, r: LocalReplica) -> None:
         if r.proc is not None and r.proc.returncode is None:

@@ -252,4 +252,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             break
     server.stop(grace=1.0).wait(2.0)
     return 0
-

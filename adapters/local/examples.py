@@ -21,6 +21,7 @@ __all__ = [
     "failing",
     "linear",
     "noop",
+    "probe",
     "scale",
     "sleep",
     "wrong_count",
@@ -122,6 +123,28 @@ class _Crashing:
 def crashing(at_load: bool = False) -> _Crashing:
     """Exits the process on the input ``"crash"`` (or fails ``load()`` with ``at_load``)."""
     return _Crashing(at_load)
+
+
+class _Probe:
+    """Answers, for every input, where it runs: pid, pinned cores, thread and GPU settings."""
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        try:
+            cores = sorted(os.sched_getaffinity(0))
+        except AttributeError:
+            cores = []
+        info = {
+            "pid": os.getpid(),
+            "cores": cores,
+            "omp": os.environ.get("OMP_NUM_THREADS"),
+            "mkl": os.environ.get("MKL_NUM_THREADS"),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+        return [info for _ in inputs]
+
+
+def probe() -> _Probe:
+    return _Probe()
 
 
 class Linear:
