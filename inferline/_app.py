@@ -48,9 +48,12 @@ from ._service import Prediction, Service
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "RouterSource",
+    "bind_socket",
     "create_app",
     "error_body",
+    "run_loop",
     "run_server",
+    "serve_app",
     "status_for",
 ]
 
@@ -437,6 +440,55 @@ def create_app(
     return app
 
 
+def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
+    """A listening TCP socket (``port=0``: a free port; read it from ``getsockname()``)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve_app(
+    app: FastAPI,
+    sock: Any,
+    *,
+    log_level: str = "warning",
+    ready: Callable[[], None] | None = None,
+) -> None:
+    """Serve ``app`` with uvicorn on ``sock`` in the running event loop until SIGINT/SIGTERM.
+
+    ``ready()`` is called once the server accepts connections.
+    """
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=30,
+        backlog=2048,
+        lifespan="on",
+    )
+    server = uvicorn.Server(config)
+
+    async def notify() -> None:
+        while not server.started and not server.should_exit:
+            await asyncio.sleep(0.01)
+        if server.started and ready is not None:
+            ready()
+
+    task = asyncio.ensure_future(notify())
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        task.cancel()
+
+
 def run_server(
     app: FastAPI,
     host: str = "127.0.0.1",
@@ -445,38 +497,23 @@ def run_server(
     log_level: str = "warning",
     ready: Callable[[int], None] | None = None,
 ) -> None:
-    """Serve ``app`` with uvicorn (uvloop and httptools when installed) until interrupted.
+    """Serve ``app`` on a fresh event loop (uvloop when installed) until interrupted.
 
     ``port=0`` picks a free port; ``ready(port)`` is called once the socket listens.
     """
-    import socket
-
-    import uvicorn
-
-    loop = "auto"
-    http = "auto"
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    config = uvicorn.Config(
-        app,
-        loop=loop,
-        http=http,
-        log_level=log_level,
-        access_log=False,
-        timeout_keep_alive=30,
-        backlog=2048,
-    )
-    server = uvicorn.Server(config)
+    sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
-    if ready is not None:
-        orig_startup = server.startup
+    run_loop(
+        serve_app(
+            app, sock, log_level=log_level, ready=None if ready is None else lambda: ready(bound)
+        )
+    )
 
-        async def startup(sockets: Any = None) -> None:
-            await orig_startup(sockets=sockets)
-            ready(bound)
 
-        server.startup = startup  # type: ignore[method-assign]
-    server.run(sockets=[sock])
+def run_loop(coro: Any) -> Any:
+    """Run ``coro`` on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        return asyncio.run(coro)
+    return uvloop.run(coro)

@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -70,14 +69,6 @@ class _ScrapeCollector(Collector):
         reps = GaugeMetricFamily(
             "inferline_replicas", "Active replicas of the model", labels=["model"]
         )
-        batches = HistogramMetricFamily(
-            "inferline_batch_size", "Batch sizes sent to replicas", labels=["model"]
-        )
-        mlat = HistogramMetricFamily(
-            "inferline_model_latency_seconds",
-            "Latency of one batch at a replica (send to reply)",
-            labels=["model"],
-        )
         overloads = CounterMetricFamily(
             "inferline_overloaded", "Queries refused because the queue was full", labels=["model"]
         )
@@ -98,12 +89,6 @@ class _ScrapeCollector(Collector):
                 v = _get(st, "overloaded", "rejected", "overloads")
                 if v is not None:
                     overloads.add_metric([m], float(v))
-                hist = _get(st, "batch_size_counts", "batch_sizes")
-                if isinstance(hist, Mapping) and hist:
-                    batches.add_metric([m], *_histogram(hist, (1, 2, 4, 8, 16, 32, 64, 128)))
-                lat = _get(st, "batch_latency_hist", "latency_hist")
-                if isinstance(lat, Mapping) and lat:
-                    mlat.add_metric([m], *_histogram(lat, LATENCY_BUCKETS_S))
             if svc.backend is not None:
                 try:
                     reps.add_metric([m], float(len(svc.backend.replicas(m))))
@@ -112,8 +97,6 @@ class _ScrapeCollector(Collector):
         yield qlen
         yield inflight
         yield reps
-        yield batches
-        yield mlat
         yield overloads
         cache = svc.cache
         if cache is not None:
@@ -126,18 +109,6 @@ class _ScrapeCollector(Collector):
                 yield CounterMetricFamily(
                     "inferline_cache_misses", "Cache misses", value=float(misses)
                 )
-
-
-def _histogram(
-    counts: Mapping[Any, Any], bounds: tuple[float, ...]
-) -> tuple[list[tuple[str, float]], float]:
-    """Cumulative Prometheus buckets from ``{value: count}`` (``sum`` is exact for values)."""
-    items = sorted((float(k), float(v)) for k, v in counts.items())
-    buckets = []
-    for b in bounds:
-        buckets.append((repr(float(b)), sum(c for k, c in items if k <= b)))
-    buckets.append(("+Inf", sum(c for _, c in items)))
-    return buckets, sum(k * c for k, c in items)
 
 
 class ServiceMetrics:
@@ -164,6 +135,21 @@ class ServiceMetrics:
             ["app", "reason"],
             registry=self.registry,
         )
+        self._batch_size = Histogram(
+            "inferline_batch_size",
+            "Sizes of the batches sent to replicas",
+            ["model"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.registry,
+        )
+        self._batch_latency = Histogram(
+            "inferline_batch_latency_seconds",
+            "Time a batch spent in its replica (send to reply, RPC included)",
+            ["model"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._batch_children: dict[str, tuple[Any, Any]] = {}
         self._children: dict[tuple[str, str], Any] = {}
         self._lat_children: dict[str, Any] = {}
         self.registry.register(_ScrapeCollector(service))
@@ -178,6 +164,23 @@ class ServiceMetrics:
         if h is None:
             h = self._lat_children[app] = self._latency.labels(app)
         h.observe(latency_s)
+
+    def watch(self, dispatcher: Any) -> None:
+        """Record every batch the dispatcher sends (a listener: one call per batch)."""
+        from inferline.queueing import BatchEvent
+
+        def on_event(ev: Any) -> None:
+            if isinstance(ev, BatchEvent):
+                ch = self._batch_children.get(ev.model)
+                if ch is None:
+                    ch = self._batch_children[ev.model] = (
+                        self._batch_size.labels(ev.model),
+                        self._batch_latency.labels(ev.model),
+                    )
+                ch[0].observe(ev.size)
+                ch[1].observe(ev.service_s)
+
+        dispatcher.add_listener(on_event)
 
     def defaults(self, app: str, reason: str) -> None:
         self._defaults.labels(app, reason).inc()

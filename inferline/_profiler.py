@@ -186,12 +186,13 @@ async def profile_models(
     backend: Any,
     specs: Sequence[ModelSpec],
     inputs: Mapping[str, Sequence[Any]],
-    options: ProfilerOptions = ProfilerOptions(),
+    options: ProfilerOptions | None = None,
     *,
     progress: Progress | None = None,
 ) -> ProfileResult:
     """Profile every model of ``specs`` on every hardware kind of ``backend.inventory()``
     (or ``options.hardware``), using ``inputs[model]`` as the queries of its batches."""
+    options = options or ProfilerOptions()
     t_start = time.perf_counter()
     inv = backend.inventory()
     hardware = [h for h in (options.hardware or tuple(inv)) if inv.get(h, 0) > 0]

@@ -230,6 +230,10 @@ class Service:
         self._prefix = f"{os.getpid():x}{int(time.time()) & 0xFFFFF:05x}"
         self.metrics = ServiceMetrics(self)
         self.closing = False
+        # Set by ``start_service``: what the service was built from (the admin routes and
+        # ``apply_plan`` read them).
+        self.plan: Any = None
+        self.deployment: Any = None
         self._on_close: list[Callable[[], Awaitable[None]]] = []
         for a in apps:
             self.add_app(a)

@@ -1,0 +1,65 @@
+"""Operator endpoints of a running server (``/admin/...``), mounted by ``inferline serve``.
+
+``GET /admin/plan`` the plan in force; ``PUT /admin/plan`` apply a new plan (replica counts
+and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends);
+``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
+activation delays). They sit behind the same bearer token as every other endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from inferline.core import InferlineError, Plan, ValidationError
+
+from ._deploy import apply_plan
+from ._service import Service
+
+__all__ = ["make_admin_router"]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body, default=str).encode(), status, media_type="application/json")
+
+
+def make_admin_router(service: Service) -> APIRouter:
+    r = APIRouter(prefix="/admin", tags=["admin"])
+
+    @r.get("/plan", summary="The plan in force")
+    async def get_plan() -> Response:
+        plan = service.plan
+        return _json(None if plan is None else plan.to_dict())
+
+    @r.put("/plan", summary="Apply a plan (inferline.plan/1) to the running deployment")
+    async def put_plan(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValidationError("body", "a JSON plan (inferline.plan/1)", str(e)) from None
+        plan = Plan.from_dict(body)
+        result = await apply_plan(service, plan)
+        return _json({"applied": result})
+
+    @r.get("/models", summary="Queue and backend statistics per model")
+    async def models() -> Response:
+        out: dict[str, Any] = {}
+        for m in service.models:
+            entry: dict[str, Any] = {}
+            if service.dispatcher is not None:
+                try:
+                    entry["queue"] = service.dispatcher.stats(m).to_dict()
+                except InferlineError as e:
+                    entry["queue"] = {"error": str(e)}
+            if service.backend is not None:
+                try:
+                    entry["backend"] = dict(await service.backend.stats(m))
+                except InferlineError as e:
+                    entry["backend"] = {"error": str(e)}
+            out[m] = entry
+        return _json(out)
+
+    return r

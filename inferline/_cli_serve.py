@@ -1,0 +1,409 @@
+"""``inferline profile | deploy | serve | replay | demo``: the serving side of the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferline.cli import register
+from inferline.core import (
+    Plan,
+    ValidationError,
+    load_plan,
+    load_trace,
+    save,
+)
+
+log = logging.getLogger(__name__)
+
+_TOKEN_ENV = "INFERLINE_TOKEN"
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    return args.token or os.environ.get(_TOKEN_ENV) or None
+
+
+# ---------------------------------------------------------------- profile
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ._deploy import load_deployment
+    from ._profiler import ProfilerOptions
+    from ._workflow import profile_deployment
+
+    dep = load_deployment(args.deployment)
+    quick = args.quick
+    opts = ProfilerOptions(
+        max_batch_size=args.max_batch,
+        warmup=2 if quick else 5,
+        min_samples=20 if quick else 50,
+        max_samples=60 if quick else args.max_samples,
+        max_seconds_per_point=1.0 if quick else 4.0,
+        statistic=args.statistic,
+        contention=args.contention,
+        hardware=tuple(args.hardware) if args.hardware else None,
+    )
+    console = Console(stderr=True)
+    samples = None
+    if args.samples is not None:
+        samples = dep.load_sample_inputs()[: args.samples]
+    with Progress(
+        TextColumn("[bold]profiling[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task("tracing the pipeline", total=None)
+
+        def progress(model: str, hw: str, b: int, done: int, total: int) -> None:
+            bar.update(task, description=f"{model} on {hw}, batch {b}", completed=done, total=total)
+
+        result, pipeline = run(
+            profile_deployment(dep, opts, app=args.app, samples=samples, progress=progress)
+        )
+    save(result.profiles, args.output)
+    print(f"wrote profiles of {len(result.profiles.models)} models to {args.output}")
+    if args.pipeline_out:
+        save(pipeline, args.pipeline_out)
+        print(f"wrote pipeline {pipeline.name!r} to {args.pipeline_out}")
+    if args.fits_out:
+        Path(args.fits_out).write_text(
+            json.dumps([f.to_dict() for f in result.fits], indent=2) + "\n"
+        )
+    print_fits(result, console=None)
+    return 0
+
+
+def print_fits(result: Any, console: Any = None) -> None:
+    """The latency-vs-batch-size fits as a table (one row per model and hardware)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="batch latency fit (quantile regression: latency = intercept + slope x batch)")
+    for col in ("model", "hw", "batch", "p50@min", "p50@max", "fixed", "per item", "R1"):
+        t.add_column(col, justify="right" if col not in ("model", "hw") else "left", no_wrap=True)
+    t.add_column("linear?", justify="left", no_wrap=True)
+    for f in result.fits:
+        if f.quantile != 0.5:
+            continue
+        prof = result.profiles.models[f.model][f.hardware]
+        sizes = sorted(prof)
+        p50 = [prof[b].p50_s or prof[b].latency_s for b in (sizes[0], sizes[-1])]
+        t.add_row(
+            f.model,
+            f.hardware,
+            f"{sizes[0]}..{sizes[-1]}",
+            f"{p50[0] * 1e3:.2f} ms",
+            f"{p50[1] * 1e3:.2f} ms",
+            f"{f.intercept_s * 1e3:.2f} ms",
+            f"{f.slope_s * 1e3:.3f} ms",
+            f"{f.pseudo_r2:.2f}",
+            "yes" if f.linear else f"[yellow]no[/] (off by {f.max_rel_deviation:.0%})",
+        )
+    (console or Console(width=max(100, Console().width))).print(t)
+
+
+# ---------------------------------------------------------------- serve / deploy
+
+
+def run(coro: Any) -> Any:
+    from ._app import run_loop
+
+    return run_loop(coro)
+
+
+async def serve_forever(
+    dep: Any,
+    plan: Plan | None,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    max_body_bytes: int,
+    ready_file: str | None,
+) -> None:
+    from ._admin import make_admin_router
+    from ._app import bind_socket, create_app, serve_app
+    from ._deploy import import_object, start_service
+
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    try:
+        svc = await start_service(dep, plan)
+    except BaseException:
+        sock.close()
+        raise
+    routers: list[Any] = [make_admin_router]
+    for path in dep.routers:
+        routers.append(import_object(path, "routers[]"))
+    app = create_app(svc, token=token, max_body_bytes=max_body_bytes, routers=routers)
+    shown = host if ":" not in host else f"[{host}]"
+    url = f"http://{shown}:{bound}"
+
+    def ready() -> None:
+        info = {
+            "url": url,
+            "pid": os.getpid(),
+            "apps": sorted(svc.apps),
+            "models": svc.models,
+        }
+        if ready_file:
+            tmp = Path(ready_file).with_suffix(".tmp")
+            tmp.write_text(json.dumps(info))
+            os.replace(tmp, ready_file)
+        print(f"inferline: serving {sorted(svc.apps)} at {url} (docs: {url}/docs)", flush=True)
+
+    await serve_app(app, sock, ready=ready)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ._deploy import load_deployment
+
+    dep = load_deployment(args.deployment)
+    plan = load_plan(args.plan) if args.plan else None
+    return _serve_with(args, dep, plan)
+
+
+def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
+    token = _token(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
+        log.warning(
+            "serving on %s without a bearer token: anyone who can reach it may call it", args.host
+        )
+    run(
+        serve_forever(
+            dep,
+            plan,
+            host=args.host,
+            port=args.port,
+            token=token,
+            max_body_bytes=args.max_body_bytes,
+            ready_file=args.ready_file,
+        )
+    )
+    return 0
+
+
+def _deploy(args: argparse.Namespace) -> int:
+    from ._deploy import load_deployment
+
+    dep = load_deployment(args.deployment)
+    plan = load_plan(args.plan)
+    names = {m.name for m in dep.models}
+    unknown = sorted(set(plan.models) - names)
+    if unknown:
+        raise ValidationError(f"{args.plan}: models", f"models of deployment {dep.name!r}", unknown)
+    for m in sorted(names - set(plan.models)):
+        log.warning(
+            "plan %s has no configuration for %r: it gets 1 cpu replica, batch 1", args.plan, m
+        )
+    if args.url:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {_token(args)}"} if _token(args) else {}
+        r = httpx.put(
+            args.url.rstrip("/") + "/admin/plan", json=plan.to_dict(), headers=headers, timeout=600
+        )
+        if r.status_code != 200:
+            raise ValidationError(
+                "server", "a 200 answer to PUT /admin/plan", f"{r.status_code} {r.text}"
+            )
+        for model, what in r.json()["applied"].items():
+            print(f"{model}: {what}")
+        return 0
+    for model, cfg in plan.models.items():
+        print(f"{model}: {cfg.replicas} x {cfg.hardware}, max batch {cfg.max_batch_size}")
+    if args.dry_run:
+        return 0
+    return _serve_with(args, dep, plan)
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    p.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit")
+    p.add_argument("--ready-file", default=None, help="write {url, pid} here once serving")
+
+
+# ---------------------------------------------------------------- replay
+
+
+def _load_inputs(args: argparse.Namespace) -> list[Any]:
+    if args.inputs:
+        text = Path(args.inputs).read_text()
+        try:
+            if args.inputs.endswith(".jsonl"):
+                xs = [json.loads(line) for line in text.splitlines() if line.strip()]
+            else:
+                xs = json.loads(text)
+        except ValueError as e:
+            raise ValidationError(
+                args.inputs, "JSON (a list of inputs) or JSON lines", str(e)
+            ) from None
+        if not isinstance(xs, list) or not xs:
+            raise ValidationError(args.inputs, "a non-empty list of inputs", type(xs).__name__)
+        return xs
+    if args.deployment:
+        from ._deploy import load_deployment
+
+        return load_deployment(args.deployment).load_sample_inputs()
+    raise ValidationError("--inputs/--deployment", "where the request inputs come from", None)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from ._replay import encode_bodies, replay
+
+    trace = load_trace(args.trace)
+    if args.limit:
+        trace = trace[: args.limit]
+    if args.speed != 1.0:
+        trace = (trace - trace[0]) / args.speed
+    bodies = encode_bodies(_load_inputs(args), args.slo_ms)
+    slo_s = args.slo_ms / 1e3 if args.slo_ms else None
+    res = run(
+        replay(
+            trace,
+            args.url,
+            args.app,
+            bodies,
+            slo_s=slo_s,
+            token=_token(args),
+            connections=args.connections,
+        )
+    )
+    summary = res.summary()
+    print_replay(summary)
+    if args.output:
+        out = {
+            "summary": summary,
+            "latency_s": [None if not np.isfinite(v) else float(v) for v in res.latency_s],
+            "status": [int(s) for s in res.status],
+        }
+        Path(args.output).write_text(json.dumps(out) + "\n")
+    return 0 if summary["answered"] == summary["queries"] else 1
+
+
+def print_replay(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="replay")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [
+        ("queries sent", f"{s['queries']}"),
+        ("offered rate", f"{s['offered_qps']:.1f} q/s"),
+        ("answered", f"{s['answered']}"),
+        ("predictions", f"{s['ok']}"),
+        ("default outputs", f"{s['defaults']}"),
+        ("errors", f"{s['errors']}  {s['error_kinds'] or ''}"),
+        ("P50 latency", f"{s['p50_ms']:.2f} ms"),
+        ("P99 latency", f"{s['p99_ms']:.2f} ms"),
+        ("max latency", f"{s['max_ms']:.2f} ms"),
+    ]
+    if s["slo_ms"] is not None:
+        rows.append(("SLO miss rate", f"{s['slo_miss_rate']:.2%} (SLO {s['slo_ms']:.0f} ms)"))
+    rows.append(("client send lag P99", f"{s['send_lag_p99_ms']:.2f} ms"))
+    for k, v in rows:
+        t.add_row(k, v)
+    Console().print(t)
+
+
+# ---------------------------------------------------------------- demo
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo.runner import DemoOptions, run_demo
+
+    if not args.debug:
+        # The demo narrates its own steps; keep replica start-up and HTTP logs out of it.
+        for name in ("inferline.adapters", "httpx", "matplotlib"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    opts = DemoOptions(
+        out_dir=args.out,
+        quick=args.quick,
+        slo_ms=args.slo_ms,
+        rate_qps=args.rate,
+        duration_s=args.duration_s,
+    )
+    report = run_demo(opts)
+    return 0 if report.get("ok", False) else 1
+
+
+# ---------------------------------------------------------------- registration
+
+
+@register
+def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("profile", help="profile a deployment's models (batch latency per hardware)")
+    p.add_argument("--deployment", required=True, help="deployment JSON (inferline.deployment/1)")
+    p.add_argument("-o", "--output", required=True, help="where to write the profiles JSON")
+    p.add_argument("--pipeline-out", default=None, help="also write the traced pipeline DAG")
+    p.add_argument("--fits-out", default=None, help="also write the latency fits as JSON")
+    p.add_argument("--app", default=None, help="app whose pipeline to trace (default: first)")
+    p.add_argument("--max-batch", type=int, default=32, help="largest batch size (powers of 2)")
+    p.add_argument("--max-samples", type=int, default=400, help="most batches per point")
+    p.add_argument("--samples", type=int, default=None, help="use only N sample queries")
+    p.add_argument(
+        "--statistic",
+        default="mean",
+        choices=["mean", "p50", "p90", "p99"],
+        help="what becomes latency_s (default mean)",
+    )
+    p.add_argument(
+        "--contention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="profile with extra replicas busy on the free cores (default on, as InferLine)",
+    )
+    p.add_argument("--hardware", nargs="*", default=None, help="only these hardware kinds")
+    p.add_argument("--quick", action="store_true", help="fewer samples (noisier, faster)")
+    p.set_defaults(func=_profile)
+
+    s = sub.add_parser("serve", help="serve a deployment over HTTP")
+    s.add_argument("--deployment", required=True)
+    s.add_argument("--plan", default=None, help="plan JSON to deploy (default: 1 replica each)")
+    _add_server_args(s)
+    s.set_defaults(func=_serve)
+
+    d = sub.add_parser("deploy", help="apply a plan: to a running server (--url), or serve it")
+    d.add_argument("plan", help="plan JSON (inferline.plan/1)")
+    d.add_argument("--deployment", required=True)
+    d.add_argument("--url", default=None, help="running server to reconfigure")
+    d.add_argument("--dry-run", action="store_true", help="check and print, do not deploy")
+    _add_server_args(d)
+    d.set_defaults(func=_deploy)
+
+    r = sub.add_parser("replay", help="open-loop load: send requests at a trace's times")
+    r.add_argument("trace", help="arrival-time trace (one time in seconds per line)")
+    r.add_argument("--url", required=True, help="server URL, e.g. http://127.0.0.1:8000")
+    r.add_argument("--app", required=True)
+    r.add_argument("--inputs", default=None, help="JSON list or .jsonl file of inputs")
+    r.add_argument("--deployment", default=None, help="take inputs from its sample_inputs")
+    r.add_argument("--slo-ms", type=float, default=None, help="SLO for the miss rate (and sent)")
+    r.add_argument("--token", default=None, help=f"bearer token (or ${_TOKEN_ENV})")
+    r.add_argument("--connections", type=int, default=64, help="connections opened up front")
+    r.add_argument("--limit", type=int, default=None, help="send only the first N arrivals")
+    r.add_argument("--speed", type=float, default=1.0, help="time compression factor")
+    r.add_argument("-o", "--output", default=None, help="write the summary and latencies JSON")
+    r.set_defaults(func=_replay)
+
+    m = sub.add_parser("demo", help="profile, plan, deploy and replay a real digits pipeline")
+    m.add_argument("--out", default="out/demo", help="output folder (plots, JSON)")
+    m.add_argument("--quick", action="store_true", help="reduced mode (for tests)")
+    m.add_argument("--slo-ms", type=float, default=None)
+    m.add_argument("--rate", type=float, default=None, help="arrival rate, queries/s")
+    m.add_argument("--duration-s", type=float, default=None, help="replay length")
+    m.set_defaults(func=_demo)

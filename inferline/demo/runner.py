@@ -1,0 +1,260 @@
+"""``inferline demo``: the whole InferLine loop on a real pipeline, on this machine.
+
+1. Write the deployment (preprocess -> torch MLP -> random forest when the MLP is unsure).
+2. Trace the pipeline on sample queries (DAG and scale factors) and profile every model on
+   the bundled runtime (one replica, batch sizes 1..N, under contention).
+3. Start ``inferline serve`` (a separate process) with one replica per model, and measure the
+   live system's per-hop overhead with a low-load replay.
+4. Plan for a sample trace and the SLO with that overhead, and apply the plan to the running
+   server (``PUT /admin/plan``, what ``inferline deploy PLAN --url`` does).
+5. Replay a fresh trace (same rate and burstiness, another seed), and compare the measured P99
+   and SLO miss rate with the estimator's for the same trace; print the cost; write a latency
+   CDF plot and a JSON report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from inferline.core import (
+    DEFAULT_CATALOG,
+    EstimatorOptions,
+    ModelConfig,
+    Plan,
+    PlannerOptions,
+    gamma_trace,
+    plan_inferline,
+    save,
+    save_trace,
+)
+
+__all__ = ["DemoOptions", "run_demo", "run_demo_async"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    out_dir: str = "out/demo"
+    quick: bool = False
+    slo_ms: float | None = None
+    rate_qps: float | None = None
+    duration_s: float | None = None
+    cv: float = 1.0
+    seed: int = 0
+
+    def resolved(self) -> dict[str, float]:
+        return {
+            "slo_ms": self.slo_ms or 100.0,
+            "rate_qps": self.rate_qps or (60.0 if self.quick else 120.0),
+            "duration_s": self.duration_s or (6.0 if self.quick else 25.0),
+        }
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_demo(opts: DemoOptions) -> dict[str, Any]:
+    from inferline._app import run_loop
+
+    return run_loop(run_demo_async(opts))  # type: ignore[no-any-return]
+
+
+async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
+    import httpx
+
+    from inferline._deploy import Deployment
+    from inferline._profiler import ProfilerOptions
+    from inferline._replay import encode_bodies, replay
+    from inferline._server_proc import ServerProcess
+    from inferline._workflow import estimate, hop_overhead_from, profile_deployment
+
+    from .pipeline import deployment_dict, test_inputs
+
+    t_start = time.perf_counter()
+    r = opts.resolved()
+    slo_s = r["slo_ms"] / 1e3
+    out = Path(opts.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # 1. deployment
+    dep_dict = deployment_dict(slo_ms=r["slo_ms"])
+    dep = Deployment.from_dict(dep_dict)
+    (out / "deployment.json").write_text(json.dumps(dep_dict, indent=2) + "\n")
+    _say(
+        f"[1/5] deployment {dep.name!r}: models {[m.name for m in dep.models]}, SLO {r['slo_ms']:.0f} ms"
+    )
+
+    # 2. trace + profile
+    popts = ProfilerOptions(
+        max_batch_size=8 if opts.quick else 16,
+        warmup=2 if opts.quick else 4,
+        min_samples=20 if opts.quick else 40,
+        max_samples=40 if opts.quick else 150,
+        max_seconds_per_point=0.8 if opts.quick else 2.0,
+        contention=not opts.quick,
+    )
+    t0 = time.perf_counter()
+    result, pipeline = await profile_deployment(dep, popts, samples=_samples(120))
+    profiles = result.profiles
+    save(profiles, out / "profiles.json")
+    save(pipeline, out / "pipeline.json")
+    _say(
+        f"[2/5] traced pipeline: edges {list(pipeline.edges)}, scale factors "
+        f"{ {m: round(s, 3) for m, s in pipeline.scale_factors.items()} }; profiled in "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    from inferline._cli_serve import print_fits
+
+    print_fits(result)
+
+    # 3. serve one replica per model; measure the per-hop overhead at low load
+    xt, yt = test_inputs()
+    bodies = encode_bodies(list(xt))
+    rng = np.random.default_rng(opts.seed)
+    report: dict[str, Any] = {"options": asdict(opts), **r}
+    t0 = time.perf_counter()
+    with ServerProcess(out / "deployment.json", log_path=out / "server.log") as server:
+        _say(f"[3/5] serving at {server.url} (started in {time.perf_counter() - t0:.0f} s)")
+        base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+        low = gamma_trace(15.0, 1.0, 3.0 if opts.quick else 6.0, rng)
+        warm = await replay(low[:20], server.url, "digits", bodies)
+        del warm  # first queries pay for lazy imports and connection set-up
+        lowres = await replay(low, server.url, "digits", bodies)
+        hop = hop_overhead_from(lowres, pipeline, base, profiles)
+        _say(
+            f"      low-load P50 {lowres.percentile(50) * 1e3:.2f} ms -> per-hop overhead "
+            f"{hop * 1e3:.2f} ms"
+        )
+
+        # 4. plan and apply
+        plan_trace = gamma_trace(r["rate_qps"], opts.cv, 30.0 if opts.quick else 60.0, rng)
+        t0 = time.perf_counter()
+        plan: Plan = plan_inferline(
+            pipeline,
+            profiles,
+            plan_trace,
+            slo_s,
+            catalog=DEFAULT_CATALOG,
+            options=PlannerOptions(estimator=EstimatorOptions(hop_overhead_s=hop)),
+        )
+        save(plan, out / "plan.json")
+        save_trace(plan_trace, out / "planning_trace.txt")
+        _say(
+            f"[4/5] planned in {time.perf_counter() - t0:.1f} s for {r['rate_qps']:.0f} q/s: "
+            + ", ".join(
+                f"{m}: {c.replicas} x {c.hardware} batch<={c.max_batch_size}"
+                for m, c in plan.models.items()
+            )
+            + f"; cost ${plan.cost_per_hour:.3f}/h"
+        )
+        async with httpx.AsyncClient(timeout=300) as client:
+            resp = await client.put(f"{server.url}/admin/plan", json=plan.to_dict())
+            resp.raise_for_status()
+
+        # 5. replay a fresh trace
+        fresh = gamma_trace(r["rate_qps"], opts.cv, r["duration_s"], rng)
+        save_trace(fresh, out / "replay_trace.txt")
+        labels: dict[int, int] = {}
+
+        def on_answer(i: int, status: int, body: bytes) -> None:
+            if status == 200:
+                try:
+                    labels[i] = int(json.loads(body)["output"]["label"])
+                except (ValueError, KeyError, TypeError):
+                    pass
+
+        measured = await replay(
+            fresh, server.url, "digits", bodies, slo_s=slo_s, on_answer=on_answer
+        )
+    sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, seed=opts.seed)
+    m_p99 = measured.percentile(99)
+    e_p99 = sim.percentile(99)
+    correct = [labels[i] == int(yt[i % len(yt)]) for i in labels]
+    report.update(
+        {
+            "pipeline": pipeline.to_dict(),
+            "plan": plan.to_dict(),
+            "hop_overhead_ms": hop * 1e3,
+            "measured": measured.summary(),
+            "estimated": {
+                "p50_ms": sim.percentile(50) * 1e3,
+                "p99_ms": e_p99 * 1e3,
+                "slo_miss_rate": sim.miss_rate(slo_s),
+            },
+            "p99_error": (e_p99 - m_p99) / m_p99 if m_p99 > 0 else float("nan"),
+            "accuracy": float(np.mean(correct)) if correct else float("nan"),
+            "cost_per_hour": plan.cost_per_hour,
+            "seconds": time.perf_counter() - t_start,
+        }
+    )
+    ms = report["measured"]
+    report["ok"] = ms["answered"] == ms["queries"] and ms["ok"] > 0
+    _say(f"[5/5] replayed {ms['queries']} queries at {ms['offered_qps']:.0f} q/s")
+    _print_report(report, slo_s)
+    plot = _plot_cdf(measured.latency_s[measured.ok], sim.latencies_s, slo_s, out)
+    report["plot"] = str(plot)
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    _say(f"wrote {plot} and {out / 'report.json'} ({report['seconds']:.0f} s in all)")
+    return report
+
+
+def _samples(n: int) -> list[Any]:
+    from .pipeline import sample_inputs
+
+    return sample_inputs(n)
+
+
+def _print_report(rep: dict[str, Any], slo_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ms, es = rep["measured"], rep["estimated"]
+    t = Table(title=f"digits pipeline, SLO {slo_s * 1e3:.0f} ms: measured vs estimated")
+    t.add_column("")
+    t.add_column("measured", justify="right")
+    t.add_column("estimated", justify="right")
+    t.add_row("P50 latency", f"{ms['p50_ms']:.2f} ms", f"{es['p50_ms']:.2f} ms")
+    t.add_row(
+        "P99 latency",
+        f"{ms['p99_ms']:.2f} ms",
+        f"{es['p99_ms']:.2f} ms ({rep['p99_error']:+.0%})",
+    )
+    t.add_row("SLO miss rate", f"{ms['slo_miss_rate']:.2%}", f"{es['slo_miss_rate']:.2%}")
+    t.add_row("errors / defaults", f"{ms['errors']} / {ms['defaults']}", "")
+    t.add_row("cost", f"${rep['cost_per_hour']:.4f}/h", "")
+    t.add_row("accuracy", f"{rep['accuracy']:.2%}", "")
+    t.add_row("per-hop overhead (measured)", f"{rep['hop_overhead_ms']:.2f} ms", "")
+    Console().print(t)
+
+
+def _plot_cdf(measured: np.ndarray, estimated: np.ndarray, slo_s: float, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for data, label in ((measured, "measured"), (estimated, "estimated")):
+        x = np.sort(np.asarray(data)[np.isfinite(data)]) * 1e3
+        if x.size:
+            ax.plot(x, np.arange(1, x.size + 1) / x.size, label=label)
+    ax.axvline(slo_s * 1e3, color="k", linestyle="--", linewidth=1, label="SLO")
+    ax.axhline(0.99, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("end-to-end latency (ms)")
+    ax.set_ylabel("CDF")
+    ax.set_title("digits pipeline: latency CDF")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path = out / "latency_cdf.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
