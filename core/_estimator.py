@@ -503,9 +503,20 @@ def simulate(
 ) -> SimResult:
     """Simulate ``arrivals`` through ``pipeline`` served as ``configs``; see the module doc.
 
-    ``schedule``: ``(time_s, model, replicas)`` changes applied at those times (same time axis
-    as ``arrivals``). ``controller``: see :class:`Controller`. A change at time T is applied
-    after every event before T and before the events at T.
+    Rules beyond DESIGN.md's contract (all exercised by tests/core/test_estimator.py):
+
+    * Visits: see :func:`draw_visits`. A query that visits no model has latency 0; a query
+      that never finishes (a model left without replicas) has latency inf.
+    * ``options.hop_overhead_s`` is added before every model's queue, roots included.
+    * ``schedule``: ``(time_s, model, replicas)`` on the time axis of ``arrivals``;
+      ``controller``: called at ``arrivals[0] + k * interval_s`` (k = 1, 2, ...) until every
+      query has finished. A change at time T is applied after every event before T and before
+      the events at T. The count set is active + pending replicas. Scale-up: billed from T,
+      serving from T + ``activation_delay_s``. Scale-down: cancel pending replicas (latest
+      first), then remove idle ones, then retire busy ones finishing soonest; a retired replica
+      finishes its batch and is billed until then.
+    * Static configurations (no schedule, no controller) must give every visited model a
+      replica; they run as one compiled segment.
     """
     arr = _check_arrivals(arrivals)
     prep = _prepare(pipeline, configs, profiles, options, catalog)
