@@ -459,10 +459,10 @@ async def serve_app(
     *,
     log_level: str = "warning",
     ready: Callable[[], None] | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Serve ``app`` with uvicorn on ``sock`` in the running event loop until SIGINT/SIGTERM.
-
-    ``ready()`` is called once the server accepts connections.
+    """Serve ``app`` with uvicorn on ``sock`` in the running event loop until SIGINT/SIGTERM
+    (main thread) or until ``stop`` is set. ``ready()`` is called once it accepts connections.
     """
     import uvicorn
 
@@ -482,11 +482,19 @@ async def serve_app(
         if server.started and ready is not None:
             ready()
 
-    task = asyncio.ensure_future(notify())
+    async def stopper() -> None:
+        assert stop is not None
+        await stop.wait()
+        server.should_exit = True
+
+    tasks = [asyncio.ensure_future(notify())]
+    if stop is not None:
+        tasks.append(asyncio.ensure_future(stopper()))
     try:
         await server.serve(sockets=[sock])
     finally:
-        task.cancel()
+        for t in tasks:
+            t.cancel()
 
 
 def run_server(

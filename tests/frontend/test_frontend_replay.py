@@ -1,0 +1,110 @@
+"""The open-loop replay client against a real uvicorn server on 127.0.0.1 (in a thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from inferline._app import bind_socket, create_app, serve_app
+from inferline._replay import _parse_response, encode_bodies, replay_sync
+from inferline._service import App, Service
+from inferline.core import ValidationError
+
+
+async def _slow(x, slo):
+    await asyncio.sleep(0.25)
+    return x
+
+
+async def _fast(x, slo):
+    return x
+
+
+@pytest.fixture(scope="module")
+def server():
+    svc = Service(
+        [
+            App("slow", _slow, 1.0),
+            App("fast", _fast, 1.0),
+            App("late", _slow, 0.02, default_output="d", respond_by_slo=True),
+        ]
+    )
+    app = create_app(svc)
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    def run():
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(serve_app(app, sock, ready=ready.set, stop=stop))
+
+    # uvicorn installs signal handlers only in the main thread; here it just serves.
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(20)
+    yield f"http://127.0.0.1:{port}"
+    loop.call_soon_threadsafe(stop.set)
+    t.join(10)
+    assert not t.is_alive()
+    loop.close()
+
+
+def test_open_loop_does_not_wait_for_answers(server):
+    n = 40
+    arrivals = np.linspace(0.0, 0.2, n)  # 40 queries in 200 ms, each answered after 250 ms
+    res = replay_sync(arrivals, server, "slow", encode_bodies([1, 2, 3]), connections=4)
+    assert res.n == n
+    assert (res.status == 200).all()
+    # every request went out on schedule although answers take 250 ms (new connections opened)
+    assert float(np.max(res.send_lag_s)) < 0.1
+    assert float(res.sent_s[-1]) < 0.3
+    assert res.percentile(50) == pytest.approx(0.25, abs=0.08)
+    s = res.summary()
+    assert s["answered"] == s["ok"] == n and s["errors"] == 0
+    assert s["offered_qps"] == pytest.approx((n - 1) / 0.2)
+
+
+def test_errors_defaults_and_miss_rate(server):
+    arrivals = np.arange(10) * 0.01
+    bad = replay_sync(arrivals, server, "nope", encode_bodies([1]), slo_s=1.0)
+    assert bad.status_counts() == {"404": 10}
+    assert bad.miss_rate() == 1.0
+    assert bad.error_kinds == {"NotFoundError": 10}
+    late = replay_sync(arrivals, server, "late", encode_bodies([1]), slo_s=1.0)
+    assert late.default.all() and (late.status == 200).all()
+    assert late.miss_rate() == 1.0  # a default output is not a prediction
+    fast = replay_sync(arrivals, server, "fast", encode_bodies([1]), slo_s=1.0)
+    assert fast.miss_rate() == 0.0
+    assert fast.miss_rate(slo_s=1e-9) == 1.0
+
+
+def test_unreachable_server_is_a_validation_error():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    t0 = time.perf_counter()
+    with pytest.raises(ValidationError, match="reachable"):
+        replay_sync([0.0], f"http://127.0.0.1:{port}", "a", [b"{}"], connections=2)
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(ValidationError):
+        replay_sync([0.0], "ftp://x", "a", [b"{}"])
+
+
+def test_response_parser():
+    buf = bytearray(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello HTTP/1.1")
+    assert _parse_response(buf) == (200, b"hello", 43, False)
+    assert _parse_response(bytearray(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhel")) is None
+    chunked = bytearray(
+        b"HTTP/1.1 503 X\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    )
+    status, body, used, close = _parse_response(chunked)
+    assert (status, body, used, close) == (503, b"abcde", len(chunked), True)
