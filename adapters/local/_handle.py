@@ -30,6 +30,16 @@ log = logging.getLogger(__name__)
 # Replica life cycle: starting -> active -> (draining -> stopped) | dead.
 STARTING, ACTIVE, DRAINING, STOPPED, DEAD = "starting", "active", "draining", "stopped", "dead"
 
+_EXIT_GRACE_S = 0.25
+
+_REQUEST_FAULTS = frozenset(
+    {
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.UNIMPLEMENTED,
+    }
+)
+
 
 class LocalReplica:
     """One replica process of a model (a ``ReplicaHandle``).
@@ -118,7 +128,19 @@ class LocalReplica:
                 raise ReplicaError(
                     url, self._id, f"died during a batch of {n}: {self.died.result()}"
                 )
-            resp = fut.result()
+            try:
+                resp = fut.result()
+            except ReplicaError:
+                # The socket usually breaks a few ms before the exit watcher sees the process
+                # go; wait for it briefly so that `alive` is already False when the caller
+                # (the queue) decides whether to keep pulling for this replica.
+                if not self.died.done():
+                    await asyncio.wait({self.died}, timeout=_EXIT_GRACE_S)
+                if self.died.done():
+                    raise ReplicaError(
+                        url, self._id, f"died during a batch of {n}: {self.died.result()}"
+                    ) from None
+                raise
         finally:
             if not fut.done():  # the caller was cancelled: do not leave the RPC running
                 call.cancel()
@@ -148,8 +170,17 @@ class LocalReplica:
         try:
             return await call
         except grpc.aio.AioRpcError as e:
-            # The process may still be shutting down; say what the RPC layer saw.
-            reason = f"RPC failed: {e.code().name}: {e.details()}"
+            code = e.code()
+            if code in _REQUEST_FAULTS:
+                # The request itself is at fault (too large, malformed): another replica would
+                # refuse it too, so this is not a replica failure the queue should retry.
+                raise BackendError(
+                    self._backend.url,
+                    f"model {self._model!r} refused the batch: {code.name}: {e.details()} "
+                    f"(message limit {self._backend.max_message_bytes} bytes)",
+                ) from None
+            # Otherwise the replica is unreachable or failed mid-call: say what RPC saw.
+            reason = f"RPC failed: {code.name}: {e.details()}"
             raise ReplicaError(self._backend.url, self._id, reason) from None
 
     # -- used by the backend ----------------------------------------------------------------

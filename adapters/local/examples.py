@@ -17,6 +17,7 @@ import numpy as np
 __all__ = [
     "Linear",
     "Sleep",
+    "TorchMLP",
     "crashing",
     "failing",
     "linear",
@@ -24,6 +25,7 @@ __all__ = [
     "probe",
     "scale",
     "sleep",
+    "torch_mlp",
     "wrong_count",
 ]
 
@@ -126,7 +128,15 @@ def crashing(at_load: bool = False) -> _Crashing:
 
 
 class _Probe:
-    """Answers, for every input, where it runs: pid, pinned cores, thread and GPU settings."""
+    """Answers, for every input, where it runs: pid, pinned cores, thread and GPU settings
+    (and torch's thread count when built with ``import_torch=True``)."""
+
+    def __init__(self, import_torch: bool = False) -> None:
+        self.import_torch = import_torch
+
+    def load(self) -> None:
+        if self.import_torch:
+            import torch  # noqa: F401  (the runtime sets its thread count after load())
 
     def predict_batch(self, inputs: list[Any]) -> list[Any]:
         try:
@@ -140,11 +150,15 @@ class _Probe:
             "mkl": os.environ.get("MKL_NUM_THREADS"),
             "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
         }
+        if self.import_torch:
+            import torch
+
+            info["torch_threads"] = torch.get_num_threads()
         return [info for _ in inputs]
 
 
-def probe() -> _Probe:
-    return _Probe()
+def probe(import_torch: bool = False) -> _Probe:
+    return _Probe(import_torch)
 
 
 class Linear:
@@ -178,3 +192,52 @@ class Linear:
 
 def linear(weights: str, bias: str, scores: bool = False) -> Linear:
     return Linear(weights, bias, scores)
+
+
+class TorchMLP:
+    """A torch MLP classifier with seeded random weights (or a ``state_dict`` saved with
+    ``torch.save`` and read with ``weights_only=True``); runs on CUDA when the replica was
+    given a GPU. Inputs are feature vectors; outputs are class indices."""
+
+    def __init__(
+        self,
+        in_dim: int = 64,
+        hidden: int = 128,
+        classes: int = 10,
+        seed: int = 0,
+        weights: str = "",
+    ) -> None:
+        self.in_dim, self.hidden, self.classes = in_dim, hidden, classes
+        self.seed, self.weights = seed, weights
+        self._net: Any = None
+        self._device = "cpu"
+
+    def load(self) -> None:
+        import torch
+
+        torch.manual_seed(self.seed)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(self.in_dim, self.hidden),
+            torch.nn.ReLU(),
+            torch.nn.Linear(self.hidden, self.classes),
+        )
+        if self.weights:
+            net.load_state_dict(torch.load(self.weights, weights_only=True))
+        self._device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._net = net.to(self._device).eval()
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        import torch
+
+        x = torch.as_tensor(
+            np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for v in inputs]),
+            device=self._device,
+        )
+        with torch.inference_mode():
+            return self._net(x).argmax(dim=1).cpu().tolist()
+
+
+def torch_mlp(
+    in_dim: int = 64, hidden: int = 128, classes: int = 10, seed: int = 0, weights: str = ""
+) -> TorchMLP:
+    return TorchMLP(in_dim, hidden, classes, seed, weights)

@@ -175,9 +175,12 @@ def test_placement_pins_cores_threads_and_gpu() -> None:
         assert sorted(i["cuda"] for i in infos) == ["0", "1"]  # one device each
         assert all(len(i["cores"]) == 1 and i["omp"] == "1" and i["mkl"] == "1" for i in infos)
         assert b.free()["gpu-k80"] == 0
-        await b.deploy(ModelSpec("c", f"{EX}:probe"), ModelConfig("cpu", 1, 1))
+        spec = ModelSpec("c", f"{EX}:probe", {"import_torch": True}, threads=2)
+        await b.deploy(spec, ModelConfig("cpu", 1, 1))
         (info,) = await b.replicas("c")[0].predict_batch([0])
         assert info["cuda"] == ""  # CPU replicas see no GPU
+        assert info["omp"] == "2" and info["torch_threads"] == 2
+        assert len(info["cores"]) == min(2, len(os.sched_getaffinity(0)))
 
     # The GPU ids are only handed to CUDA_VISIBLE_DEVICES, so this runs without a GPU.
     run(body, gpus=["0", "1"], gpu_kind="gpu-k80")
@@ -207,8 +210,14 @@ def test_container_errors_surface_as_named_errors() -> None:
         with pytest.raises(ValidationError, match="source"):
             await b.deploy(ModelSpec("z", "not-an-import-path"), ModelConfig("cpu", 1, 1))
         assert b.free() == free and sorted(b.models()) == ["f", "w"] and len(b.pids()) == 2
+        # A batch over the message limit is the request's fault: BackendError, not ReplicaError.
+        big = np.zeros(300_000, dtype=np.float32)  # 1.2 MB > the 1 MiB limit below
+        with pytest.raises(BackendError, match="RESOURCE_EXHAUSTED") as ei:
+            await r.predict_batch([big])
+        assert not isinstance(ei.value, ReplicaError) and r.alive
+        assert await r.predict_batch(["still", "serving"]) == ["still", "serving"]
 
-    run(body)
+    run(body, max_message_bytes=1 << 20)
 
 
 def test_kill9_fails_in_flight_batch_promptly_then_restarts() -> None:
@@ -298,6 +307,9 @@ def test_replicas_exit_when_the_parent_is_killed() -> None:
         assert all(gone(p) for p in pids), "orphaned replicas outlived their parent"
     finally:
         proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_serves_a_model_trained_in_the_test(tmp_path: Path) -> None:
