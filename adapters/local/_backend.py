@@ -114,6 +114,8 @@ class LocalBackend:
         oversubscribe: share cores/GPUs round-robin instead of refusing with ``CapacityError``.
         heartbeat_interval_s, heartbeat_timeout_s, heartbeat_misses: the gRPC ping every
             interval; a replica missing ``heartbeat_misses`` pings in a row is killed and restarted.
+        busy_heartbeat_misses: the same limit while a batch is in flight (a long native call
+            can starve the ping without the replica being hung); default 60.
         start_timeout_s: how long a replica may take from spawn to its first healthy ping.
         drain_timeout_s: how long scale-down waits for an in-flight batch before killing.
         predict_timeout_s: optional deadline for one batch RPC (None: rely on health checks).
@@ -136,6 +138,7 @@ class LocalBackend:
         heartbeat_interval_s: float = 0.5,
         heartbeat_timeout_s: float = 1.0,
         heartbeat_misses: int = 4,
+        busy_heartbeat_misses: int = 60,
         start_timeout_s: float = 60.0,
         drain_timeout_s: float = 60.0,
         predict_timeout_s: float | None = None,
@@ -163,6 +166,7 @@ class LocalBackend:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.heartbeat_misses = heartbeat_misses
+        self.busy_heartbeat_misses = max(busy_heartbeat_misses, heartbeat_misses)
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
         self.predict_timeout_s = predict_timeout_s
@@ -481,10 +485,17 @@ class LocalBackend:
                 r.last_heartbeat_mono = time.monotonic()
                 continue
             r.heartbeat_misses += 1
+            # A container inside a long native call may hold the GIL and starve the replica's
+            # ping thread without being hung, so a busy replica gets far more slack.
+            limit = self.busy_heartbeat_misses if r.inflight else self.heartbeat_misses
             log.warning(
-                "replica %s missed heartbeat %d/%d", r.id, r.heartbeat_misses, self.heartbeat_misses
+                "replica %s missed heartbeat %d/%d%s",
+                r.id,
+                r.heartbeat_misses,
+                limit,
+                " (busy)" if r.inflight else "",
             )
-            if r.heartbeat_misses >= self.heartbeat_misses:
+            if r.heartbeat_misses >= limit:
                 # Alive but unresponsive (hung container, wedged server): kill it so the exit
                 # watcher handles it like any other death and restarts it.
                 r.death_reason = f"missed {r.heartbeat_misses} heartbeats"

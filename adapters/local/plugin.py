@@ -39,7 +39,12 @@ def _query_options(url: str) -> dict[str, Any]:
                 out[key] = [g for g in val.split(",") if g]
             elif key in _FLOATS:
                 out[key] = float(val)
-            elif key in ("heartbeat_misses", "max_start_failures", "max_message_bytes"):
+            elif key in (
+                "heartbeat_misses",
+                "busy_heartbeat_misses",
+                "max_start_failures",
+                "max_message_bytes",
+            ):
                 out[key] = int(val)
             elif key in ("gpu_kind", "python", "replica_log_level"):
                 out[key] = val

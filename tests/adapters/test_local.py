@@ -255,8 +255,25 @@ def test_heartbeat_detects_a_hung_replica() -> None:
         await wait_until(lambda: len(b.replicas("h")) == 1, 15, "the replacement")
         assert await b.replicas("h")[0].predict_batch([7]) == [7]
         assert gone(pid)
+        # Hung in the middle of a batch: detected too (after the longer busy limit), and the
+        # in-flight batch fails with ReplicaError instead of hanging.
+        await b.deploy(ModelSpec("s", f"{EX}:sleep", {"base_s": 30.0}), ModelConfig("cpu", 1, 1))
+        (r,) = b.replicas("s")
+        call = asyncio.create_task(r.predict_batch([1]))
+        await asyncio.sleep(0.1)
+        os.kill(r.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
+        t0 = time.monotonic()
+        with pytest.raises(ReplicaError, match="missed 6 heartbeats"):
+            await call
+        assert time.monotonic() - t0 >= 0.6
 
-    run(body, heartbeat_interval_s=0.1, heartbeat_timeout_s=0.2, heartbeat_misses=3)
+    run(
+        body,
+        heartbeat_interval_s=0.1,
+        heartbeat_timeout_s=0.2,
+        heartbeat_misses=3,
+        busy_heartbeat_misses=6,
+    )
 
 
 def test_closed_backend_fails_calls_and_close_is_idempotent() -> None:
