@@ -164,13 +164,12 @@ class OnlineEnvelope:
         self.windows = ws
         self.resolution_s = resolution_s
         self._w = np.asarray(ws, dtype=np.float64)
+        self._kmax = int(np.argmax(self._w))
         cap = 1024
         # Run-length buffer of distinct times: ``_t[j]`` a time, ``_cum[j]`` arrivals up to and
-        # including it since the start, ``_tw[i, j] = _t[j] + windows[i]`` precomputed so each
-        # search compares exactly what the offline scan compares.
+        # including it since the start.
         self._t = np.empty(cap, dtype=np.float64)
         self._cum = np.empty(cap, dtype=np.int64)
-        self._tw = np.empty((len(ws), cap), dtype=np.float64)
         self._lo = 0  # first live entry
         self._hi = 0  # one past the last entry
         self._base = 0  # arrivals before entry ``_lo``
@@ -221,40 +220,53 @@ class OnlineEnvelope:
             cap = max(1024, 2 * (live + n))
             nt = np.empty(cap, dtype=np.float64)
             nc = np.empty(cap, dtype=np.int64)
-            ntw = np.empty((len(self.windows), cap), dtype=np.float64)
             nt[:live] = self._t[self._lo : self._hi]
             nc[:live] = self._cum[self._lo : self._hi]
-            ntw[:, :live] = self._tw[:, self._lo : self._hi]
-            self._t, self._cum, self._tw = nt, nc, ntw
+            self._t, self._cum = nt, nc
             self._lo, self._hi = 0, live
         self._t[self._hi : self._hi + n] = t
         self._cum[self._hi : self._hi + n] = cum
-        self._tw[:, self._hi : self._hi + n] = t[None, :] + self._w[:, None]
         self._hi += n
+
+    def _first_inside(
+        self, ends: npt.NDArray[np.float64], w: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.intp]:
+        """For each pair (window ``w[k]``, end ``ends[b]``): the first live entry ``j`` with
+        ``t_j + w > end`` (absolute index), i.e. where the window ``(end - w, end]`` starts.
+
+        One binary search for every pair on ``end - w``, then a correction to the exact
+        predicate ``t_j + w > end`` (what the offline scan compares), which can differ from
+        ``t_j > end - w`` by rounding for entries within an ulp of the boundary.
+        """
+        lo, hi = self._lo, self._hi
+        t = self._t[lo:hi]
+        n = t.size
+        wk = w[:, None]
+        j = np.searchsorted(t, (ends[None, :] - wk).ravel(), side="right").reshape(wk.size, -1)
+        while True:
+            left = (j > 0) & (t[np.maximum(j - 1, 0)] + wk > ends)
+            right = (j < n) & (t[np.minimum(j, n - 1)] + wk <= ends)
+            if not (left.any() or right.any()):
+                return j + lo
+            j = j - left + right
 
     def _count(self, first: int) -> None:
         """Counts of the windows that end at entries ``first..hi-1``, folded into the maxima."""
         lo, hi = self._lo, self._hi
         ends = self._t[first:hi]
-        cum_end = self._cum[first:hi]
-        for i in range(len(self.windows)):
-            # First entry j with t_j + w > end: every entry from j on is inside (end - w, end].
-            j = lo + np.searchsorted(self._tw[i, lo:hi], ends, side="right")
-            before = np.where(j > lo, self._cum[np.maximum(j - 1, lo)], self._base)
-            best = int(np.max(cum_end - before))
-            if best > self._max[i]:
-                self._max[i] = best
-            if best > self._peak[i]:
-                self._peak[i] = best
+        j = self._first_inside(ends, self._w)  # [windows, ends]
+        before = np.where(j > lo, self._cum[np.maximum(j - 1, lo)], self._base)
+        best = np.max(self._cum[first:hi][None, :] - before, axis=1)
+        np.maximum(self._max, best, out=self._max)
+        np.maximum(self._peak, best, out=self._peak)
 
     def _evict(self) -> None:
         """Drop entries that no window ending at or after the newest time can contain."""
         if self._hi == self._lo:
             return
-        newest = self._t[self._hi - 1]
-        k = int(np.argmax(self._w))
+        newest = self._t[self._hi - 1 : self._hi]
         # Entry j is dead once t_j + w_max <= newest (same predicate as the counting).
-        j = self._lo + int(np.searchsorted(self._tw[k, self._lo : self._hi], newest, side="right"))
+        j = int(self._first_inside(newest, self._w[self._kmax : self._kmax + 1])[0, 0])
         if j > self._lo:
             self._base = int(self._cum[j - 1])
             self._lo = j
@@ -282,12 +294,9 @@ class OnlineEnvelope:
             return tuple(0 for _ in self.windows)
         k = lo + int(np.searchsorted(self._t[lo:hi], now_s, side="right"))
         upto = int(self._cum[k - 1]) if k > lo else self._base  # arrivals at or before now
-        out = []
-        for i in range(len(self.windows)):
-            j = lo + int(np.searchsorted(self._tw[i, lo:hi], now_s, side="right"))
-            before = int(self._cum[j - 1]) if j > lo else self._base
-            out.append(max(0, upto - before))
-        return tuple(out)
+        j = self._first_inside(np.asarray([float(now_s)]), self._w)[:, 0]
+        before = np.where(j > lo, self._cum[np.maximum(j - 1, lo)], self._base)
+        return tuple(max(0, upto - int(b)) for b in before)
 
     @property
     def total(self) -> int:

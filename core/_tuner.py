@@ -30,6 +30,7 @@ Every decision carries its reason (which window, which rate) for logs and metric
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ __all__ = [
 _EPS = 1e-9
 Floor = Literal["plan", "one"]
 UpRate = Literal["window", "scaled"]
+DownRho = Literal["min", "model"]
 
 
 def _ceil(x: float) -> int:
@@ -75,6 +77,10 @@ class TunerConfig:
     resolution_s: float | None = 0.001  # arrival times snapped to this grid (bounds memory)
     floor: Floor = "plan"
     up_rate: UpRate = "window"
+    down_rate: UpRate = "window"
+    down_rho: DownRho = "min"
+    keep_horizon_s: float = 30.0  # exceeding rates remembered against scale-down (0: none)
+    margin_sigmas: float = 0.0  # trigger only above planned + margin * sqrt(planned)
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -86,8 +92,13 @@ class TunerConfig:
             as_float(self.resolution_s, "resolution_s", positive=True)
         if self.floor not in ("plan", "one"):
             raise ValidationError("floor", "'plan' or 'one'", self.floor)
-        if self.up_rate not in ("window", "scaled"):
-            raise ValidationError("up_rate", "'window' or 'scaled'", self.up_rate)
+        for k in ("up_rate", "down_rate"):
+            if getattr(self, k) not in ("window", "scaled"):
+                raise ValidationError(k, "'window' or 'scaled'", getattr(self, k))
+        if self.down_rho not in ("min", "model"):
+            raise ValidationError("down_rho", "'min' or 'model'", self.down_rho)
+        as_float(self.keep_horizon_s, "keep_horizon_s", nonneg=True)
+        as_float(self.margin_sigmas, "margin_sigmas", nonneg=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +110,10 @@ class TunerConfig:
             "resolution_s": self.resolution_s,
             "floor": self.floor,
             "up_rate": self.up_rate,
+            "down_rate": self.down_rate,
+            "down_rho": self.down_rho,
+            "keep_horizon_s": self.keep_horizon_s,
+            "margin_sigmas": self.margin_sigmas,
         }
 
     @classmethod
@@ -107,14 +122,15 @@ class TunerConfig:
         keys = {f for f in cls.__dataclass_fields__}
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
-        for k in keys - {"floor", "resolution_s", "up_rate"}:
+        strs = {"floor", "up_rate", "down_rate", "down_rho"}
+        for k in keys - strs - {"resolution_s"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
         if m.get("resolution_s") is not None:
             kw["resolution_s"] = as_float(m["resolution_s"], f"{where}.resolution_s", positive=True)
         elif "resolution_s" in m:
             kw["resolution_s"] = None
-        for k in ("floor", "up_rate"):
+        for k in strs:
             if k in m:
                 kw[k] = as_str(m[k], f"{where}.{k}")
         return cls(**kw)
@@ -165,44 +181,67 @@ class TunerDecision:
 class TunerState:
     """What the tuner remembers between ticks.
 
-    ``history`` holds one ``(time_s, down_window_count, exceeding_rate_qps)`` per tick of the
-    last ``down_horizon_s`` seconds: the largest count of a ``down_window_s`` window that ended
-    in the tick, and the largest rate that exceeded the plan in it (0 if none).
+    ``down_peaks``: ``(time_s, count)`` of the largest ``down_window_s`` counts of the last
+    ``down_horizon_s`` seconds, as a skyline (each entry larger than every later one, so the
+    first is the maximum and each tick does amortized constant work). ``up_peaks``: the same
+    for the rates that exceeded the plan over the last ``keep_horizon_s`` seconds.
     """
 
     replicas: Mapping[str, int]
     last_change_s: float
-    history: tuple[tuple[float, int, float], ...] = ()
+    down_peaks: tuple[tuple[float, float], ...] = ()
+    up_peaks: tuple[tuple[float, float], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "replicas": dict(self.replicas),
             "last_change_s": self.last_change_s,
-            "history": [list(h) for h in self.history],
+            "down_peaks": [list(h) for h in self.down_peaks],
+            "up_peaks": [list(h) for h in self.up_peaks],
         }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "tuner_state") -> TunerState:
         m = as_mapping(d, where)
-        no_extra_keys(m, {"replicas", "last_change_s", "history"}, where)
-        hist = []
-        for i, h in enumerate(as_list(m.get("history", []), f"{where}.history")):
-            h = as_list(h, f"{where}.history[{i}]")
-            hist.append(
-                (
-                    as_float(h[0], f"{where}.history[{i}][0]"),
-                    as_int(h[1], f"{where}.history[{i}][1]", minimum=0),
-                    as_float(h[2], f"{where}.history[{i}][2]", nonneg=True),
+        no_extra_keys(m, {"replicas", "last_change_s", "down_peaks", "up_peaks"}, where)
+
+        def peaks(key: str) -> tuple[tuple[float, float], ...]:
+            out = []
+            for i, h in enumerate(as_list(m.get(key, []), f"{where}.{key}")):
+                h = as_list(h, f"{where}.{key}[{i}]")
+                if len(h) != 2:
+                    raise ValidationError(f"{where}.{key}[{i}]", "a pair [time_s, value]", h)
+                out.append(
+                    (
+                        as_float(h[0], f"{where}.{key}[{i}][0]"),
+                        as_float(h[1], f"{where}.{key}[{i}][1]", nonneg=True),
+                    )
                 )
-            )
+            return tuple(out)
+
         return cls(
             replicas={
                 as_str(k, f"{where}.replicas"): as_int(v, f"{where}.replicas.{k}", minimum=0)
                 for k, v in as_mapping(req(m, "replicas", where), f"{where}.replicas").items()
             },
             last_change_s=as_float(req(m, "last_change_s", where), f"{where}.last_change_s"),
-            history=tuple(hist),
+            down_peaks=peaks("down_peaks"),
+            up_peaks=peaks("up_peaks"),
         )
+
+
+def _push(
+    peaks: tuple[tuple[float, float], ...], now_s: float, value: float, horizon_s: float
+) -> tuple[tuple[float, float], ...]:
+    """Sliding maximum: drop entries older than the horizon and those ``value`` dominates."""
+    start = now_s - horizon_s
+    lo = 0
+    while lo < len(peaks) and peaks[lo][0] <= start:
+        lo += 1
+    hi = len(peaks)
+    while hi > lo and peaks[hi - 1][1] <= value:
+        hi -= 1
+    return (*peaks[lo:hi], (float(now_s), float(value)))
 
 
 class TunerPolicy:
@@ -234,6 +273,11 @@ class TunerPolicy:
             self._down_idx = len(env_windows)
             self.windows = (*env_windows, config.down_window_s)
         self._rho_min = min(inputs.models[m].max_provisioning_ratio for m in self.planned)
+        # Trigger thresholds: the planned counts, plus an optional noise margin.
+        self._thresholds = tuple(
+            n + config.margin_sigmas * math.sqrt(n) for n in self._planned_counts
+        )
+        self._planned_down = _interpolate(inputs.envelope, config.down_window_s)
 
     @classmethod
     def from_plan(cls, plan: Plan, config: TunerConfig = TunerConfig()) -> TunerPolicy:
@@ -265,6 +309,14 @@ class TunerPolicy:
             return count / window_s
         return self.inputs.mean_rate_qps * count / max(planned_count, 1)
 
+    def _down_rate(self, count: int) -> float:
+        """The scale-down rate from the largest ``down_window_s`` count of the horizon: its own
+        rate (``window``, the paper) or the planned mean rate scaled by its ratio to the
+        planning trace's envelope at that window (``scaled``)."""
+        if self.config.down_rate == "window":
+            return count / self.config.down_window_s
+        return self.inputs.mean_rate_qps * count / max(self._planned_down, 1.0)
+
     def step(
         self, state: TunerState, now_s: float, peaks: Sequence[int]
     ) -> tuple[TunerState, TunerDecision | None]:
@@ -277,16 +329,13 @@ class TunerPolicy:
         up_rate, up_window, up_count, up_planned = 0.0, 0.0, 0, 0
         for i in range(self._n_env):
             n, planned_n = int(peaks[i]), self._planned_counts[i]
-            if n > planned_n:
+            if n > self._thresholds[i]:
                 w = self.windows[i]
                 rate = self._rate(n, planned_n, w)
                 if rate > up_rate:
                     up_rate, up_window, up_count, up_planned = rate, w, n, planned_n
-        horizon_start = now_s - cfg.down_horizon_s
-        history = (
-            *tuple(h for h in state.history if h[0] > horizon_start),
-            (float(now_s), int(peaks[self._down_idx]), up_rate),
-        )
+        down_peaks = _push(state.down_peaks, now_s, int(peaks[self._down_idx]), cfg.down_horizon_s)
+        up_peaks = _push(state.up_peaks, now_s, up_rate, cfg.keep_horizon_s)
         cur = dict(state.replicas)
 
         if up_rate > 0:
@@ -300,12 +349,13 @@ class TunerPolicy:
                     f"{_diff(cur, new)}"
                 )
                 decision = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up")
-                return TunerState(new, float(now_s), history), decision
+                return TunerState(new, float(now_s), down_peaks, up_peaks), decision
 
         if now_s - state.last_change_s >= cfg.stabilization_delay_s:
-            down_rate = max(h[1] for h in history) / cfg.down_window_s
-            need = self.need(down_rate, self._rho_min)
-            recent_up = max(h[2] for h in history)
+            down_rate = self._down_rate(int(down_peaks[0][1]))
+            rho = self._rho_min if cfg.down_rho == "min" else None
+            need = self.need(down_rate, rho)
+            recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 else 0.0
             keep = self.need(recent_up) if recent_up > 0 else {}
             new = {}
             for m, n in cur.items():
@@ -315,15 +365,30 @@ class TunerPolicy:
                 reason = (
                     f"scale down: max rate over the last {cfg.down_horizon_s:g} s in "
                     f"{cfg.down_window_s:g} s windows is {down_rate:.1f} q/s "
-                    f"(rho_min={self._rho_min:.3f}), stable for "
+                    f"({_rho_text(cfg.down_rho, self._rho_min)}), stable for "
                     f"{now_s - state.last_change_s:.1f} s: {_diff(cur, new)}"
                 )
                 decision = TunerDecision(
                     float(now_s), new, reason, cfg.down_window_s, down_rate, "down"
                 )
-                return TunerState(new, float(now_s), history), decision
+                return TunerState(new, float(now_s), down_peaks, up_peaks), decision
 
-        return replace(state, history=history), None
+        return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
+
+
+def _rho_text(mode: str, rho_min: float) -> str:
+    return f"rho_min={rho_min:.3f}" if mode == "min" else "per-model rho"
+
+
+def _interpolate(envelope: Sequence[tuple[float, int]], window_s: float) -> float:
+    """The planned count at ``window_s``: linear between the neighbouring envelope windows,
+    proportional to the nearest one outside their range."""
+    pts = sorted(envelope)
+    for (w0, n0), (w1, n1) in itertools.pairwise(pts):
+        if w0 <= window_s <= w1:
+            return n0 + (n1 - n0) * (window_s - w0) / (w1 - w0)
+    w, n = pts[0] if window_s < pts[0][0] else pts[-1]
+    return n * window_s / w
 
 
 def _diff(old: Mapping[str, int], new: Mapping[str, int]) -> str:

@@ -107,11 +107,12 @@ def test_memory_is_bounded_by_the_largest_window():
     t = gamma_trace(500.0, 2.0, 200.0, rng)
     on = OnlineEnvelope((0.1, 1.0, 10.0))
     most = 0
+    bound = max_arrivals_in_window(t, 10.0) + 1
     for chunk in np.array_split(t, 400):
         on.extend(chunk)
         most = max(most, on.buffered)
         # live entries never exceed the arrivals of the last 10 s (+ the entry at the edge)
-        assert on.buffered <= max_arrivals_in_window(t, 10.0) + 1
+        assert on.buffered <= bound
         assert on.capacity <= 2 * (on.buffered + chunk.size) + 1024
     assert most < t.size / 10
 
@@ -136,3 +137,18 @@ def test_rejects_time_going_backwards():
         on.extend([3.0, 2.5])
     with pytest.raises(ValidationError):
         OnlineEnvelope(())
+
+
+def test_window_boundaries_within_an_ulp_match_the_offline_scan():
+    # 0.1 + 0.2 != 0.3 in floating point: the online search must use the offline predicate.
+    base = [0.1, 0.2, 0.3, 0.30000000000000004, 0.7, 0.8, 0.9, 1.0]
+    times = sorted(
+        {*base, *(np.nextafter(x, 2.0) for x in base), *(np.nextafter(x, 0) for x in base)}
+    )
+    arr = np.asarray(times)
+    windows = (0.1, 0.2, 0.3, 0.6)
+    for step in (1, 2, 5):
+        on = OnlineEnvelope(windows)
+        for i in range(0, arr.size, step):
+            on.extend(arr[i : i + step])
+        assert on.envelope() == trace_envelope(arr, windows)

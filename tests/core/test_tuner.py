@@ -63,8 +63,24 @@ def test_no_decision_while_traffic_stays_inside_the_planned_envelope():
         s, d = p.step(s, k * 0.1, (30, 120, 540))
         assert d is None
     assert s.replicas == PLANNED
-    # the history only keeps the last 30 s of ticks
-    assert len(s.history) == 300 and s.history[0][0] > 39.9 - 30.0
+    # equal counts dominate older ones: the sliding-max skyline stays one entry long
+    assert s.down_peaks == ((399 * 0.1, 540.0),) and s.up_peaks == ((399 * 0.1, 0.0),)
+
+
+def test_sliding_maxima_match_a_brute_force_scan():
+    rng = np.random.default_rng(5)
+    p = policy(down_horizon_s=3.0, keep_horizon_s=1.5, stabilization_delay_s=1e9)
+    s = p.initial_state(0.0)
+    seen = []
+    for k in range(1, 600):
+        t = k * 0.1
+        c5 = int(rng.integers(0, 600))
+        s, _ = p.step(s, t, (0, 0, c5))
+        seen.append((t, c5))
+        expect = max(c for u, c in seen if u > t - 3.0)
+        assert s.down_peaks[0][1] == expect
+        assert all(a[1] > b[1] for a, b in itertools.pairwise(s.down_peaks))
+        assert len(s.down_peaks) <= 31
 
 
 def test_scale_up_uses_the_largest_exceeding_rate_and_says_why():
@@ -146,7 +162,7 @@ def test_scale_down_never_goes_below_the_plan_unless_asked():
 
 
 def test_after_a_down_step_the_delay_starts_again():
-    p = policy(stabilization_delay_s=5.0, down_horizon_s=2.0)
+    p = policy(stabilization_delay_s=5.0, down_horizon_s=2.0, keep_horizon_s=2.0)
     s = p.initial_state(0.0)
     s, _ = p.step(s, 0.0, (100, 0, 0))  # 1000 q/s: a 40, b 25
     s, _ = p.step(s, 0.5, (0, 300, 0))  # exceeding 300 q/s, recorded in the history
