@@ -1,0 +1,80 @@
+"""The profiler and `inferline profile` on the real bundled runtime (replica processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from inferline._profiler import ProfilerOptions, profile_models
+from inferline.adapters.local import LocalBackend
+from inferline.core import ModelSpec, load_pipeline, load_profiles
+from inferline.demo.simple import sleep_deployment
+
+pytestmark = pytest.mark.integration
+
+
+def test_profiler_measures_a_known_batch_cost():
+    # 6 ms per batch + 1 ms per item (sleeping, so contention does not change it)
+    spec = ModelSpec(
+        "m", "inferline.adapters.local.examples:sleep", {"base_s": 0.006, "per_item_s": 0.001}
+    )
+    opts = ProfilerOptions(
+        max_batch_size=8, warmup=2, min_samples=15, max_samples=30, contention=True
+    )
+    seen = []
+
+    async def main():
+        b = LocalBackend(oversubscribe=True)
+        try:
+            return await profile_models(
+                b, [spec], {"m": [[1.0], [2.0], [3.0]]}, opts, progress=lambda *a: seen.append(a)
+            )
+        finally:
+            await b.close()
+
+    res = asyncio.run(main())
+    prof = res.profiles.models["m"]["cpu"]
+    assert sorted(prof) == [1, 2, 4, 8]
+    for b, bp in prof.items():
+        assert bp.latency_s >= 0.006 + 0.001 * b  # never faster than the model itself
+        assert bp.samples >= 15 and bp.p99_s >= bp.p50_s
+    fit = res.fit("m", "cpu", 0.5)
+    assert fit.slope_s == pytest.approx(0.001, abs=0.0006)
+    assert 0.005 < fit.intercept_s < 0.02
+    assert fit.linear
+    assert seen and seen[-1][3] == seen[-1][4]  # progress reached done == total
+
+
+def test_profile_cli_writes_profiles_and_pipeline(tmp_path):
+    dep = sleep_deployment(base_s=0.002)
+    (tmp_path / "d.json").write_text(json.dumps(dep))
+    out = tmp_path / "profiles.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferline",
+        "profile",
+        "--deployment",
+        str(tmp_path / "d.json"),
+        "-o",
+        str(out),
+        "--pipeline-out",
+        str(tmp_path / "p.json"),
+        "--max-batch",
+        "4",
+        "--quick",
+        "--no-contention",
+        "--samples",
+        "8",
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    profiles = load_profiles(out)
+    assert sorted(profiles.models["m"]["cpu"]) == [1, 2, 4]
+    pipe = load_pipeline(tmp_path / "p.json")
+    assert pipe.models == ("m",)
+    assert "linear?" in r.stdout
