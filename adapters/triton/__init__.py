@@ -1,1 +1,30 @@
-"""inferline subsystem."""
+"""Triton Inference Server adapter (``triton://host:8000`` over HTTP, ``triton+grpc://host:8001``).
+
+``TritonBackend`` implements ``inferline.core.Backend`` over ``tritonclient``'s asyncio
+clients: explicit model control (deploy, reconfigure and scale by loading the full model
+configuration), discovery of an existing server, one replica handle per Triton instance,
+statistics-based monitoring, and recovery after a server restart. Registered as backend schemes
+``triton``, ``triton+http`` and ``triton+grpc`` by ``inferline.adapters.triton.plugin``.
+"""
+
+from ._backend import SCHEMES, TritonBackend, TritonReplica, parse_triton_url
+from ._config import BatcherSettings, TritonModelInfo, build_config, instance_count
+from ._stats import ClientTiming, cumulative_figures, interval_figures
+from ._tensors import ModelIO, TensorSpec, triton_datatype
+
+__all__ = [
+    "SCHEMES",
+    "BatcherSettings",
+    "ClientTiming",
+    "ModelIO",
+    "TensorSpec",
+    "TritonBackend",
+    "TritonModelInfo",
+    "TritonReplica",
+    "build_config",
+    "cumulative_figures",
+    "instance_count",
+    "interval_figures",
+    "parse_triton_url",
+    "triton_datatype",
+]

@@ -1,0 +1,194 @@
+"""Triton model configurations: what inferline changes, and what discovery reports.
+
+Deploying or reconfiguring a model in explicit model-control mode sends the *whole* model
+configuration (protobuf JSON) with ``load_model(name, config=...)``; it is not merged with the
+repository's ``config.pbtxt`` and unknown keys are rejected. So the adapter always starts from
+the configuration the server reports, changes only ``max_batch_size``, ``instance_group`` and
+the batcher, and sends the result back. Changing only the instance count updates the model in
+place (running instances keep serving).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferline.core import ValidationError
+
+from ._tensors import ModelIO
+
+__all__ = ["BatcherSettings", "TritonModelInfo", "build_config", "instance_count"]
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    """Triton's own dynamic batcher. inferline turns it off by default: its interposed queue
+    forms the batches and keeps at most one in flight per instance, so Triton's queue stays
+    empty. Turned on only to compare against (or to serve without inferline's queue)."""
+
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_queue_delay_us, bool) or self.max_queue_delay_us < 0:
+            raise ValidationError("max_queue_delay_us", "an int >= 0", self.max_queue_delay_us)
+        object.__setattr__(
+            self, "preferred_batch_sizes", tuple(int(b) for b in self.preferred_batch_sizes)
+        )
+
+    def to_config(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"max_queue_delay_microseconds": int(self.max_queue_delay_us)}
+        if self.preferred_batch_sizes:
+            d["preferred_batch_size"] = list(self.preferred_batch_sizes)
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_queue_delay_us": self.max_queue_delay_us,
+            "preferred_batch_sizes": list(self.preferred_batch_sizes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> BatcherSettings:
+        if not isinstance(d, Mapping):
+            raise ValidationError("dynamic_batching", "a mapping", d)
+        extra = set(d) - {"max_queue_delay_us", "preferred_batch_sizes"}
+        if extra:
+            raise ValidationError(
+                "dynamic_batching", "keys max_queue_delay_us, preferred_batch_sizes", sorted(extra)
+            )
+        return cls(int(d.get("max_queue_delay_us", 0)), tuple(d.get("preferred_batch_sizes", ())))
+
+    @classmethod
+    def from_config(cls, d: Mapping[str, Any]) -> BatcherSettings:
+        return cls(
+            int(d.get("max_queue_delay_microseconds", 0) or 0),
+            tuple(d.get("preferred_batch_size", ()) or ()),
+        )
+
+
+def instance_count(cfg: Mapping[str, Any]) -> int:
+    """Total instances of a configuration (each group's count, times its GPUs if any)."""
+    total = 0
+    for g in cfg.get("instance_group", []) or []:
+        n = int(g.get("count", 1) or 1)
+        gpus = g.get("gpus") or []
+        total += n * max(1, len(gpus)) if g.get("kind") == "KIND_GPU" else n
+    return total
+
+
+def build_config(
+    current: Mapping[str, Any],
+    *,
+    max_batch_size: int,
+    replicas: int,
+    gpus: Sequence[int] | None = None,
+    batcher: BatcherSettings | None = None,
+) -> dict[str, Any]:
+    """``current`` with inferline's settings: ``replicas`` instances (``KIND_CPU``, or
+    ``KIND_GPU`` spread round-robin over ``gpus``), ``max_batch_size``, the batcher on or off."""
+    if replicas < 1:
+        raise ValidationError("replicas", "an int >= 1 (0 unloads the model)", replicas)
+    cfg = copy.deepcopy(dict(current))
+    cur_mb = int(cfg.get("max_batch_size", 0) or 0)
+    if cur_mb == 0:
+        if max_batch_size > 1:
+            raise ValidationError(
+                f"{cfg.get('name', 'model')}.max_batch_size",
+                "1 (the model's configuration has max_batch_size 0: it takes no batch dimension)",
+                max_batch_size,
+            )
+    else:
+        cfg["max_batch_size"] = int(max_batch_size)
+    if gpus:
+        per: dict[int, int] = {}
+        for i in range(replicas):
+            g = int(gpus[i % len(gpus)])
+            per[g] = per.get(g, 0) + 1
+        cfg["instance_group"] = [
+            {"count": n, "kind": "KIND_GPU", "gpus": [g]} for g, n in sorted(per.items())
+        ]
+    else:
+        cfg["instance_group"] = [{"count": int(replicas), "kind": "KIND_CPU"}]
+    if batcher is None or cur_mb == 0:
+        cfg.pop("dynamic_batching", None)
+    else:
+        cfg["dynamic_batching"] = batcher.to_config()
+    return cfg
+
+
+@dataclass(frozen=True)
+class TritonModelInfo:
+    """What discovery reports about one model of an existing server."""
+
+    name: str
+    state: str  # READY, UNAVAILABLE, LOADING, ... ("" when never loaded)
+    versions: tuple[str, ...] = ()
+    backend: str = ""
+    io: ModelIO | None = None
+    instances: int = 0
+    instance_kind: str = ""
+    batcher: BatcherSettings | None = None
+    reason: str = ""
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.io.max_batch_size if self.io else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "versions": list(self.versions),
+            "backend": self.backend,
+            "io": self.io.to_dict() if self.io else None,
+            "instances": self.instances,
+            "instance_kind": self.instance_kind,
+            "batcher": self.batcher.to_dict() if self.batcher else None,
+            "reason": self.reason,
+            "config": dict(self.config),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TritonModelInfo:
+        return cls(
+            name=str(d["name"]),
+            state=str(d.get("state", "")),
+            versions=tuple(d.get("versions", ())),
+            backend=str(d.get("backend", "")),
+            io=ModelIO.from_dict(d["io"]) if d.get("io") else None,
+            instances=int(d.get("instances", 0)),
+            instance_kind=str(d.get("instance_kind", "")),
+            batcher=BatcherSettings.from_dict(d["batcher"]) if d.get("batcher") else None,
+            reason=str(d.get("reason", "")),
+            config=dict(d.get("config", {})),
+        )
+
+    @classmethod
+    def from_server(
+        cls, name: str, entries: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None
+    ) -> TritonModelInfo:
+        states = [str(e.get("state", "")) for e in entries]
+        state = "READY" if "READY" in states else (states[0] if states else "")
+        versions = tuple(sorted(str(e["version"]) for e in entries if e.get("version")))
+        reason = next((str(e["reason"]) for e in entries if e.get("reason")), "")
+        if config is None:
+            return cls(name, state, versions, reason=reason)
+        groups = config.get("instance_group", []) or []
+        kinds = sorted({str(g.get("kind", "KIND_CPU")) for g in groups})
+        db = config.get("dynamic_batching")
+        return cls(
+            name=name,
+            state=state,
+            versions=versions,
+            backend=str(config.get("backend", "") or config.get("platform", "")),
+            io=ModelIO.from_config(config),
+            instances=instance_count(config),
+            instance_kind=",".join(kinds),
+            batcher=BatcherSettings.from_config(db) if isinstance(db, Mapping) else None,
+            reason=reason,
+            config=dict(config),
+        )

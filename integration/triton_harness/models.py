@@ -1,0 +1,131 @@
+"""A Triton model repository of real Python-backend models, trained at setup time.
+
+The models work on scikit-learn's bundled handwritten digits (1,797 labelled 8x8 images):
+
+- ``digits_pre``: image FP32 [8,8] (pixels 0..16) -> features FP32 [64] (standardized); a batch
+  with a pixel outside [0, 16] fails with a model error (used to test error surfacing);
+- ``digits_mlp``: features -> probs FP32 [10] and label INT64 [1] (one-hidden-layer MLP trained
+  with scikit-learn, weights saved as .npy and evaluated with numpy in the server);
+- ``digits_knn``: features -> label INT64 [1] (3-nearest neighbours over the training set; more
+  work per item, used by the overhead benchmark);
+- ``digit_name``: label INT64 [1] -> name BYTES [1] (string outputs).
+
+Training runs in the caller's environment (scikit-learn); the server only needs numpy.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MODELS", "Digits", "build_repository", "load_digits_split"]
+
+SRC = Path(__file__).parent / "model_src"
+MODELS = ("digits_pre", "digits_mlp", "digits_knn", "digit_name")
+
+
+@dataclass(frozen=True)
+class Digits:
+    """Held-out split for checking predictions: raw images (N, 8, 8) float32, labels (N,)."""
+
+    test_images: np.ndarray
+    test_labels: np.ndarray
+    mlp_accuracy: float  # measured in-process on the test split, for comparison with the server
+
+
+def load_digits_split(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split(
+        x.astype(np.float32), y.astype(np.int64), test_size=0.3, random_state=seed, stratify=y
+    )
+    return xtr, xte, ytr, yte
+
+
+def _config(
+    name: str,
+    inputs: list[tuple[str, str, list[int]]],
+    outputs: list[tuple[str, str, list[int]]],
+    max_batch_size: int,
+    instances: int,
+) -> str:
+    def tensors(items: list[tuple[str, str, list[int]]]) -> str:
+        return ",\n".join(
+            f'  {{ name: "{n}", data_type: {t}, dims: [{", ".join(map(str, d))}] }}'
+            for n, t, d in items
+        )
+
+    return (
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        f"input [\n{tensors(inputs)}\n]\noutput [\n{tensors(outputs)}\n]\n"
+        f"instance_group [{{ count: {instances}, kind: KIND_CPU }}]\n"
+    )
+
+
+def _write_model(repo: Path, name: str, config: str, arrays: dict[str, np.ndarray]) -> None:
+    mdir = repo / name
+    vdir = mdir / "1"
+    shutil.rmtree(mdir, ignore_errors=True)
+    vdir.mkdir(parents=True)
+    shutil.copy2(SRC / f"{name}.py", vdir / "model.py")
+    for key, arr in arrays.items():
+        np.save(vdir / f"{key}.npy", arr)
+    (mdir / "config.pbtxt").write_text(config)
+
+
+def build_repository(repo: Path, seed: int = 0, max_batch_size: int = 64) -> Digits:
+    """Train the models and write the repository under ``repo``; returns the held-out split."""
+    from sklearn.neural_network import MLPClassifier
+    from threadpoolctl import threadpool_limits
+
+    repo = Path(repo)
+    repo.mkdir(parents=True, exist_ok=True)
+    xtr, xte, ytr, yte = load_digits_split(seed)
+    mean = xtr.mean(axis=0).astype(np.float32)
+    std = (xtr.std(axis=0) + 1e-3).astype(np.float32)
+    ftr = (xtr - mean) / std
+    # One BLAS thread: on a shared 2-core machine, BLAS's default thread pool makes this
+    # tiny fit take tens of seconds instead of about one.
+    with threadpool_limits(1):
+        mlp = MLPClassifier(hidden_layer_sizes=(64,), max_iter=300, random_state=seed)
+        mlp.fit(ftr, ytr)
+    acc = float(mlp.score((xte - mean) / std, yte))
+    img = [("image", "TYPE_FP32", [8, 8])]
+    feat = [("features", "TYPE_FP32", [64])]
+    label = [("label", "TYPE_INT64", [1])]
+    mb = max_batch_size
+    _write_model(
+        repo,
+        "digits_pre",
+        _config("digits_pre", img, feat, mb, 1),
+        {"mean": mean, "std": std},
+    )
+    _write_model(
+        repo,
+        "digits_mlp",
+        _config("digits_mlp", feat, [("probs", "TYPE_FP32", [10]), *label], mb, 1),
+        {
+            "w1": mlp.coefs_[0].astype(np.float32),
+            "b1": mlp.intercepts_[0].astype(np.float32),
+            "w2": mlp.coefs_[1].astype(np.float32),
+            "b2": mlp.intercepts_[1].astype(np.float32),
+        },
+    )
+    _write_model(
+        repo,
+        "digits_knn",
+        _config("digits_knn", feat, label, mb, 1),
+        {"train_x": ftr.astype(np.float32), "train_y": ytr},
+    )
+    _write_model(
+        repo,
+        "digit_name",
+        _config("digit_name", label, [("name", "TYPE_STRING", [1])], mb, 1),
+        {},
+    )
+    return Digits(test_images=xte.reshape(-1, 8, 8), test_labels=yte, mlp_accuracy=acc)

@@ -1,0 +1,213 @@
+"""Start, stop and restart a real ``tritonserver`` process on free loopback ports."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from .setup_server import Install
+
+__all__ = ["TritonServer", "free_port"]
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TritonServer:
+    """One ``tritonserver`` in explicit model-control mode, bound to 127.0.0.1.
+
+    Ports are chosen once, so a restart comes back on the same addresses (clients reconnect).
+    """
+
+    def __init__(
+        self,
+        install: Install,
+        repository: Path,
+        load: Sequence[str] = (),
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.install = install
+        self.repository = Path(repository)
+        self.load = tuple(load)
+        self.http_port = free_port()
+        self.grpc_port = free_port()
+        self.metrics_port = free_port()
+        self.log_path = log_path or self.repository.parent / "tritonserver.log"
+        self.extra_args = tuple(extra_args)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_fh = None
+
+    @property
+    def http_url(self) -> str:
+        return f"triton://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"triton+grpc://127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(self.install.binary),
+            "--model-repository",
+            str(self.repository),
+            "--backend-directory",
+            str(self.install.backends),
+            "--model-control-mode",
+            "explicit",
+            "--http-address",
+            "127.0.0.1",
+            "--http-port",
+            str(self.http_port),
+            "--grpc-address",
+            "127.0.0.1",
+            "--grpc-port",
+            str(self.grpc_port),
+            "--metrics-address",
+            "127.0.0.1",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--allow-gpu-metrics",
+            "false",
+            "--exit-timeout-secs",
+            "5",
+            "--pinned-memory-pool-byte-size",
+            "0",
+        ]
+        for name in self.load:
+            cmd += ["--load-model", name]
+        return cmd + list(self.extra_args)
+
+    def start(self, timeout_s: float = 60.0) -> TritonServer:
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        self._log_fh = open(self.log_path, "ab")  # closed in stop()
+        self._proc = subprocess.Popen(
+            self.command(),
+            env=self.install.env(),
+            stdout=self._log_fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() ends the stubs too
+        )
+        self.wait_ready(timeout_s)
+        log.info(
+            "tritonserver pid %s ready on http %s grpc %s", self.pid, self.http_port, self.grpc_port
+        )
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        url = f"http://127.0.0.1:{self.http_port}/v2/health/ready"
+        while True:
+            if self._proc is None or self._proc.poll() is not None:
+                raise RuntimeError(f"tritonserver exited early; log: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"tritonserver not ready after {timeout_s}s; log: {self.log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM (graceful), then SIGKILL of its whole process group if it lingers."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self._killpg(proc)
+        if proc is not None:
+            self._killpg(proc)  # stubs left behind in the group
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    def kill(self) -> None:
+        """Abrupt death (SIGKILL), as in a crash."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._killpg(proc)
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    @staticmethod
+    def _killpg(proc: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def restart(self, timeout_s: float = 60.0, load: Sequence[str] | None = None) -> None:
+        self.stop()
+        if load is not None:
+            self.load = tuple(load)
+        self._wait_ports_free()
+        self.start(timeout_s)
+
+    def _wait_ports_free(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for port in (self.http_port, self.grpc_port, self.metrics_port):
+            while True:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        s.bind(("127.0.0.1", port))
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            raise
+                        time.sleep(0.1)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "<no log>"
+        return "\n".join(lines[-n:])
+
+    def __enter__(self) -> TritonServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
