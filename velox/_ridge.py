@@ -14,7 +14,7 @@ Velox prototype); here one observation is folded in by a Sherman-Morrison rank-o
 ``A`` and ``b`` by a Cholesky factorisation.
 
 At d = 50 the arithmetic of one update is ~10k flops, so the cost is numpy call overhead; the
-update therefore issues few calls: a BLAS ``dger`` rewrites ``A^{-1}`` in place, and the exact
+update therefore issues few calls (BLAS ``ddot``/``daxpy``/``dger`` on the arrays in place), and the exact
 ``A`` and ``b`` are not touched per observation but accumulated from a small buffer of recent
 rows with one matrix product when they are needed (refactorisation, snapshot).
 """
@@ -22,7 +22,7 @@ rows with one matrix product when they are needed (refactorisation, snapshot).
 from __future__ import annotations
 
 import numpy as np
-from scipy.linalg.blas import dger
+from scipy.linalg.blas import daxpy, ddot, dger
 
 from inferline.core.errors import ValidationError
 
@@ -135,9 +135,9 @@ class UserRidge:
         """
         a_inv = self.a_inv
         u = a_inv @ f
-        denom = 1.0 + float(f @ u)
-        y_hat = float(self.w @ f)
-        self.w += ((y - y_hat) / denom) * u
+        denom = 1.0 + ddot(f, u)
+        y_hat = ddot(self.w, f)
+        daxpy(u, self.w, a=(y - y_hat) / denom)  # w += (y - y_hat) / denom * u, in place
         # A^-1 is symmetric and C-ordered, so its transpose is the Fortran-ordered array BLAS
         # wants and dger rewrites it in place: A^-1 -= u u^T / denom.
         dger(-1.0 / denom, u, u, a=a_inv.T, overwrite_a=True)
