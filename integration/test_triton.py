@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -432,5 +433,88 @@ def test_handles_are_one_per_instance_and_typed(triton: tuple[TritonServer, Digi
             assert b.free() == {"cpu": 8}
         finally:
             await b.close()
+
+    run(main())
+
+
+def test_pipeline_across_triton_and_the_bundled_runtime(
+    triton: tuple[TritonServer, Digits], tmp_path: Path
+) -> None:
+    """One pipeline, served through inferline's queue: preprocessing, an MLP and a name lookup
+    on Triton, a logistic regression on the bundled runtime, the two classifiers in parallel."""
+    from sklearn.linear_model import LogisticRegression
+    from threadpoolctl import threadpool_limits
+    from triton_harness import load_digits_split
+
+    from inferline.adapters.local import LocalBackend
+    from inferline.queueing import Dispatcher, FixedBatching, PipelineRunner
+
+    server, digits = triton
+    mdir = server.repository / "digits_pre" / "1"
+    mean, std = np.load(mdir / "mean.npy"), np.load(mdir / "std.npy")
+    xtr, _, ytr, _ = load_digits_split(0)
+    with threadpool_limits(1):
+        lr = LogisticRegression(max_iter=500).fit((xtr - mean) / std, ytr)
+    np.save(tmp_path / "w.npy", lr.coef_.T.astype(np.float32))
+    np.save(tmp_path / "b.npy", lr.intercept_.astype(np.float32))
+
+    async def pipeline(x: Any, ctx: Any) -> dict[str, Any]:
+        feats = await ctx.predict("pre", x)
+        by_triton, by_local = await asyncio.gather(
+            ctx.predict("mlp", feats), ctx.predict("logreg", feats)
+        )
+        name = await ctx.predict("name", by_triton)
+        return {"triton": int(by_triton), "local": int(by_local), "name": name}
+
+    async def main() -> None:
+        tb = TritonBackend(server.http_url, oversubscribe=True)
+        lb = LocalBackend("local://", oversubscribe=True)
+        d = Dispatcher()
+        try:
+            await tb.adopt("digits_pre", name="pre")
+            await tb.deploy(
+                ModelSpec("mlp", source="digits_mlp", params={"outputs": ["label"]}),
+                ModelConfig("cpu", 8, 2),
+            )
+            await tb.deploy(ModelSpec("name", source="digit_name"), ModelConfig("cpu", 8, 1))
+            await lb.deploy(
+                ModelSpec(
+                    "logreg",
+                    source="inferline.adapters.local.examples:linear",
+                    params={"weights": str(tmp_path / "w.npy"), "bias": str(tmp_path / "b.npy")},
+                ),
+                ModelConfig("cpu", 8, 1),
+            )
+            for m in ("pre", "mlp", "name", "logreg"):
+                d.add_model(m, batching=FixedBatching(8))
+            d.attach(tb)
+            d.attach(lb)
+            runner = PipelineRunner(d, pipeline, slo_s=2.0)
+            n = 150
+
+            async def one(i: int) -> Any:
+                await asyncio.sleep(i * 0.004)  # open loop, 250 queries per second
+                return await runner.run(digits.test_images[i])
+
+            out = await asyncio.gather(*(one(i) for i in range(n)))
+            names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+            truth = digits.test_labels[:n]
+            acc_t = np.mean([o["triton"] for o in out] == truth)
+            acc_l = np.mean([o["local"] for o in out] == truth)
+            assert acc_t >= 0.9 and acc_l >= 0.9, (acc_t, acc_l)
+            assert all(o["name"] == names[o["triton"]] for o in out)
+            for m in ("pre", "mlp", "name", "logreg"):
+                s = d.stats(m)
+                assert s.completed == n and s.failed == 0
+            # the queue formed batches, and Triton ran exactly the batches it was sent
+            pre_stats = d.stats("pre")
+            assert pre_stats.batches < n
+            ts = await tb.stats("mlp")
+            assert ts["server"]["interval"]["inferences"] == n
+            assert ts["server"]["interval"]["executions"] == d.stats("mlp").batches
+        finally:
+            await d.close()
+            await lb.close()
+            await tb.close()
 
     run(main())

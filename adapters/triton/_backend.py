@@ -749,7 +749,7 @@ class TritonBackend:
                         continue
                     m.generation += 1
                     m.restarts += 1
-                    m.handles = []
+                    m.handles, m.next_index = [], 0  # same slots, new generation
                     self._add_handles(m, m.config.replicas)
                     m.state = "ready"
                     m.last_stats = None  # the counters restarted with the model

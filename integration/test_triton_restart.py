@@ -1,0 +1,198 @@
+"""Failures of a real Triton server under load: nothing is lost silently.
+
+A server killed (SIGKILL) while inferline's queue is sending it batches, then started again on
+the same ports: every in-flight call ends in a result or a named error, the adapter marks its
+replicas dead and tells the queue, waits for the server, reloads the model with its last
+configuration and publishes fresh replicas; queued queries are then served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip(
+    "tritonclient.http", reason="tritonclient[http,grpc] (extra 'triton') not installed"
+)
+pytest.importorskip("sklearn", reason="scikit-learn (extra 'models') trains the test models")
+
+from triton_harness import Digits, SetupError, TritonServer, build_repository, ensure_installed
+
+from inferline.adapters.triton import TritonBackend
+from inferline.core import (
+    InferlineError,
+    ModelConfig,
+    ModelSpec,
+    ReplicaError,
+)
+from inferline.queueing import Dispatcher, FixedBatching
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonServer, Digits]]:
+    try:
+        install = ensure_installed()
+    except SetupError as e:
+        pytest.skip(f"no Triton server available: {e}")
+    root = tmp_path_factory.mktemp("triton-restart")
+    digits = build_repository(root / "models")
+    server = TritonServer(install, root / "models")  # nothing loaded: inferline deploys
+    server.start()
+    try:
+        yield server, digits
+    finally:
+        server.stop()
+
+
+def _reference(digits: Digits, server: TritonServer) -> tuple[np.ndarray, np.ndarray]:
+    mdir = server.repository / "digits_pre" / "1"
+    return np.load(mdir / "mean.npy"), np.load(mdir / "std.npy")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_server_killed_and_restarted_under_load(
+    triton: tuple[TritonServer, Digits], protocol: str
+) -> None:
+    server, digits = triton
+    url = server.http_url if protocol == "http" else server.grpc_url
+    mean, std = _reference(digits, server)
+    images = digits.test_images[:50]
+
+    async def main() -> None:
+        b = TritonBackend(url, oversubscribe=True, recovery_timeout_s=90)
+        d = Dispatcher()
+        try:
+            await body(b, d)
+        finally:
+            await d.close()
+            await b.close()
+
+    async def body(b: TritonBackend, d: Dispatcher) -> None:
+        await b.deploy(ModelSpec("pre", source="digits_pre"), ModelConfig("cpu", 8, 2))
+        before = b.replicas("pre")
+        back = asyncio.Event()
+        published: list[list[str]] = []
+
+        def on_change(model: str, hs: list[Any]) -> None:
+            published.append([h.id for h in hs])
+            if hs and all(h.id.endswith(".1") for h in hs):
+                back.set()
+
+        b.subscribe(on_change)
+        d.add_model("pre", batching=FixedBatching(8), max_retries=1)
+        d.attach(b)
+        outcomes: list[tuple[str, int, Any, float]] = []
+
+        async def query(i: int) -> None:
+            try:
+                out = await d.submit("pre", images[i % len(images)], deadline=time.monotonic() + 60)
+                outcomes.append(("ok", i, out, time.monotonic()))
+            except InferlineError as e:
+                outcomes.append(("error", i, e, time.monotonic()))
+            except BaseException as e:  # anything else is a bug: recorded, then asserted on
+                outcomes.append(("other", i, e, time.monotonic()))
+
+        tasks: list[asyncio.Task[None]] = []
+        stop = asyncio.Event()
+
+        async def load() -> None:
+            i = 0
+            while not stop.is_set():
+                tasks.append(asyncio.create_task(query(i)))
+                i += 1
+                await asyncio.sleep(0.004)
+
+        loader = asyncio.create_task(load())
+        await asyncio.sleep(1.0)
+        served_before = sum(1 for o in outcomes if o[0] == "ok")
+        assert served_before > 20
+
+        server.kill()  # crash: SIGKILL to the server and its model processes
+        t_kill = time.monotonic()
+        # at the adapter level the failure is explicit: a batch sent now raises ReplicaError
+        with pytest.raises(ReplicaError):
+            await before[0].predict_batch([images[0]])
+        await asyncio.sleep(0.3)
+        assert b.replicas("pre") == []  # the queue was told: no replica takes work now
+        assert all(not h.alive for h in before)
+
+        await asyncio.to_thread(server.start)  # same ports
+        await asyncio.wait_for(back.wait(), 90)
+        t_back = time.monotonic()
+        await asyncio.sleep(0.5)
+        stop.set()
+        await loader
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+        # every accepted query ended exactly once, in a result or a named error
+        assert len(outcomes) == len(tasks)
+        assert sorted(o[1] for o in outcomes) == list(range(len(tasks)))
+        assert not [o for o in outcomes if o[0] == "other"], [
+            o for o in outcomes if o[0] == "other"
+        ][:3]
+        for kind, i, out, _ in outcomes:
+            if kind == "ok":
+                want = (images[i % len(images)].reshape(64) - mean) / std
+                np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+            else:
+                assert isinstance(out, InferlineError)
+        # served again after the restart, by the new replicas
+        assert sum(1 for o in outcomes if o[0] == "ok" and o[3] > t_back) > 10
+        # nothing answered while the server was down (beyond responses already on the wire)
+        during = [o for o in outcomes if o[0] == "ok" and t_kill + 0.2 < o[3] < t_back]
+        assert not during
+        assert [h.id for h in b.replicas("pre")] == ["pre/0.1", "pre/1.1"]
+        assert [] in published
+
+        st = await b.stats("pre")
+        assert st["restarts"] == 1 and st["state"] == "ready" and st["active_replicas"] == 2
+        assert st["outages"] >= 1
+        qs = d.stats("pre")
+        assert qs.completed + qs.failed == len(tasks)
+
+    asyncio.run(main())
+
+
+def test_model_unloaded_behind_the_adapters_back(triton: tuple[TritonServer, Digits]) -> None:
+    server, _ = triton
+
+    async def main() -> None:
+        b = TritonBackend(server.http_url, oversubscribe=True)
+        other = TritonBackend(server.http_url)  # an operator's script on the same server
+        try:
+            await b.deploy(
+                ModelSpec("mlp", source="digits_mlp", params={"outputs": ["label"]}),
+                ModelConfig("cpu", 4, 1),
+            )
+            (h,) = b.replicas("mlp")
+            feats = np.zeros(64, dtype=np.float32)
+            first = await h.predict_batch([feats])
+            back = asyncio.Event()
+            b.subscribe(lambda m, hs: back.set() if hs and hs[0].id.endswith(".1") else None)
+            await other.client.unload("digits_mlp")
+            for _ in range(50):  # unloading finishes asynchronously on the server
+                if not await other.client.model_ready("digits_mlp"):
+                    break
+                await asyncio.sleep(0.05)
+            with pytest.raises(ReplicaError):
+                await h.predict_batch([feats])
+            assert not h.alive
+            await asyncio.wait_for(back.wait(), 60)
+            (h2,) = b.replicas("mlp")
+            assert h2.id == "mlp/0.1"
+            assert await h2.predict_batch([feats]) == first
+            cfg = await b.client.model_config("digits_mlp")
+            assert cfg["max_batch_size"] == 4  # reloaded with inferline's configuration
+            await b.remove("mlp")
+        finally:
+            await other.close()
+            await b.close()
+
+    asyncio.run(main())
