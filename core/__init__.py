@@ -12,6 +12,7 @@ from ._autoscale import (
     packing_factor,
     pipeline_unit,
 )
+from ._baselines import STRATEGIES, coarse_grained_configs, make_plan, plan_cg_mean, plan_cg_peak
 from ._envelope import (
     MAX_ENVELOPE_WINDOW_S,
     OnlineEnvelope,
@@ -33,6 +34,16 @@ from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatal
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
 from ._pipeline import PIPELINE_FORMAT, Pipeline
 from ._plan import PLAN_FORMAT, ModelConfig, Plan, TunerInputs, TunerModel
+from ._planner import (
+    Planner,
+    PlannerOptions,
+    PlannerStats,
+    PlanProgress,
+    fastest_hardware,
+    plan_inferline,
+    tuner_inputs,
+    usable_hardware,
+)
 from ._profiles import PROFILES_FORMAT, BatchProfile, Profiles
 from ._trace import (
     Trace,
@@ -79,6 +90,19 @@ from .errors import (
 from .protocols import Backend, ModelSpec, ReplicaHandle
 
 __all__ = [
+    "STRATEGIES",
+    "PlanProgress",
+    "Planner",
+    "PlannerOptions",
+    "PlannerStats",
+    "coarse_grained_configs",
+    "fastest_hardware",
+    "make_plan",
+    "plan_cg_mean",
+    "plan_cg_peak",
+    "plan_inferline",
+    "tuner_inputs",
+    "usable_hardware",
     "AutoScaleConfig",
     "AutoScaleController",
     "AutoScaleDecision",

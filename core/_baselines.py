@@ -1,0 +1,183 @@
+"""The coarse-grained baselines of InferLine §6: CG-Mean and CG-Peak.
+
+Reading of the paper ("Coarse-Grained Baseline Comparison"): the pipeline is treated as one
+black box. It is profiled as a whole to find the single largest batch size that can meet the
+SLO, and then replicated as a unit to reach the throughput the planning trace needs; CG-Mean
+provisions for the trace's mean rate, CG-Peak for its peak rate over a sliding window as long
+as the SLO. Concretely, here:
+
+* Hardware: every model runs on its lowest-latency hardware (the same choice as the first step
+  of InferLine's initialization), since a black box is not tuned per stage.
+* Batch size: one size ``b`` for every model, the largest on the ladder 1, 2, 4, ... (up to the
+  smallest of the models' largest profiled sizes) whose end-to-end service time, the critical
+  path of the models' batch-``b`` latencies, is at most the SLO.
+* A pipeline unit is one replica of every model; its throughput is that of its slowest stage
+  relative to the traffic the stage sees, ``min_m throughput_m(b) / scale_factor_m``.
+* Units: ``ceil(rate / unit throughput)`` with ``rate = mean_rate(trace)`` (CG-Mean) or
+  ``peak_rate(trace, slo_s)`` (CG-Peak); every model gets that many replicas.
+
+The plan's estimated latency is the estimator's ``percentile``-th latency on the planning trace
+(the same estimator as InferLine's planner); the baselines do not check it against the SLO, as
+the black-box method has no way to.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+import numpy as np
+
+from ._estimator import EstimatorOptions, simulate
+from ._hardware import DEFAULT_CATALOG, HardwareCatalog
+from ._pipeline import Pipeline
+from ._plan import ModelConfig, Plan
+from ._planner import PlannerOptions, ProgressFn, fastest_hardware, plan_inferline, tuner_inputs
+from ._profiles import Profiles
+from ._trace import mean_rate, peak_rate
+from ._validate import as_float
+from .errors import InfeasibleError, NotFoundError
+
+__all__ = [
+    "STRATEGIES",
+    "coarse_grained_configs",
+    "make_plan",
+    "plan_cg_mean",
+    "plan_cg_peak",
+]
+
+
+def coarse_grained_configs(
+    pipeline: Pipeline,
+    profiles: Profiles,
+    slo_s: float,
+    rate_qps: float,
+    *,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+) -> dict[str, ModelConfig]:
+    """The black-box configuration for a required throughput ``rate_qps`` (see module doc)."""
+    hw = {m: fastest_hardware(profiles, m, catalog) for m in pipeline.models}
+    top = min(profiles.max_batch(m, hw[m]) for m in pipeline.models)
+
+    def service(b: int) -> float:
+        return pipeline.critical_path({m: profiles.latency(m, hw[m], b) for m in pipeline.models})[
+            0
+        ]
+
+    if service(1) > slo_s:
+        raise InfeasibleError(
+            f"SLO {slo_s:g} s is infeasible for the coarse-grained pipeline "
+            f"{pipeline.name!r}: its batch-1 service time is {service(1):.4g} s",
+            service(1),
+        )
+    batch = 1
+    b = 1
+    while b < top:
+        b = min(2 * b, top)
+        if service(b) <= slo_s:
+            batch = b
+        else:
+            break
+    unit = min(
+        profiles.throughput(m, hw[m], batch) / pipeline.scale_factor(m) for m in pipeline.models
+    )
+    units = max(1, math.ceil(rate_qps / unit - 1e-9))
+    return {m: ModelConfig(hw[m], batch, units) for m in pipeline.models}
+
+
+def _plan_cg(
+    kind: Literal["mean", "peak"],
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    slo_s: float,
+    percentile: float,
+    catalog: HardwareCatalog,
+    estimator: EstimatorOptions,
+) -> Plan:
+    slo_s = as_float(slo_s, "slo_s", positive=True)
+    trace = np.ascontiguousarray(trace, dtype=np.float64)
+    rate = mean_rate(trace) if kind == "mean" else peak_rate(trace, slo_s)
+    configs = coarse_grained_configs(pipeline, profiles, slo_s, rate, catalog=catalog)
+    res = simulate(pipeline, configs, profiles, trace, options=estimator, catalog=catalog)
+    return Plan(
+        pipeline=pipeline.name,
+        slo_s=slo_s,
+        models=configs,
+        percentile=percentile,
+        cost_per_hour=float(sum(c.cost_per_hour(catalog) for c in configs.values())),
+        estimated_latency_s=res.percentile(percentile),
+        strategy=f"cg-{kind}",
+        tuner=tuner_inputs(pipeline, profiles, configs, trace),
+    )
+
+
+def plan_cg_mean(
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    slo_s: float,
+    *,
+    percentile: float = 99.0,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    options: PlannerOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> Plan:
+    """CG-Mean: the pipeline replicated as a unit for the trace's mean rate."""
+    est = (options or PlannerOptions()).estimator
+    return _plan_cg("mean", pipeline, profiles, trace, slo_s, percentile, catalog, est)
+
+
+def plan_cg_peak(
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    slo_s: float,
+    *,
+    percentile: float = 99.0,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    options: PlannerOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> Plan:
+    """CG-Peak: the pipeline replicated as a unit for the peak rate over SLO-long windows."""
+    est = (options or PlannerOptions()).estimator
+    return _plan_cg("peak", pipeline, profiles, trace, slo_s, percentile, catalog, est)
+
+
+PlanFn = Callable[..., Plan]
+
+STRATEGIES: Mapping[str, PlanFn] = {
+    "inferline": plan_inferline,
+    "cg-mean": plan_cg_mean,
+    "cg-peak": plan_cg_peak,
+}
+
+
+def make_plan(
+    strategy: str,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    slo_s: float,
+    *,
+    percentile: float = 99.0,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    options: PlannerOptions | None = None,
+    progress: ProgressFn | None = None,
+) -> Plan:
+    """Plan with a named strategy: ``inferline``, ``cg-mean`` or ``cg-peak``."""
+    try:
+        fn = STRATEGIES[strategy]
+    except KeyError:
+        raise NotFoundError("planning strategy", strategy, sorted(STRATEGIES)) from None
+    return fn(
+        pipeline,
+        profiles,
+        trace,
+        slo_s,
+        percentile=percentile,
+        catalog=catalog,
+        options=options,
+        progress=progress,
+    )
