@@ -1,0 +1,288 @@
+"""``inferline plan`` and ``inferline simulate``: choose a configuration, then check it.
+
+``plan`` runs a planning strategy (InferLine's planner or the CG-Mean / CG-Peak baselines) on a
+sample trace and writes a plan file. ``simulate`` runs the estimator on a plan and a trace and
+reports tail latency, SLO miss rate, cost and per-model utilization (``--json``: one object).
+
+Extending ``simulate`` (the tuner's ``--tuner`` and ``--timeline-plot``): add arguments in
+:func:`add_simulate_arguments`, build the controller in :func:`make_controller` and add any
+output in :func:`after_simulation`; each receives the :class:`SimulateContext`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inferline.cli import register
+from inferline.core import (
+    STRATEGIES,
+    Controller,
+    EstimatorOptions,
+    HardwareCatalog,
+    Pipeline,
+    Plan,
+    PlannerOptions,
+    PlanProgress,
+    Profiles,
+    SimResult,
+    ValidationError,
+    load_catalog,
+    load_pipeline,
+    load_plan,
+    load_profiles,
+    load_trace,
+    make_plan,
+    save,
+    simulate,
+)
+
+__all__ = [
+    "SimulateContext",
+    "add_simulate_arguments",
+    "after_simulation",
+    "make_controller",
+]
+
+log = logging.getLogger(__name__)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    pipeline = load_pipeline(args.pipeline)
+    profiles = load_profiles(args.profiles)
+    trace = load_trace(args.trace)
+    catalog = load_catalog(args.hardware)
+    options = PlannerOptions(
+        estimator=EstimatorOptions(seed=args.seed),
+        escape=not args.no_escape,
+    )
+    t0 = time.monotonic()
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("[bold]{task.fields[strategy]}[/] {task.description}"),
+        TimeElapsedColumn(),
+        console=_console(),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("starting", total=None, strategy=args.strategy)
+
+        def progress(p: PlanProgress) -> None:
+            bar.update(
+                task,
+                description=(
+                    f"{p.phase} step {p.iteration}: ${p.cost_per_hour:.3f}/h, "
+                    f"{p.simulations} simulations - {p.message}"
+                ),
+            )
+
+        plan = make_plan(
+            args.strategy,
+            pipeline,
+            profiles,
+            trace,
+            args.slo_s,
+            percentile=args.percentile,
+            catalog=catalog,
+            options=options,
+            progress=progress,
+        )
+    elapsed = time.monotonic() - t0
+    save(plan, args.output)
+    print(
+        f"wrote {plan.strategy} plan for {pipeline.name!r} to {args.output}: "
+        f"${plan.cost_per_hour:.4f}/h, estimated P{plan.percentile:g} "
+        f"{plan.estimated_latency_s:.4f} s (SLO {plan.slo_s:g} s), planned in {elapsed:.1f} s"
+    )
+    _print_configs(pipeline, plan, catalog)
+    return 0
+
+
+def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"plan ({plan.strategy})")
+    for col in ("model", "hardware", "max batch", "replicas", "$/h"):
+        t.add_column(col, justify="left" if col in ("model", "hardware") else "right")
+    for m in pipeline.models:
+        c = plan.config(m)
+        t.add_row(
+            m, c.hardware, str(c.max_batch_size), str(c.replicas), f"{c.cost_per_hour(catalog):.4f}"
+        )
+    Console().print(t)
+
+
+# ---------------------------------------------------------------- simulate
+
+
+@dataclass(frozen=True)
+class SimulateContext:
+    """Everything ``simulate`` loaded, for the extension hooks."""
+
+    pipeline: Pipeline
+    profiles: Profiles
+    plan: Plan
+    trace: np.ndarray
+    catalog: HardwareCatalog
+    options: EstimatorOptions
+
+
+def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``inferline simulate``; extensions add theirs here."""
+    p.add_argument("--pipeline", required=True, help="pipeline JSON (inferline.pipeline/1)")
+    p.add_argument("--profiles", required=True, help="profiles JSON (inferline.profiles/1)")
+    p.add_argument("--plan", required=True, help="plan JSON written by `inferline plan`")
+    p.add_argument("--trace", required=True, help="arrival trace (one time in seconds per line)")
+    p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
+    p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
+
+def make_controller(args: argparse.Namespace, ctx: SimulateContext) -> Controller | None:
+    """The controller (tuner) in the loop; none: the plan's replicas stay fixed."""
+    return None
+
+
+def after_simulation(args: argparse.Namespace, ctx: SimulateContext, result: SimResult) -> None:
+    """Extra outputs after a simulation (plots, files); nothing by default."""
+
+
+def _check_plan_matches(pipeline: Pipeline, plan: Plan) -> None:
+    missing = [m for m in pipeline.models if m not in plan.models]
+    if missing:
+        raise ValidationError(
+            "plan.models", f"a configuration for every model of {pipeline.name!r}", missing
+        )
+    extra = [m for m in plan.models if m not in pipeline.models]
+    if extra:
+        raise ValidationError("plan.models", f"only models of {pipeline.name!r}", extra)
+    if plan.pipeline != pipeline.name:
+        log.warning("plan was made for pipeline %r, simulating %r", plan.pipeline, pipeline.name)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    pipeline = load_pipeline(args.pipeline)
+    profiles = load_profiles(args.profiles)
+    plan = load_plan(args.plan)
+    trace = load_trace(args.trace)
+    catalog = load_catalog(args.hardware)
+    _check_plan_matches(pipeline, plan)
+    ctx = SimulateContext(
+        pipeline, profiles, plan, trace, catalog, EstimatorOptions(seed=args.seed)
+    )
+    controller = make_controller(args, ctx)
+    with _console().status(f"simulating {trace.size} queries through {pipeline.name!r}"):
+        result = simulate(
+            pipeline,
+            plan.models,
+            profiles,
+            trace,
+            options=ctx.options,
+            catalog=catalog,
+            controller=controller,
+        )
+    summary = result.summary(plan.slo_s, plan.percentile)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(ctx, summary)
+    after_simulation(args, ctx, result)
+    return 0
+
+
+def _print_summary(ctx: SimulateContext, summary: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    plan = ctx.plan
+    key = next(k for k in summary if k.startswith("latency_p"))
+    late = summary["slo_miss_rate"]
+    ok = summary[key] <= plan.slo_s
+    head = Table(title=f"{ctx.pipeline.name}: {summary['queries']} queries", show_header=False)
+    head.add_column("", justify="left")
+    head.add_column("", justify="right")
+    colour = "green" if ok else "red"
+    head.add_row(f"P{plan.percentile:g} latency", f"[{colour}]{summary[key]:.4f} s[/]")
+    head.add_row("SLO", f"{plan.slo_s:g} s")
+    head.add_row("SLO miss rate", f"{late * 100:.2f} %")
+    head.add_row("cost", f"${summary['cost_per_hour']:.4f}/h")
+    models = Table(title="per model")
+    for col in ("model", "hardware", "batch", "replicas", "utilization", "mean batch", "queue"):
+        models.add_column(col, justify="left" if col in ("model", "hardware") else "right")
+    for m in ctx.pipeline.models:
+        c = plan.config(m)
+        s = summary["models"][m]
+        models.add_row(
+            m,
+            c.hardware,
+            str(c.max_batch_size),
+            str(c.replicas),
+            f"{s['utilization'] * 100:.1f} %",
+            f"{s['mean_batch_size']:.2f}",
+            f"{s['mean_queue_delay_s'] * 1e3:.2f} ms",
+        )
+    console = Console()
+    console.print(head)
+    console.print(models)
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return v
+
+
+@register
+def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "plan",
+        help="choose hardware, batch size and replicas per model for an SLO",
+        description="Plan a pipeline for a latency SLO on a sample trace and write a plan file.",
+    )
+    p.add_argument("--pipeline", required=True, help="pipeline JSON (inferline.pipeline/1)")
+    p.add_argument("--profiles", required=True, help="profiles JSON (inferline.profiles/1)")
+    p.add_argument("--trace", required=True, help="sample arrival trace used for planning")
+    p.add_argument("--slo-s", type=_positive, required=True, help="latency objective, seconds")
+    p.add_argument("--percentile", type=float, default=99.0, help="tail percentile (default 99)")
+    p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
+    p.add_argument("--strategy", choices=sorted(STRATEGIES), default="inferline")
+    p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
+    p.add_argument(
+        "--no-escape",
+        action="store_true",
+        help="the paper's planner exactly (skip the search beyond its local optimum)",
+    )
+    p.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
+    p.set_defaults(func=_plan)
+
+    s = sub.add_parser(
+        "simulate",
+        help="estimate tail latency, SLO misses and cost of a plan on a trace",
+        description="Run the discrete-event estimator on a plan and a trace.",
+    )
+    add_simulate_arguments(s)
+    s.set_defaults(func=_simulate)

@@ -1,0 +1,189 @@
+"""``inferline plan`` / ``inferline simulate`` end to end (in process and once as a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferline.cli import main
+from inferline.core import (
+    ModelConfig,
+    Pipeline,
+    Plan,
+    Profiles,
+    gamma_trace,
+    load_plan,
+    save,
+    save_trace,
+    simulate,
+)
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> dict[str, Path]:
+    pipe = Pipeline("img", ("pre", "cls"), (("pre", "cls"),), {})
+    prof = Profiles.from_latencies(
+        {
+            "pre": {"cpu": {b: 0.004 * b for b in (1, 2, 4)}},
+            "cls": {
+                "gpu-v100": {b: 0.01 + 0.002 * b for b in (1, 2, 4, 8)},
+                "gpu-k80": {b: 0.02 + 0.006 * b for b in (1, 2, 4, 8)},
+            },
+        }
+    )
+    out = {
+        "pipeline": tmp_path / "pipe.json",
+        "profiles": tmp_path / "prof.json",
+        "trace": tmp_path / "plan.trace",
+        "eval": tmp_path / "eval.trace",
+        "plan": tmp_path / "plan.json",
+    }
+    save(pipe, out["pipeline"])
+    save(prof, out["profiles"])
+    save_trace(gamma_trace(80.0, 2.0, 20.0, np.random.default_rng(1)), out["trace"])
+    save_trace(gamma_trace(80.0, 2.0, 20.0, np.random.default_rng(2)), out["eval"])
+    return out
+
+
+def _plan_args(f: dict[str, Path], *extra: str) -> list[str]:
+    return [
+        "plan",
+        "--pipeline",
+        str(f["pipeline"]),
+        "--profiles",
+        str(f["profiles"]),
+        "--trace",
+        str(f["trace"]),
+        "-o",
+        str(f["plan"]),
+        *extra,
+    ]
+
+
+def _sim_args(f: dict[str, Path], *extra: str) -> list[str]:
+    return [
+        "simulate",
+        "--pipeline",
+        str(f["pipeline"]),
+        "--profiles",
+        str(f["profiles"]),
+        "--plan",
+        str(f["plan"]),
+        "--trace",
+        str(f["eval"]),
+        *extra,
+    ]
+
+
+def test_plan_then_simulate_json(files, capsys):
+    assert main(_plan_args(files, "--slo-s", "0.1")) == 0
+    out = capsys.readouterr().out
+    assert "wrote inferline plan" in out and "cls" in out
+    plan = load_plan(files["plan"])
+    assert plan.strategy == "inferline" and plan.slo_s == 0.1 and plan.tuner is not None
+    assert plan.estimated_latency_s <= 0.1
+
+    assert main(_sim_args(files, "--json")) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    assert len(lines) == 1  # exactly one JSON object
+    d = json.loads(lines[0])
+    assert set(d) == {"latency_p99_s", "slo_miss_rate", "cost_per_hour", "queries", "models"}
+    assert set(d["models"]) == {"pre", "cls"}
+    assert 0.0 <= d["models"]["cls"]["utilization"] <= 1.0
+    assert d["cost_per_hour"] == pytest.approx(plan.cost_per_hour)
+    # the same numbers as the library call
+    from inferline.core import load_pipeline, load_profiles, load_trace
+
+    res = simulate(
+        load_pipeline(files["pipeline"]),
+        plan.models,
+        load_profiles(files["profiles"]),
+        load_trace(files["eval"]),
+    )
+    assert d["latency_p99_s"] == pytest.approx(res.percentile(99))
+    assert d["queries"] == res.latencies_s.size
+
+
+def test_simulate_table_and_percentile_key(files, capsys):
+    assert main(_plan_args(files, "--slo-s", "0.15", "--percentile", "95")) == 0
+    capsys.readouterr()
+    assert main(_sim_args(files)) == 0
+    out = capsys.readouterr().out
+    assert "P95 latency" in out and "SLO miss rate" in out and "utilization" in out
+    assert main(_sim_args(files, "--json")) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert "latency_p95_s" in d
+
+
+@pytest.mark.parametrize("strategy", ["cg-mean", "cg-peak"])
+def test_baseline_strategies(files, capsys, strategy):
+    assert main(_plan_args(files, "--slo-s", "0.1", "--strategy", strategy)) == 0
+    plan = load_plan(files["plan"])
+    assert plan.strategy == strategy
+    reps = {c.replicas for c in plan.models.values()}
+    assert len(reps) == 1  # the pipeline is replicated as one unit
+
+
+def test_hardware_catalog_override(files, tmp_path, capsys):
+    cat = tmp_path / "hw.json"
+    # a free K80 makes the K80 the obvious choice for the classifier
+    cat.write_text(
+        json.dumps(
+            {
+                "format": "inferline.hardware/1",
+                "hardware": {"gpu-k80": {"kind": "gpu", "cost_per_hour": 0.0}},
+            }
+        )
+    )
+    assert main(_plan_args(files, "--slo-s", "0.2", "--hardware", str(cat))) == 0
+    plan = load_plan(files["plan"])
+    assert plan.models["cls"].hardware == "gpu-k80"
+
+
+def test_infeasible_slo_is_one_line_error(files, capsys):
+    assert main(_plan_args(files, "--slo-s", "0.005")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("inferline: error:") and "infeasible" in err[0]
+    assert not files["plan"].exists()
+
+
+def test_plan_for_another_pipeline_is_rejected(files, capsys):
+    other = Plan("x", 0.1, {"pre": ModelConfig("cpu", 1, 1)})
+    save(other, files["plan"])
+    assert main(_sim_args(files, "--json")) == 2
+    err = capsys.readouterr().err
+    assert "plan.models" in err and "cls" in err
+
+
+def test_bad_arguments_exit_nonzero(files, capsys):
+    with pytest.raises(SystemExit) as ei:
+        main(_plan_args(files, "--slo-s", "-1"))
+    assert ei.value.code != 0
+    with pytest.raises(SystemExit):
+        main(_plan_args(files, "--slo-s", "0.1", "--strategy", "magic"))
+
+
+def test_subprocess_round_trip(files):
+    run = subprocess.run(
+        [sys.executable, "-m", "inferline", *_plan_args(files, "--slo-s", "0.1")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "inferline", *_sim_args(files, "--json", "--seed", "3")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    d = json.loads(run.stdout)
+    assert d["latency_p99_s"] > 0 and d["queries"] > 1000
