@@ -1,13 +1,15 @@
 """Backend adapters and the plugin host (pluggy, entry-point group ``inferline``)."""
 
 from ._host import DISABLED_ENV, ENTRYPOINT_GROUP, PluginHost
-from .hookspecs import BackendFactory, hookimpl, hookspec
+from .hookspecs import HOOK_NAMES, BackendFactory, PolicyFactory, hookimpl, hookspec
 
 __all__ = [
     "DISABLED_ENV",
     "ENTRYPOINT_GROUP",
+    "HOOK_NAMES",
     "BackendFactory",
     "PluginHost",
+    "PolicyFactory",
     "hookimpl",
     "hookspec",
 ]

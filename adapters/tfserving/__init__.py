@@ -1,1 +1,36 @@
-"""inferline subsystem."""
+"""TensorFlow Serving adapter (``tfserving://host:8501`` over REST, ``tfserving+grpc://host:8500``).
+
+``TFServingBackend`` implements ``inferline.core.Backend`` over TF Serving's REST API
+(``requests``) and gRPC API (the ``tensorflow-serving-api`` stubs, optional): predict with
+preformed batches, model status and metadata, model management through
+``ModelService/HandleReloadConfigRequest`` (carrying the models it does not change), one replica
+per server endpoint (given, or launched from a ``tensorflow_model_server`` binary).
+"""
+
+from ._backend import SCHEMES, Endpoint, TFServingBackend, TFServingReplica, find_model_server
+from ._client import (
+    TFServingClient,
+    TFServingConnectionError,
+    TFServingFailure,
+    TFServingInvalidArgument,
+    TFServingNotFound,
+)
+from ._config import ServedModel, format_text, parse_text
+from ._protos import available as grpc_available
+
+__all__ = [
+    "SCHEMES",
+    "Endpoint",
+    "ServedModel",
+    "TFServingBackend",
+    "TFServingClient",
+    "TFServingConnectionError",
+    "TFServingFailure",
+    "TFServingInvalidArgument",
+    "TFServingNotFound",
+    "TFServingReplica",
+    "find_model_server",
+    "format_text",
+    "grpc_available",
+    "parse_text",
+]
