@@ -132,6 +132,7 @@ async def serve_forever(
     token: str | None,
     max_body_bytes: int,
     ready_file: str | None,
+    tuner: str = "inferline",
 ) -> None:
     from ._admin import make_admin_router
     from ._app import bind_socket, create_app, serve_app
@@ -144,6 +145,11 @@ async def serve_forever(
     except BaseException:
         sock.close()
         raise
+    # The tuner (InferLine §5) keeps the plan's SLO as traffic departs from the planning trace.
+    if tuner != "none" and plan is not None and plan.tuner is not None:
+        from ._tuning import start_live_tuner
+
+        await start_live_tuner(svc, plan)
     routers: list[Any] = [make_admin_router]
     for path in dep.routers:
         routers.append(import_object(path, "routers[]"))
@@ -190,6 +196,7 @@ def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             token=token,
             max_body_bytes=args.max_body_bytes,
             ready_file=args.ready_file,
+            tuner=getattr(args, "tuner", "inferline"),
         )
     )
     return 0
@@ -235,6 +242,12 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit")
     p.add_argument("--ready-file", default=None, help="write {url, pid} here once serving")
+    p.add_argument(
+        "--tuner",
+        choices=("inferline", "none"),
+        default="inferline",
+        help="scale replicas as traffic changes (needs a plan with tuner inputs)",
+    )
 
 
 # ---------------------------------------------------------------- replay

@@ -1,0 +1,290 @@
+"""The tuner running live: fed by the frontend's arrival times, scaling through the backend.
+
+Wiring only; the decision rule is :class:`inferline.core.TunerPolicy` (pure). Every
+``interval_s`` the loop hands the arrivals recorded since the previous tick to the online
+envelope, asks the policy, and, on a decision, logs it, exports it to ``/metrics`` and applies
+the new counts with ``backend.scale()`` in a background task (starting a replica takes time;
+the loop keeps watching meanwhile and a newer target for a model replaces an older one that
+has not been applied yet).
+
+Arrivals are recorded by wrapping each app's handler (the instant a query enters its
+pipeline), so nothing in the frontend's hot path changes when no tuner runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from inferline.core import InferlineError, Plan, Tuner, TunerConfig, TunerDecision, TunerPolicy
+
+__all__ = ["AppliedDecision", "LiveTuner", "start_live_tuner"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppliedDecision:
+    """A decision and when (tuner clock) its ``scale()`` calls started and returned."""
+
+    decision: TunerDecision
+    started_s: float
+    finished_s: float
+    error: str | None = None
+
+
+class LiveTuner:
+    """Runs a :class:`~inferline.core.Tuner` against a live backend.
+
+    ``clock`` is the only time source (arrival stamps and ticks use it); the loop sleeps on
+    the event loop between ticks.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        plan: Plan,
+        config: TunerConfig = TunerConfig(),  # noqa: B008 (frozen)
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        registry: Any = None,
+    ) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.config = config
+        self._clock = clock
+        self.policy = TunerPolicy.from_plan(plan, config)
+        self.tuner = Tuner(self.policy, start_s=clock())
+        self._arrivals: list[float] = []
+        self._targets: dict[str, int] = {}
+        self._pending_decision: TunerDecision | None = None
+        self._applier: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.applied: list[AppliedDecision] = []
+        self._metrics = _TunerMetrics(self, registry) if registry is not None else None
+
+    # -- feeding ---------------------------------------------------------------------------
+    def record(self, t: float | None = None) -> None:
+        """One pipeline arrival (now, by the tuner's clock, unless ``t`` is given)."""
+        self._arrivals.append(self._clock() if t is None else t)
+
+    def attach(self, service: Any, apps: Iterable[str] | None = None) -> None:
+        """Record an arrival whenever a query enters one of ``apps`` (default: all) of a
+        ``Service``, export to its metrics registry, and stop with it."""
+        names = list(service.apps) if apps is None else list(apps)
+        for name in names:
+            app = service.app(name)
+            app.handler = _recording(app.handler, self.record)
+        if self._metrics is None and getattr(service, "metrics", None) is not None:
+            self._metrics = _TunerMetrics(self, service.metrics.registry)
+        service.on_close(self.stop)
+
+    # -- the loop --------------------------------------------------------------------------
+    def start(self) -> asyncio.Task[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        return self._task
+
+    async def stop(self) -> None:
+        for t in (self._task, self._applier):
+            if t is not None and not t.done():
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        self._task = self._applier = None
+
+    @property
+    def decisions(self) -> list[TunerDecision]:
+        return self.tuner.decisions
+
+    @property
+    def replicas(self) -> dict[str, int]:
+        """The counts the tuner wants now (applied or being applied)."""
+        return self.tuner.replicas
+
+    def tick(self, now_s: float | None = None) -> TunerDecision | None:
+        """One step: ingest the recorded arrivals, decide, start applying. The loop calls it
+        every ``interval_s``; tests may call it directly."""
+        now = self._clock() if now_s is None else now_s
+        batch, self._arrivals = self._arrivals, []
+        if batch:
+            self.tuner.record(np.sort(np.asarray(batch, dtype=np.float64)))
+        d = self.tuner.tick(now)
+        if d is not None:
+            log.info("tuner %s at %.3f s: %s", d.action, d.time_s, d.reason, extra={"decision": d})
+            if self._metrics is not None:
+                self._metrics.decided(d)
+            self._apply(d)
+        return d
+
+    async def _loop(self) -> None:
+        interval = self.config.interval_s
+        nxt = self._clock()
+        while True:
+            nxt += interval
+            await asyncio.sleep(max(0.0, nxt - self._clock()))
+            try:
+                self.tick()
+            except InferlineError:
+                log.exception("tuner tick failed")
+            if self._clock() - nxt > 10 * interval:
+                nxt = self._clock()  # fell far behind (suspended loop): do not burst ticks
+
+    # -- applying --------------------------------------------------------------------------
+    def _apply(self, d: TunerDecision) -> None:
+        prev = {m: n for m, n in self._targets.items()}
+        changed = {m: n for m, n in d.replicas.items() if prev.get(m) != n}
+        self._targets.update(changed)
+        self._pending_decision = d
+        if self._applier is None or self._applier.done():
+            self._applier = asyncio.get_running_loop().create_task(self._apply_loop())
+
+    async def _apply_loop(self) -> None:
+        while self._targets:
+            d = self._pending_decision
+            assert d is not None
+            targets, self._targets = self._targets, {}
+            t0 = self._clock()
+            results = await asyncio.gather(
+                *(self.backend.scale(m, n) for m, n in targets.items()), return_exceptions=True
+            )
+            errors = [
+                f"{m}: {r}"
+                for m, r in zip(targets, results, strict=True)
+                if isinstance(r, Exception)
+            ]
+            err = "; ".join(errors) or None
+            if err:
+                log.error("tuner could not apply %s: %s", d.replicas, err)
+            self.applied.append(AppliedDecision(d, t0, self._clock(), err))
+            if self._metrics is not None:
+                self._metrics.applied(err is None)
+
+
+def _recording(handler: Any, record: Callable[[], None]) -> Any:
+    async def handler_recording_arrivals(x: Any, slo: float) -> Any:
+        record()
+        return await handler(x, slo)
+
+    return handler_recording_arrivals
+
+
+async def start_live_tuner(
+    service: Any,
+    plan: Plan,
+    config: TunerConfig = TunerConfig(),  # noqa: B008 (frozen)
+    *,
+    apps: Iterable[str] | None = None,
+) -> LiveTuner:
+    """Attach a running tuner to a started ``Service`` (``inferline serve`` does this)."""
+    tuner = LiveTuner(
+        service.backend, plan, config, clock=getattr(service, "_clock", time.perf_counter)
+    )
+    tuner.attach(service, apps)
+    tuner.start()
+    log.info(
+        "tuner started: windows %s s, planned arrivals %s, stabilization %.0f s",
+        [round(w, 3) for w in tuner.policy.windows],
+        [n for _, n in plan.tuner.envelope] if plan.tuner else [],
+        config.stabilization_delay_s,
+    )
+    return tuner
+
+
+class _TunerMetrics:
+    """Decisions as Prometheus series in the service's registry; the current envelope is read
+    at scrape time."""
+
+    def __init__(self, live: LiveTuner, registry: Any) -> None:
+        from prometheus_client import Counter, Gauge, Info
+        from prometheus_client.registry import Collector
+
+        self._decisions = Counter(
+            "inferline_tuner_decisions",
+            "Tuner scaling decisions, by action",
+            ["action"],
+            registry=registry,
+        )
+        self._applied = Counter(
+            "inferline_tuner_applied",
+            "Tuner decisions applied through backend.scale(), by result",
+            ["result"],
+            registry=registry,
+        )
+        self._target = Gauge(
+            "inferline_tuner_target_replicas",
+            "Replicas the tuner wants per model",
+            ["model"],
+            registry=registry,
+        )
+        self._rate = Gauge(
+            "inferline_tuner_last_rate_qps",
+            "Arrival rate the last decision provisioned for",
+            registry=registry,
+        )
+        self._window = Gauge(
+            "inferline_tuner_last_window_seconds",
+            "Window whose count drove the last decision",
+            registry=registry,
+        )
+        self._last = Info(
+            "inferline_tuner_last_decision", "The last tuner decision", registry=registry
+        )
+        for m, n in live.replicas.items():
+            self._target.labels(m).set(n)
+
+        class _Envelope(Collector):
+            def collect(self) -> Iterator[Any]:
+                from prometheus_client.core import GaugeMetricFamily
+
+                cur = GaugeMetricFamily(
+                    "inferline_tuner_envelope_arrivals",
+                    "Arrivals in the last window of each size (current traffic envelope)",
+                    labels=["window_s"],
+                )
+                plan = GaugeMetricFamily(
+                    "inferline_tuner_planned_arrivals",
+                    "Most arrivals in a window of each size in the planning trace",
+                    labels=["window_s"],
+                )
+                env = live.tuner.envelope
+                now = live._clock()
+                counts = env.counts_at(now)
+                # arrivals recorded since the last tick are not in the envelope yet
+                pending = np.asarray(live._arrivals, dtype=np.float64)
+                planned: Mapping[float, int] = dict(live.policy.inputs.envelope)
+                for w, n in zip(env.windows, counts, strict=True):
+                    n += int(np.count_nonzero(pending > now - w))
+                    cur.add_metric([f"{w:g}"], float(n))
+                    if w in planned:
+                        plan.add_metric([f"{w:g}"], float(planned[w]))
+                yield cur
+                yield plan
+
+        registry.register(_Envelope())
+
+    def decided(self, d: TunerDecision) -> None:
+        self._decisions.labels(d.action).inc()
+        for m, n in d.replicas.items():
+            self._target.labels(m).set(n)
+        self._rate.set(d.rate_qps)
+        self._window.set(d.window_s)
+        self._last.info(
+            {
+                "action": d.action,
+                "time_s": f"{d.time_s:.3f}",
+                "window_s": f"{d.window_s:g}",
+                "rate_qps": f"{d.rate_qps:.1f}",
+                "reason": d.reason,
+            }
+        )
+
+    def applied(self, ok: bool) -> None:
+        self._applied.labels("ok" if ok else "error").inc()

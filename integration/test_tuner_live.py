@@ -1,0 +1,151 @@
+"""The tuner live on the bundled runtime: a burst is detected, replicas are added through
+``backend.scale()``, the SLO recovers, and replicas go away after the stabilization delay."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from inferline._deploy import Deployment, start_service
+from inferline._tuning import start_live_tuner
+from inferline.core import (
+    ModelConfig,
+    Plan,
+    TunerConfig,
+    TunerInputs,
+    TunerModel,
+    envelope_windows,
+    gamma_trace,
+    trace_envelope,
+)
+from inferline.demo.simple import sleep_deployment
+
+pytestmark = pytest.mark.integration
+
+BATCH_S = 0.02  # one query per batch, 20 ms: 50 q/s per replica
+PLANNED_QPS = 15.0
+BURST_QPS = 90.0  # 6x the plan, nearly 2x what the planned replica can serve
+SLO_S = 0.25
+
+
+def _plan() -> Plan:
+    windows = envelope_windows(BATCH_S)
+    sample = gamma_trace(PLANNED_QPS, 1.0, 120.0, np.random.default_rng(0))
+    mu = 1.0 / BATCH_S
+    inputs = TunerInputs(
+        service_time_s=BATCH_S,
+        envelope=trace_envelope(sample, windows).points,
+        mean_rate_qps=PLANNED_QPS,
+        models={"m": TunerModel(1.0, mu, PLANNED_QPS / mu)},  # rho 0.3
+    )
+    return Plan("sleep", SLO_S, {"m": ModelConfig("cpu", 1, 1)}, tuner=inputs)
+
+
+def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
+    dep = Deployment.from_dict(sleep_deployment(base_s=BATCH_S, slo_ms=SLO_S * 1e3))
+    plan = _plan()
+    # Short horizons so the test takes seconds: stabilization 3 s, 2 s scale-down memory.
+    cfg = TunerConfig(
+        stabilization_delay_s=3.0,
+        down_horizon_s=2.0,
+        down_window_s=0.5,
+        keep_horizon_s=2.0,
+        interval_s=0.05,
+        up_rate="scaled",
+    )
+    rng = np.random.default_rng(1)
+    calm1 = gamma_trace(PLANNED_QPS, 1.0, 3.0, rng)
+    burst = gamma_trace(BURST_QPS, 1.0, 6.0, rng, start_s=3.0)
+    calm2 = gamma_trace(PLANNED_QPS / 3, 1.0, 6.0, rng, start_s=9.0)
+    offsets = np.concatenate([calm1, burst, calm2])
+
+    async def main():
+        svc = await start_service(dep, plan)
+        try:
+            tuner = await start_live_tuner(svc, plan, cfg)
+            replicas_seen: list[tuple[float, int]] = []
+            t0 = time.perf_counter()
+            results: list[tuple[float, float]] = []
+
+            async def one(at: float) -> None:
+                start = time.perf_counter()
+                p = await svc.predict("app", np.asarray([at], dtype=np.float32))
+                results.append((start - t0, p.latency_s))
+
+            async def watch() -> None:
+                while True:
+                    replicas_seen.append((time.perf_counter() - t0, len(svc.backend.replicas("m"))))
+                    await asyncio.sleep(0.05)
+
+            watcher = asyncio.create_task(watch())
+            tasks = []
+            for at in offsets:
+                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+                tasks.append(asyncio.create_task(one(float(at))))
+            await asyncio.gather(*tasks)
+            # Quiet tail: each scale-down step waits for the stabilization delay (3 s).
+            deadline = time.perf_counter() + 20.0
+            while time.perf_counter() < deadline and (
+                tuner.replicas != {"m": 1} or len(svc.backend.replicas("m")) != 1
+            ):
+                await asyncio.sleep(0.1)
+            watcher.cancel()
+            metrics = svc.metrics.render().decode()
+            return tuner, t0, results, replicas_seen, metrics
+        finally:
+            await svc.close()
+
+    tuner, t0, results, seen, metrics = asyncio.run(main())
+    ups = [d for d in tuner.decisions if d.action == "up"]
+    downs = [d for d in tuner.decisions if d.action == "down"]
+    timeline = [(round(d.time_s - t0, 2), d.action, dict(d.replicas)) for d in tuner.decisions]
+    applied = [(round(a.started_s - t0, 2), round(a.finished_s - t0, 2)) for a in tuner.applied]
+    print("decisions", timeline, "applied", applied)
+    # 1. the burst (starting at 3 s) is detected during the burst
+    assert ups, timeline
+    assert 3.0 < ups[0].time_s - t0 < 5.0, timeline
+    # 2. the scale() call starts within a second of the decision and the replicas arrive
+    first = next(a for a in tuner.applied if a.decision is ups[0])
+    assert first.error is None and first.started_s - ups[0].time_s < 1.0
+    assert max(n for _, n in seen) >= 2
+    # 3. the SLO recovers: once three replicas (150 q/s for a 90 q/s burst) serve, the backlog
+    # drains within a second and the rest of the burst meets the SLO
+    ready = next(t for t, n in seen if n >= 3)
+    print("three replicas serving at", round(ready, 2), "s; burst from 3.0 to 9.0 s")
+    assert ready < 6.5
+    lat = np.array([lat for at, lat in results if ready + 1.0 <= at < 9.0])
+    assert lat.size > 100 and float(np.mean(lat <= SLO_S)) >= 0.95, np.percentile(lat, 99)
+    # 4. replicas are removed only after the stabilization delay since the last change
+    assert downs, timeline
+    last_up = ups[-1].time_s
+    assert downs[0].time_s - last_up >= cfg.stabilization_delay_s - 1e-9
+    assert tuner.replicas == {"m": 1}
+    assert seen[-1][1] == 1
+    # 5. decisions are exported
+    assert 'inferline_tuner_decisions_total{action="up"}' in metrics
+    assert 'inferline_tuner_decisions_total{action="down"}' in metrics
+    assert "inferline_tuner_last_decision_info" in metrics
+    assert 'inferline_tuner_planned_arrivals{window_s="0.02"}' in metrics
+
+
+def test_inferline_serve_runs_the_tuner(tmp_path):
+    import json
+
+    import httpx
+
+    from inferline._server_proc import ServerProcess
+
+    (tmp_path / "d.json").write_text(json.dumps(sleep_deployment(base_s=BATCH_S)))
+    (tmp_path / "p.json").write_text(json.dumps(_plan().to_dict()))
+    with ServerProcess(tmp_path / "d.json", tmp_path / "p.json", log_path=tmp_path / "log") as srv:
+        for i in range(20):
+            r = httpx.post(f"{srv.url}/apps/app/predict", json={"input": [float(i)]}, timeout=10)
+            assert r.status_code == 200, r.text
+        text = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    assert 'inferline_tuner_planned_arrivals{window_s="60"}' in text
+    # 20 arrivals are in the last 60 s window (the current envelope is read at scrape time)
+    assert 'inferline_tuner_envelope_arrivals{window_s="60"} 20.0' in text
+    assert "tuner started" in (tmp_path / "log").read_text()
