@@ -51,6 +51,7 @@ __all__ = [
     "bind_socket",
     "create_app",
     "error_body",
+    "handle_predict",
     "run_loop",
     "run_server",
     "serve_app",
@@ -124,12 +125,22 @@ class _BodyTooLarge(Exception):
 
 
 class _Guard:
-    """Bearer token and body size limit, for every HTTP route (mounted routers included)."""
+    """Bearer token and body size limit, for every HTTP route (mounted routers included).
 
-    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+    It also answers ``POST /apps/{app}/predict`` itself, straight at the ASGI level: that one
+    route is the data path, and FastAPI's per-request routing and dependency machinery would
+    cost more CPU than the rest of the frontend together. The FastAPI route of the same path
+    (same ``handle_predict``) documents it in the OpenAPI schema and serves it when the guard
+    is bypassed.
+    """
+
+    def __init__(
+        self, app: ASGIApp, token: str | None, max_body_bytes: int, service: Service | None = None
+    ) -> None:
         self.app = app
         self.token = token.encode() if token else None
         self.limit = max_body_bytes
+        self.service = service
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -167,6 +178,13 @@ class _Guard:
             if n > self.limit:
                 await _send_plain(send, 413, _too_large(self.limit))
                 return
+            if self.service is not None and scope["method"] == "POST":
+                path: str = scope["path"]
+                if path.startswith("/apps/") and path.endswith("/predict"):
+                    name = path[6:-8]
+                    if name and "/" not in name:
+                        await self._predict(name, receive, send)
+                        return
             await self.app(scope, receive, send)
             return
         # No length given (chunked): count as the body arrives.
@@ -183,6 +201,33 @@ class _Guard:
             return msg
 
         await self.app(scope, counting_receive, send)
+
+    async def _predict(self, name: str, receive: Receive, send: Send) -> None:
+        assert self.service is not None
+        chunks = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            body = msg.get("body", b"")
+            size += len(body)
+            if size > self.limit:  # a client that sent more than its Content-Length said
+                await _send_plain(send, 413, _too_large(self.limit))
+                return
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                break
+        raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        status, data, extra = await handle_predict(self.service, name, raw)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(data)).encode()),
+        ]
+        if extra:
+            headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
 
 
 def _too_large(limit: int) -> dict[str, Any]:
@@ -307,6 +352,43 @@ class _Malformed(InferlineError):
     pass
 
 
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+
+
+async def handle_predict(
+    service: Service, app_name: str, raw: bytes
+) -> tuple[int, bytes, dict[str, str] | None]:
+    """One predict request, start to end: ``(status, JSON body, extra headers)``. Never raises
+    for a bad request or a failed query: those become 4xx/5xx answers."""
+    if service.closing:
+        return 503, _dumps({"detail": "server is shutting down", "error": "Unavailable"}), None
+    try:
+        try:
+            app_, inputs, slo_s, is_batch = _parse_request(service, app_name, raw)
+        except InferlineError:
+            service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
+            raise
+        if not is_batch:
+            pred = await service.predict(app_.name, inputs[0], slo_s)
+            return 200, _dumps(pred.to_json()), None
+        results = await asyncio.gather(
+            *(service.predict(app_.name, x, slo_s) for x in inputs), return_exceptions=True
+        )
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, InferlineError):
+                raise r
+        return 200, _dumps({"results": [_batch_item(r) for r in results]}), None
+    except _Malformed as e:
+        return 400, _dumps({"detail": str(e), "error": "MalformedJSON"}), None
+    except InferlineError as e:
+        status = status_for(e)
+        return status, _dumps(error_body(e)), {"Retry-After": "1"} if status == 503 else None
+    except Exception as e:  # a bug in a pipeline: answer it, log it, keep serving
+        log.exception("app %r failed", app_name)
+        return 500, _dumps({"detail": f"{type(e).__name__}: {e}", "error": "InternalError"}), None
+
+
 def _batch_item(r: Prediction | BaseException) -> dict[str, Any]:
     if isinstance(r, Prediction):
         return r.to_json()
@@ -385,29 +467,8 @@ def create_app(
         },
     )
     async def predict(app_name: str, request: Request) -> Response:
-        if service.closing:
-            return _json_response(
-                503, {"detail": "server is shutting down", "error": "Unavailable"}
-            )
-        raw = await request.body()
-        try:
-            app_, inputs, slo_s, is_batch = _parse_request(service, app_name, raw)
-        except InferlineError as e:
-            service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
-            raise e
-        if not is_batch:
-            try:
-                pred = await service.predict(app_.name, inputs[0], slo_s)
-            except InferlineError as e:
-                return _error_response(e)
-            return _json_response(200, pred.to_json())
-        results = await asyncio.gather(
-            *(service.predict(app_.name, x, slo_s) for x in inputs), return_exceptions=True
-        )
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, InferlineError):
-                raise r
-        return _json_response(200, {"results": [_batch_item(r) for r in results]})
+        status, data, headers = await handle_predict(service, app_name, await request.body())
+        return Response(data, status_code=status, media_type=_JSON, headers=headers)
 
     @app.get("/apps", summary="List applications")
     async def list_apps() -> dict[str, Any]:
@@ -436,7 +497,7 @@ def create_app(
     for r in routers:
         app.include_router(r if isinstance(r, APIRouter) else r(service))
 
-    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes)
+    app.add_middleware(_Guard, token=token, max_body_bytes=max_body_bytes, service=service)
     return app
 
 
@@ -473,6 +534,10 @@ async def serve_app(
         timeout_keep_alive=30,
         backlog=2048,
         lifespan="on",
+        # Behind no proxy by default (binds 127.0.0.1); skipping these saves per-request work.
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
     )
     server = uvicorn.Server(config)
 

@@ -1,0 +1,241 @@
+"""Data-path figures of the HTTP frontend, with a no-op model.
+
+* HTTP throughput: the most queries/s the frontend answers (closed loop, several client
+  concurrencies; the best is reported). Target: at least 3,000 q/s.
+* Added latency: P50/P99 of the full HTTP round trip at half that throughput, open loop
+  (the replay client, fired at a gamma trace with CV 1). Target: P99 at most 2 ms.
+* The same two figures through the bundled runtime's no-op replica over gRPC (``local://``)
+  with batching, for reference: that adds the RPC hop a real model pays.
+* The in-process queue's throughput: ``benchmarks/queue_throughput.py --quick`` when present.
+
+The server runs in its own process (``--serve MODE``); the client in this one. On the 2-core
+machine the two share the cores with everything else running, so figures are noisy: each is
+the best or median of a few runs, as stated in the table.
+
+    .venv/bin/python benchmarks/frontend.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+# ---------------------------------------------------------------- server side
+
+
+def serve(mode: str, port_file: str) -> None:
+    """Serve app ``noop`` in this process: an in-process no-op replica behind the queue
+    (``inproc``), or a ``local://`` no-op replica process (``local``)."""
+    from inferline._app import bind_socket, create_app, run_loop, serve_app
+    from inferline._service import App, Service
+    from inferline.core import ModelConfig, ModelSpec
+    from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
+
+    async def main() -> None:
+        d = Dispatcher()
+        d.add_model("noop", batching=FixedBatching(32), max_queue=100_000)
+        backend = None
+        if mode == "inproc":
+            d.set_replicas("noop", [InProcessReplica("noop", NoOpModel(), service_s=0.0)])
+        else:
+            from inferline.adapters.local import LocalBackend
+
+            backend = LocalBackend(oversubscribe=True)
+            await backend.deploy(
+                ModelSpec("noop", "inferline.adapters.local.examples:noop"),
+                ModelConfig("cpu", 32, 1),
+            )
+            d.attach(backend)
+
+        async def pipeline(x, ctx):
+            return await ctx.predict("noop", x)
+
+        svc = Service(
+            [App.from_pipeline("noop", pipeline, d, 1.0)],
+            dispatcher=d,
+            backend=backend,
+            models=["noop"],
+        )
+        sock = bind_socket("127.0.0.1", 0)
+
+        def ready() -> None:
+            tmp = port_file + ".tmp"
+            Path(tmp).write_text(str(sock.getsockname()[1]))
+            os.replace(tmp, port_file)
+
+        await serve_app(create_app(svc), sock, ready=ready)
+
+    run_loop(main())
+
+
+class Server:
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self.tmp = tempfile.TemporaryDirectory()
+        self.port_file = os.path.join(self.tmp.name, "port")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def __enter__(self) -> str:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve", self.mode, "--port-file", self.port_file],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"benchmark server ({self.mode}) did not start")
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{Path(self.port_file).read_text()}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.tmp.cleanup()
+
+
+# ---------------------------------------------------------------- client side
+
+
+def measure(url: str, server_pid: int, quick: bool) -> dict[str, float]:
+    import psutil
+
+    from inferline._app import run_loop
+    from inferline._replay import closed_loop, encode_bodies, replay
+
+    bodies = encode_bodies([[0.5] * 8, [1.0] * 8, [0.0] * 8])
+    dur = 2.0 if quick else 4.0
+    proc = psutil.Process(server_pid)
+
+    def cpu() -> float:
+        t = proc.cpu_times()
+        return t.user + t.system
+
+    async def main() -> dict[str, float]:
+        # warm up (imports, connections, first requests)
+        await closed_loop(url, "noop", bodies, concurrency=8, duration_s=0.5)
+        scan = []
+        for conc in (8, 16, 32):
+            r = await closed_loop(url, "noop", bodies, concurrency=conc, duration_s=dur / 2)
+            scan.append((r["qps"] * r["ok_fraction"], conc))
+        conc = max(scan)[1]
+        runs = []
+        answered = 0.0
+        c0 = cpu()
+        for _ in range(3):
+            r = await closed_loop(url, "noop", bodies, concurrency=conc, duration_s=dur)
+            runs.append(r["qps"] * r["ok_fraction"])
+            answered += r["answered"]
+        cpu_us = (cpu() - c0) / answered * 1e6
+        qps = float(np.median(runs))
+        rate = qps / 2
+        trace = np.cumsum(np.random.default_rng(0).exponential(1.0 / rate, int(rate * dur * 2)))
+        half = await replay(trace, url, "noop", bodies, connections=64)
+        return {
+            "throughput_qps": qps,
+            "throughput_runs": runs,
+            "concurrency": float(conc),
+            "server_cpu_us_per_query": cpu_us,
+            "half_rate_qps": rate,
+            "p50_ms": half.percentile(50) * 1e3,
+            "p99_ms": half.percentile(99) * 1e3,
+            "errors": float((half.status != 200).sum()),
+            "send_lag_p99_ms": float(np.percentile(half.send_lag_s, 99)) * 1e3,
+        }
+
+    return run_loop(main())  # type: ignore[no-any-return]
+
+
+def queue_figures(quick: bool) -> str:
+    script = HERE / "queue_throughput.py"
+    if not script.exists():
+        return "benchmarks/queue_throughput.py not present: in-process queue figure not measured"
+    r = subprocess.run(
+        [sys.executable, str(script), *(["--quick"] if quick else [])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return (
+        r.stdout.strip() if r.returncode == 0 else f"queue_throughput.py failed: {r.stderr[-500:]}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--serve", choices=["inproc", "local"], help=argparse.SUPPRESS)
+    ap.add_argument("--port-file", help=argparse.SUPPRESS)
+    ap.add_argument("--json", default=None, help="also write the figures here")
+    args = ap.parse_args()
+    if args.serve:
+        serve(args.serve, args.port_file)
+        return 0
+    results = {}
+    import os as _os
+
+    load = _os.getloadavg()[0]
+    for mode in ("inproc", "local"):
+        srv = Server(mode)
+        with srv as url:
+            results[mode] = measure(url, srv.pid, args.quick)
+    print()
+    print("HTTP frontend, no-op model (server and client are separate processes on this machine)")
+    print(
+        f"{'path':<44}{'max q/s':>9}{'CPU us/q':>9}{'at q/s':>8}{'P50 ms':>8}{'P99 ms':>8}"
+        f"{'errors':>7}"
+    )
+    names = {
+        "inproc": "HTTP + queue + in-process no-op replica",
+        "local": "HTTP + queue + local:// no-op replica (gRPC)",
+    }
+    for mode, r in results.items():
+        print(
+            f"{names[mode]:<44}{r['throughput_qps']:>9.0f}{r['server_cpu_us_per_query']:>9.0f}"
+            f"{r['half_rate_qps']:>8.0f}{r['p50_ms']:>8.2f}{r['p99_ms']:>8.2f}{r['errors']:>7.0f}"
+        )
+    ip = results["inproc"]
+    print()
+    print(
+        f"targets: throughput >= 3000 q/s -> {ip['throughput_qps']:.0f} "
+        f"({'met' if ip['throughput_qps'] >= 3000 else 'NOT met'}); "
+        f"added P99 at half load <= 2 ms -> {ip['p99_ms']:.2f} ms "
+        f"({'met' if ip['p99_ms'] <= 2.0 else 'NOT met'})"
+    )
+    print("max q/s: median of 3 closed-loop runs at the best client concurrency (answers with")
+    print("status 200 only); CPU us/q: server process CPU time per query in those runs;")
+    print("P50/P99: open-loop replay at half the max rate, measured by the client (includes its")
+    print(
+        f"own HTTP handling). 1-minute load average at the start: {load:.1f} on {_os.cpu_count()} cores."
+    )
+    print()
+    print("in-process queue:")
+    print(queue_figures(args.quick))
+    print()
+    print(f"reproduce: .venv/bin/python benchmarks/frontend.py{' --quick' if args.quick else ''}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
