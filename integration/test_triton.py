@@ -518,3 +518,43 @@ def test_pipeline_across_triton_and_the_bundled_runtime(
             await tb.close()
 
     run(main())
+
+
+def test_conformance_suite(triton: tuple[TritonServer, Digits]) -> None:
+    """The project's backend conformance suite, on a backend made through the plugin host."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapters"))
+    from conformance import run_conformance
+
+    from inferline.adapters.triton import plugin
+
+    server, _ = triton
+    host = PluginHost()
+    host.load_entrypoints()
+    if "triton" not in host.schemes():
+        host.register(plugin, "triton")
+    names = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+
+    def check(x: Any, y: Any) -> None:
+        assert y == names[int(x)]
+
+    done = run(
+        run_conformance(
+            lambda: host.backend_for(f"{server.http_url}?oversubscribe=1"),
+            ModelSpec("name", source="digit_name"),
+            [1, 2, 3, 4],
+            bad_input="not a label",
+            check_output=check,
+        )
+    )
+    assert done == [
+        "protocol",
+        "deploy",
+        "predict_batch",
+        "errors",
+        "scale",
+        "named errors",
+        "stats and remove",
+        "close",
+    ]

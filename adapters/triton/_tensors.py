@@ -175,23 +175,19 @@ class ModelIO:
 
     def encode_item(self, item: Any, where: str = "input") -> dict[str, np.ndarray]:
         """One query's value as ``{input name: array of the input's dims}``."""
-        if len(self.inputs) == 1 and not (
-            isinstance(item, Mapping) and set(item) == {self.inputs[0].name}
-        ):
-            values: Mapping[str, Any] = {self.inputs[0].name: item}
-        elif isinstance(item, Mapping):
-            names = {t.name for t in self.inputs}
-            missing = sorted(names - set(item))
-            extra = sorted(set(item) - names)
-            if missing or extra:
+        names = sorted(t.name for t in self.inputs)
+        if isinstance(item, Mapping):  # a mapping is never a tensor: it names the inputs
+            if set(item) != set(names):
                 raise ValidationError(
-                    where, f"a mapping with exactly the inputs {sorted(names)}", sorted(item)
+                    where, f"a mapping with exactly the inputs {names}", sorted(item)
                 )
-            values = item
+            values: Mapping[str, Any] = item
+        elif len(self.inputs) == 1:
+            values = {self.inputs[0].name: item}
         else:
             raise ValidationError(
                 where,
-                f"a mapping {{input name: value}} for inputs {[t.name for t in self.inputs]}",
+                f"a mapping {{input name: value}} for the inputs {names}",
                 type(item).__name__,
             )
         return {

@@ -16,6 +16,7 @@ Training runs in the caller's environment (scikit-learn); the server only needs 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +79,17 @@ def _write_model(repo: Path, name: str, config: str, arrays: dict[str, np.ndarra
     (mdir / "config.pbtxt").write_text(config)
 
 
-def build_repository(repo: Path, seed: int = 0, max_batch_size: int = 64) -> Digits:
-    """Train the models and write the repository under ``repo``; returns the held-out split."""
+def build_repository(
+    repo: Path,
+    seed: int = 0,
+    max_batch_size: int = 64,
+    aliases: Mapping[str, str] | None = None,
+) -> Digits:
+    """Train the models and write the repository under ``repo``; returns the held-out split.
+
+    ``aliases`` adds copies of models under other names (``{"knn_b": "digits_knn"}``), so two
+    configurations of the same model can be loaded side by side (the overhead benchmark).
+    """
     from sklearn.neural_network import MLPClassifier
     from threadpoolctl import threadpool_limits
 
@@ -128,4 +138,13 @@ def build_repository(repo: Path, seed: int = 0, max_batch_size: int = 64) -> Dig
         _config("digit_name", label, [("name", "TYPE_STRING", [1])], mb, 1),
         {},
     )
+    for alias, name in (aliases or {}).items():
+        if name not in MODELS:
+            raise ValueError(f"alias {alias!r}: unknown model {name!r} (known: {MODELS})")
+        shutil.rmtree(repo / alias, ignore_errors=True)
+        shutil.copytree(repo / name, repo / alias)
+        cfg = (repo / alias / "config.pbtxt").read_text()
+        (repo / alias / "config.pbtxt").write_text(
+            cfg.replace(f'name: "{name}"', f'name: "{alias}"', 1)
+        )
     return Digits(test_images=xte.reshape(-1, 8, 8), test_labels=yte, mlp_accuracy=acc)
