@@ -38,3 +38,44 @@ __all__ = [
     "load_profiles",
     "load_trace",
 ]
+
+# Serving side (HTTP frontend, deployments, profiler, replay client), imported on first use so
+# that ``import inferline`` and the CLI's other commands do not pay for FastAPI and uvicorn.
+_LAZY = {
+    "App": "inferline._service",
+    "InputSpec": "inferline._service",
+    "Prediction": "inferline._service",
+    "Service": "inferline._service",
+    "create_app": "inferline._app",
+    "handle_predict": "inferline._app",
+    "run_server": "inferline._app",
+    "AppSpec": "inferline._deploy",
+    "Deployment": "inferline._deploy",
+    "apply_plan": "inferline._deploy",
+    "load_deployment": "inferline._deploy",
+    "start_service": "inferline._deploy",
+    "BatchFit": "inferline._profile_fit",
+    "ProfileResult": "inferline._profiler",
+    "ProfilerOptions": "inferline._profiler",
+    "profile_models": "inferline._profiler",
+    "ReplayResult": "inferline._replay",
+    "replay": "inferline._replay",
+    "replay_sync": "inferline._replay",
+    "ServerProcess": "inferline._server_proc",
+    "estimate": "inferline._workflow",
+    "hop_overhead_from": "inferline._workflow",
+    "profile_deployment": "inferline._workflow",
+    "trace_deployment": "inferline._workflow",
+}
+__all__ += sorted(_LAZY)
+
+
+def __getattr__(name: str) -> object:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'inferline' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
