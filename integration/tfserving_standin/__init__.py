@@ -1,0 +1,142 @@
+"""TF Serving for the integration tests: the real ``tensorflow_model_server`` when one is on
+PATH (or named by ``$TENSORFLOW_MODEL_SERVER``), else a STAND-IN with the same REST routes and
+gRPC services (``_server``), labelled as such everywhere (``ServerKind.label``).
+
+``TFServer`` starts one server process on free loopback ports and can kill and restart it on
+the same ports. ``model_command()`` is the command the adapter's ``launch=`` mode runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from inferline.adapters.tfserving import ServedModel, find_model_server, format_text
+
+from ._models import save_dense_model
+
+__all__ = ["TFServer", "export_model", "free_port", "server_command", "server_kind"]
+
+_MAIN = Path(__file__).with_name("__main__.py")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def server_kind() -> str:
+    """``"real"`` when a tensorflow_model_server binary is available, else ``"standin"``."""
+    return "real" if find_model_server() else "standin"
+
+
+def server_command() -> list[str]:
+    """The command that starts a server of ``server_kind()``."""
+    real = find_model_server()
+    return real if real else [sys.executable, str(_MAIN)]
+
+
+def export_model(
+    base_path: Path, version: int, layers: list[tuple[np.ndarray, np.ndarray]]
+) -> Path:
+    """A dense classifier in the format the server of ``server_kind()`` loads: a SavedModel
+    for the real server (needs TensorFlow), the stand-in's npz format otherwise."""
+    if server_kind() == "standin":
+        return save_dense_model(base_path, version, layers)
+    import tensorflow as tf  # only with a real server: SavedModels need TensorFlow
+
+    ws = [(tf.constant(w, tf.float32), tf.constant(b, tf.float32)) for w, b in layers]
+
+    class Dense(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, layers[0][0].shape[0]], tf.float32)])
+        def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
+            h = x
+            for i, (w, b) in enumerate(ws):
+                h = tf.matmul(h, w) + b
+                if i < len(ws) - 1:
+                    h = tf.nn.relu(h)
+            p = tf.nn.softmax(h)
+            return {"probabilities": p, "classes": tf.argmax(p, axis=1)}
+
+    m = Dense()
+    d = Path(base_path) / str(version)
+    tf.saved_model.save(m, str(d), signatures={"serving_default": m.serve})
+    return d
+
+
+class TFServer:
+    """One server process (real or stand-in) on 127.0.0.1, same ports across restarts."""
+
+    def __init__(self, workdir: Path, models: Sequence[ServedModel] = ()) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.kind = server_kind()
+        self.grpc_port = free_port()
+        self.rest_port = free_port()
+        self.config_file = self.workdir / f"models-{self.rest_port}.conf"
+        self.config_file.write_text(format_text(list(models)))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = self.workdir / f"server-{self.rest_port}.log"
+
+    @property
+    def rest(self) -> str:
+        return f"127.0.0.1:{self.rest_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, timeout_s: float = 60.0) -> TFServer:
+        cmd = [
+            *server_command(),
+            f"--port={self.grpc_port}",
+            f"--rest_api_port={self.rest_port}",
+            f"--model_config_file={self.config_file}",
+        ]
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                urllib.request.urlopen(f"http://{self.rest}/v1/models/__probe__", timeout=1)
+            except urllib.error.HTTPError:
+                return self  # a 404 means it answers
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} TF Serving exited: {self.log.read_text()[-800:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.kind} TF Serving not ready in {timeout_s} s")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> TFServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
