@@ -55,8 +55,12 @@ class LiveTuner:
         *,
         clock: Callable[[], float] = time.perf_counter,
         registry: Any = None,
+        observer: Callable[..., Any] | None = None,
     ) -> None:
+        """``observer(model, before, after, time_s=, reason=)`` is called for every model a
+        decision changes (``PluginHost.scaling_observer("tuner")`` fits)."""
         self.backend = backend
+        self._observer = observer
         self.plan = plan
         self.config = config
         self._clock = clock
@@ -116,8 +120,16 @@ class LiveTuner:
         batch, self._arrivals = self._arrivals, []
         if batch:
             self.tuner.record(np.sort(np.asarray(batch, dtype=np.float64)))
+        before = self.tuner.replicas
         d = self.tuner.tick(now)
         if d is not None:
+            if self._observer is not None:
+                for m, n in d.replicas.items():
+                    if before.get(m) != n:
+                        try:
+                            self._observer(m, before.get(m, 0), n, time_s=d.time_s, reason=d.reason)
+                        except Exception:  # an observer never stops the tuner
+                            log.exception("scaling observer failed")
             log.info("tuner %s at %.3f s: %s", d.action, d.time_s, d.reason, extra={"decision": d})
             if self._metrics is not None:
                 self._metrics.decided(d)
