@@ -305,7 +305,8 @@ def _replay(args: argparse.Namespace) -> int:
             "status": [int(s) for s in res.status],
         }
         Path(args.output).write_text(json.dumps(out) + "\n")
-    return 0 if summary["answered"] == summary["queries"] else 1
+    # Non-zero when any query did not get an HTTP 200 (errors, refusals, no answer).
+    return 0 if summary["errors"] == 0 else 1
 
 
 def print_replay(s: dict[str, Any]) -> None:
@@ -322,6 +323,7 @@ def print_replay(s: dict[str, Any]) -> None:
         ("predictions", f"{s['ok']}"),
         ("default outputs", f"{s['defaults']}"),
         ("errors", f"{s['errors']}  {s['error_kinds'] or ''}"),
+        ("status codes", ", ".join(f"{k}: {v}" for k, v in s["status"].items())),
         ("P50 latency", f"{s['p50_ms']:.2f} ms"),
         ("P99 latency", f"{s['p99_ms']:.2f} ms"),
         ("max latency", f"{s['max_ms']:.2f} ms"),
@@ -399,7 +401,13 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     _add_server_args(d)
     d.set_defaults(func=_deploy)
 
-    r = sub.add_parser("replay", help="open-loop load: send requests at a trace's times")
+    r = sub.add_parser(
+        "replay",
+        help="open-loop load: send requests at a trace's times",
+        description="Send one request per arrival of TRACE, at its times, never waiting for "
+        "answers; print P50/P99, the SLO miss rate and errors. Exit status 1 when any query "
+        "did not get an HTTP 200.",
+    )
     r.add_argument("trace", help="arrival-time trace (one time in seconds per line)")
     r.add_argument("--url", required=True, help="server URL, e.g. http://127.0.0.1:8000")
     r.add_argument("--app", required=True)

@@ -1,0 +1,83 @@
+"""The serving CLI end to end: `serve` (with a token), `deploy PLAN --url`, `trace`, `replay`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from inferline._server_proc import ServerProcess
+from inferline.core import ModelConfig, Plan, save
+from inferline.demo.simple import sleep_deployment
+
+pytestmark = pytest.mark.integration
+
+
+def _cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if token:
+        env["INFERLINE_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "inferline", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
+
+
+def test_serve_deploy_replay(tmp_path):
+    dep = tmp_path / "d.json"
+    dep.write_text(json.dumps(sleep_deployment(base_s=0.002)))
+    plan = tmp_path / "plan.json"
+    save(Plan("sleep", 0.5, {"m": ModelConfig("cpu", 4, 2)}), plan)
+    bad_plan = tmp_path / "bad.json"
+    save(Plan("sleep", 0.5, {"zz": ModelConfig("cpu", 4, 2)}), bad_plan)
+
+    r = _cli("deploy", str(plan), "--deployment", str(dep), "--dry-run")
+    assert r.returncode == 0 and "m: 2 x cpu, max batch 4" in r.stdout
+    r = _cli("deploy", str(bad_plan), "--deployment", str(dep), "--dry-run")
+    assert r.returncode == 2 and "zz" in r.stderr
+
+    with ServerProcess(dep, token="tok") as srv:
+        h = {"Authorization": "Bearer tok"}
+        assert httpx.get(srv.url + "/healthz").status_code == 401
+        r = _cli("deploy", str(plan), "--deployment", str(dep), "--url", srv.url, token="tok")
+        assert r.returncode == 0, r.stderr
+        assert "m: 2 replicas, max batch 4" in r.stdout
+        models = httpx.get(srv.url + "/admin/models", headers=h).json()
+        assert models["m"]["backend"]["active_replicas"] == 2
+        assert models["m"]["queue"]["max_batch_size"] == 4
+        assert httpx.get(srv.url + "/admin/plan", headers=h).json()["models"]["m"]["replicas"] == 2
+
+        trace = tmp_path / "t.txt"
+        r = _cli("trace", "gamma", "--rate", "80", "--duration-s", "2", "-o", str(trace))
+        assert r.returncode == 0, r.stderr
+        out = tmp_path / "replay.json"
+        r = _cli(
+            "replay",
+            str(trace),
+            "--url",
+            srv.url,
+            "--app",
+            "app",
+            "--deployment",
+            str(dep),
+            "--slo-ms",
+            "500",
+            "-o",
+            str(out),
+            token="tok",
+        )
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert "P99 latency" in r.stdout
+        s = json.loads(out.read_text())["summary"]
+        assert s["answered"] == s["queries"] == s["ok"] > 100
+        assert s["slo_miss_rate"] < 0.05
+        r = _cli("replay", str(trace), "--url", srv.url, "--app", "app", "--deployment", str(dep))
+        assert r.returncode == 1  # no token: every query refused (401), reported as errors
+        assert "401" in r.stdout
