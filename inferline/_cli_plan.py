@@ -153,15 +153,23 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
     p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    from ._sim_tuning import add_tuner_arguments
+
+    add_tuner_arguments(p)
 
 
 def make_controller(args: argparse.Namespace, ctx: SimulateContext) -> Controller | None:
     """The controller (tuner) in the loop; none: the plan's replicas stay fixed."""
-    return None
+    from ._sim_tuning import make_tuner_controller
+
+    return make_tuner_controller(args, ctx)
 
 
 def after_simulation(args: argparse.Namespace, ctx: SimulateContext, result: SimResult) -> None:
     """Extra outputs after a simulation (plots, files); nothing by default."""
+    from ._sim_tuning import after_tuned_simulation
+
+    after_tuned_simulation(args, ctx, result)
 
 
 def _check_plan_matches(pipeline: Pipeline, plan: Plan) -> None:
@@ -184,9 +192,10 @@ def _simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     catalog = load_catalog(args.hardware)
     _check_plan_matches(pipeline, plan)
-    ctx = SimulateContext(
-        pipeline, profiles, plan, trace, catalog, EstimatorOptions(seed=args.seed)
+    opts = EstimatorOptions(
+        seed=args.seed, activation_delay_s=getattr(args, "activation_delay_s", 0.0)
     )
+    ctx = SimulateContext(pipeline, profiles, plan, trace, catalog, opts)
     controller = make_controller(args, ctx)
     with _console().status(f"simulating {trace.size} queries through {pipeline.name!r}"):
         result = simulate(

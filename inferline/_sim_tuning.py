@@ -1,0 +1,121 @@
+"""``inferline simulate --tuner inferline|autoscale|none``: a controller in the estimator's loop.
+
+Called from the extension hooks of ``_cli_plan.py`` (``add_simulate_arguments``,
+``make_controller``, ``after_simulation``). The estimator integrates replica cost over time,
+so the reported ``cost_per_hour`` is the time average over the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from inferline.core import (
+    AutoScaleConfig,
+    AutoScaleController,
+    InferLineController,
+    ModelConfig,
+    TunerConfig,
+    packing_factor,
+    pipeline_unit,
+)
+
+__all__ = ["add_tuner_arguments", "after_tuned_simulation", "make_tuner_controller"]
+
+log = logging.getLogger(__name__)
+
+_DEFAULT = TunerConfig()
+
+
+def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tuning (a controller in the loop)")
+    g.add_argument(
+        "--tuner",
+        choices=("none", "inferline", "autoscale"),
+        default="none",
+        help="InferLine's tuner, the AutoScale baseline (the plan replicated as a unit), or none",
+    )
+    g.add_argument(
+        "--activation-delay-s",
+        type=float,
+        default=5.0,
+        help="time for a new replica to start serving (default 5, the paper's)",
+    )
+    g.add_argument(
+        "--tuner-up-rate",
+        choices=("window", "scaled"),
+        default=_DEFAULT.up_rate,
+        help="rate a scale-up provisions for: the exceeding window's own rate (window, the "
+        "paper) or the planned rate scaled by the excess (scaled)",
+    )
+    g.add_argument(
+        "--stabilization-s",
+        type=float,
+        default=_DEFAULT.stabilization_delay_s,
+        help="InferLine: no scale-down until this long after a change",
+    )
+    g.add_argument(
+        "--autoscale-wait-s",
+        type=float,
+        default=15.0,
+        help="AutoScale: idle time before a pipeline unit is turned off",
+    )
+    g.add_argument("--timeline-plot", default=None, help="write a timeline plot (PNG, SVG...)")
+    g.add_argument("--decisions-out", default=None, help="write the scaling decisions as JSON")
+
+
+def make_tuner_controller(args: argparse.Namespace, ctx: Any) -> Any:
+    tuner = getattr(args, "tuner", "none")
+    ctl: Any = None
+    start = float(ctx.trace[0]) if ctx.trace.size else 0.0
+    if tuner == "inferline":
+        cfg = TunerConfig(stabilization_delay_s=args.stabilization_s, up_rate=args.tuner_up_rate)
+        ctl = InferLineController(ctx.plan, cfg, start_s=start)
+    elif tuner == "autoscale":
+        unit, _ = pipeline_unit(ctx.plan.models)
+        unit_cfg = {
+            m: ModelConfig(c.hardware, c.max_batch_size, unit[m])
+            for m, c in ctx.plan.models.items()
+        }
+        p = packing_factor(
+            ctx.pipeline,
+            unit_cfg,
+            ctx.profiles,
+            ctx.plan.slo_s,
+            percentile=ctx.plan.percentile,
+            options=ctx.options,
+            catalog=ctx.catalog,
+        )
+        log.info("AutoScale: unit %s, packing factor %.2f requests per unit", unit, p)
+        ctl = AutoScaleController(ctx.plan, AutoScaleConfig(p, t_wait_s=args.autoscale_wait_s))
+    args._tuner_controller = ctl
+    return ctl
+
+
+def after_tuned_simulation(args: argparse.Namespace, ctx: Any, result: Any) -> None:
+    ctl = getattr(args, "_tuner_controller", None)
+    decisions = list(getattr(ctl, "decisions", []))
+    if getattr(args, "decisions_out", None):
+        Path(args.decisions_out).write_text(
+            json.dumps([d.to_dict() for d in decisions], indent=1) + "\n"
+        )
+    if getattr(args, "timeline_plot", None):
+        from ._timeline import plot_timeline
+
+        plot_timeline(
+            result,
+            ctx.plan.slo_s,
+            args.timeline_plot,
+            decisions=decisions,
+            title=f"{ctx.pipeline.name}: tuner {getattr(args, 'tuner', 'none')}",
+        )
+    if ctl is not None and not getattr(args, "json", False):
+        ups = sum(1 for d in decisions if d.action == "up")
+        print(f"tuner {args.tuner}: {ups} scale-ups, {len(decisions) - ups} scale-downs")
+        for d in decisions[:20]:
+            print(f"  {d.time_s - float(ctx.trace[0]):9.2f} s  {d.reason}")
+        if len(decisions) > 20:
+            print(f"  ... {len(decisions) - 20} more (--decisions-out FILE for all)")

@@ -1,0 +1,84 @@
+"""``inferline simulate --tuner ...`` end to end (in-process CLI), with a timeline plot."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from inferline.cli import main
+from inferline.core import (
+    ModelConfig,
+    Pipeline,
+    Plan,
+    Profiles,
+    gamma_trace,
+    save,
+    save_trace,
+    tuner_inputs,
+)
+
+
+@pytest.fixture
+def files(tmp_path):
+    pipe = Pipeline("one", ("m",))
+    prof = Profiles.from_latencies({"m": {"cpu": {1: 0.01}}})  # 100 q/s per replica
+    rng = np.random.default_rng(0)
+    sample = gamma_trace(50.0, 1.0, 60.0, rng)
+    configs = {"m": ModelConfig("cpu", 1, 1)}
+    plan = Plan("one", 0.1, configs, tuner=tuner_inputs(pipe, prof, configs, sample))
+    live = np.concatenate(
+        [gamma_trace(50.0, 1.0, 20.0, rng), gamma_trace(250.0, 1.0, 30.0, rng, start_s=20.0)]
+    )
+    paths = {k: tmp_path / f"{k}.json" for k in ("pipe", "prof", "plan")}
+    save(pipe, paths["pipe"])
+    save(prof, paths["prof"])
+    save(plan, paths["plan"])
+    save_trace(live, tmp_path / "live.txt")
+    return tmp_path, paths
+
+
+def _run(capsys, tmp_path, paths, *extra):
+    argv = [
+        "simulate",
+        "--pipeline",
+        str(paths["pipe"]),
+        "--profiles",
+        str(paths["prof"]),
+        "--plan",
+        str(paths["plan"]),
+        "--trace",
+        str(tmp_path / "live.txt"),
+        "--json",
+        *extra,
+    ]
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_simulate_with_and_without_tuners(files, capsys):
+    tmp_path, paths = files
+    none = _run(capsys, tmp_path, paths)
+    plot = tmp_path / "tl.png"
+    tuned = _run(
+        capsys,
+        tmp_path,
+        paths,
+        "--tuner",
+        "inferline",
+        "--timeline-plot",
+        str(plot),
+        "--decisions-out",
+        str(tmp_path / "d.json"),
+    )
+    auto = _run(capsys, tmp_path, paths, "--tuner", "autoscale")
+    # 250 q/s on one 100 q/s replica diverges without a tuner
+    assert none["slo_miss_rate"] > 0.4 and none["cost_per_hour"] == pytest.approx(0.0665)
+    assert tuned["slo_miss_rate"] < 0.2 * none["slo_miss_rate"]
+    assert auto["slo_miss_rate"] < none["slo_miss_rate"]
+    # the time-averaged cost grows with the replicas added
+    assert tuned["cost_per_hour"] > none["cost_per_hour"]
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+    decisions = json.loads((tmp_path / "d.json").read_text())
+    assert decisions and decisions[0]["action"] == "up" and "window" in decisions[0]["reason"]
