@@ -143,7 +143,7 @@ class EchoBackend:
         del self._models[model]
 
     async def stats(self, model: str) -> Mapping[str, Any]:
-        spec, cfg, reps = self._get(model)
+        _spec, cfg, reps = self._get(model)
         return {"model": model, "hardware": cfg.hardware, "batches": sum(r.batches for r in reps)}
 
     async def close(self) -> None:
