@@ -298,13 +298,16 @@ class PredictionCache:
         """The cached value, or the result of one shared evaluation of ``coro_factory()``.
 
         The computation runs as its own task so that a cancelled caller does not cancel it for
-        the other waiters; each caller awaits it through ``shield``.
+        the other waiters; each caller awaits it through ``shield``. Every caller that finds no
+        cached value counts as a miss; those that joined a running computation also count in
+        ``coalesced``.
         """
         hit, value = self.get(key)
         if hit:
             return value
         fut = self._inflight.get(key)
-        if fut is not None and not fut.done():
+        # A future left behind by an event loop that was closed mid-computation is ignored.
+        if fut is not None and not fut.done() and fut.get_loop() is asyncio.get_running_loop():
             self.coalesced += 1
             return await asyncio.shield(fut)
 

@@ -71,7 +71,9 @@ class VeloxConfig:
 
     - ``ridge_lambda``: L2 strength of each user's ridge regression, pulling ``w_u`` towards
       the average user weights the user started from (the bootstrap prior).
-    - ``alpha``: default LinUCB exploration weight of ``top_k`` (0 = pure exploitation).
+    - ``alpha``: default LinUCB exploration weight of ``top_k`` (0 = pure exploitation). On by
+      default so the service does not only learn about what it already recommends; the bonus is
+      in label units per unit of uncertainty, so scale it with the label noise.
     - ``refactor_every``: a user's inverse is recomputed from scratch (Cholesky of the
       accumulated Gram matrix) after this many Sherman-Morrison updates, bounding the drift of
       rank-one updates in floating point.
@@ -88,7 +90,7 @@ class VeloxConfig:
     """
 
     ridge_lambda: float = 1.0
-    alpha: float = 0.0
+    alpha: float = 1.0
     refactor_every: int = 200
     new_users: str = "average"
     checkpoint_every: int = 1000

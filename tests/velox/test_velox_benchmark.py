@@ -51,7 +51,7 @@ def test_benchmark_pipeline_on_a_slice() -> None:
                                         min_ratings=20))
     assert set(bandit) == {0.0, 4.0} and bandit[0.0]["users"] == 2
 
-    obs = asyncio.run(b.observe_latency(d=8, users=3, per_user=20, items=50))
-    assert obs["update_us"] > 0 and obs["ratio_refit"] > 0 and obs["service_observe_us"] > 0
+    obs = asyncio.run(b.observe_latency(d=8, users=3, per_user=20, items=50, repeats=2))
+    assert obs["update_us"] > 0 and obs["ratio_refit"] > 0 and obs["service_observe_p50_us"] > 0
     top = asyncio.run(b.top_k_latency(d=8, items=50, calls=5))
-    assert top["feature_cache_hit_rate"] > 0.5 and np.isfinite(top["alpha=1_ms"])
+    assert top["feature_cache_hit_rate"] > 0.5 and np.isfinite(top["alpha=1 p50_ms"])

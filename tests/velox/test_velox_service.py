@@ -180,7 +180,8 @@ def test_linucb_bonus_prefers_unexplored_directions() -> None:
         assert explore.items[0].item == "unseen"
         assert explore.items[0].bonus == pytest.approx(1.0)  # sqrt(e2^T (I/lam) e2)
         default = await svc.top_k("m", "u", ids, 3)
-        assert default.alpha == 0.0  # config default
+        assert default.alpha == 1.0  # config default: exploration on
+        assert default.items[0].item == "unseen"
         await svc.close()
 
     run(main)
