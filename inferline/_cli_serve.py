@@ -343,8 +343,10 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo.runner import DemoOptions, run_demo
 
     if not args.debug:
-        # The demo narrates its own steps; keep replica start-up and HTTP logs out of it.
-        for name in ("inferline.adapters", "httpx", "matplotlib"):
+        # The demo narrates its own steps; keep replica start-up, profiler and HTTP logs (and
+        # gRPC's notes about forking) out of it.
+        os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+        for name in ("inferline", "httpx", "matplotlib"):
             logging.getLogger(name).setLevel(logging.WARNING)
     opts = DemoOptions(
         out_dir=args.out,

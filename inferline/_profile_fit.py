@@ -40,7 +40,8 @@ class BatchFit:
     an intercept-only fit): 1 is a perfect line, 0 no better than a constant.
     ``max_rel_deviation`` is the largest gap between the observed quantile at a profiled batch
     size and the line, relative to the largest observed quantile. ``linear`` (the verdict the
-    CLI prints) is that gap being at most ``max_deviation`` (20% by default). R1 is reported,
+    CLI prints) is that gap being at most ``max_deviation`` (20% by default) or at most
+    ``abs_tolerance_s`` (0.5 ms: scheduling noise). R1 is reported,
     not judged: a profile that is flat in batch size has nothing for a line to explain.
     """
 
@@ -139,6 +140,7 @@ def fit_batch_latency(
     quantile: float = 0.5,
     *,
     max_deviation: float = 0.2,
+    abs_tolerance_s: float = 0.0005,
 ) -> BatchFit:
     """Quantile regression of latency on batch size over every raw sample.
 
@@ -169,11 +171,11 @@ def fit_batch_latency(
     # profile's measurement noise is not mistaken for non-linear batching.
     obs = {b: float(np.quantile(np.asarray(by_batch[b], dtype=float), quantile)) for b in sizes}
     scale = max(obs.values())
-    dev = (
-        max(abs(o - (intercept + slope * b)) for b, o in obs.items()) / scale if scale > 0 else 0.0
-    )
+    gap = max(abs(o - (intercept + slope * b)) for b, o in obs.items())
+    dev = gap / scale if scale > 0 else 0.0
     r2 = r2 if math.isfinite(r2) else 0.0
-    linear = dev <= max_deviation
+    # Sub-millisecond gaps are timer and scheduling noise on a shared machine, not batching.
+    linear = dev <= max_deviation or gap <= abs_tolerance_s
     return BatchFit(
         model, hardware, quantile, intercept, slope, r2, dev, linear, tuple(sizes), int(ys.size)
     )
