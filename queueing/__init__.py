@@ -9,9 +9,11 @@ from ._batching import (
     RafikiGreedyBatching,
     batching_from_dict,
 )
+from ._cache import PredictionCache, cache_key, key_prefix, parse_key
 from ._dispatcher import Dispatcher, Listener
 from ._driver import PipelineContext, PipelineFn, PipelineRunner, QueryResult
 from ._inprocess import InProcessReplica, NoOpModel
+from ._lineage import TracingContext, trace_pipeline
 from ._stats import ArrivalEvent, BatchEvent, ModelStats
 
 __all__ = [
@@ -30,7 +32,13 @@ __all__ = [
     "PipelineContext",
     "PipelineFn",
     "PipelineRunner",
+    "PredictionCache",
     "QueryResult",
     "RafikiGreedyBatching",
+    "TracingContext",
     "batching_from_dict",
+    "cache_key",
+    "key_prefix",
+    "parse_key",
+    "trace_pipeline",
 ]

@@ -230,7 +230,8 @@ class RafikiGreedyBatching:
     ``c(b) + w(q0) + δ >= τ`` is written with the head's deadline (arrival + SLO), which is the
     same test for a single model and the right one inside a pipeline. When fewer queries are
     queued than the smallest candidate, the whole queue is the batch once the head is due (the
-    paper leaves this case open; waiting longer could only make the head late).
+    paper leaves this case open; waiting longer could only make the head late), with c(b)
+    taken as the smallest candidate's time.
 
     ``latency_fn`` is a function, so ``to_dict`` records the latencies of the candidate sizes
     and ``from_dict`` rebuilds a step function from them.
@@ -259,7 +260,10 @@ class RafikiGreedyBatching:
             return BatchDecision(take=sizes[-1])
         i = bisect.bisect_right(sizes, queued)
         b = sizes[i - 1] if i > 0 else queued
-        latest_start = oldest_deadline - float(self.latency_fn(b)) - self.delta_s
+        # below the smallest candidate, c(b) is taken as c(smallest): only candidates' times
+        # are known (the profiles' rule: the smallest profiled size at least as large)
+        c = float(self.latency_fn(b if i > 0 else sizes[0]))
+        latest_start = oldest_deadline - c - self.delta_s
         if now >= latest_start:
             return BatchDecision(take=b)
         return BatchDecision(wait_until=latest_start)

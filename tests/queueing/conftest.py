@@ -44,7 +44,7 @@ class _VirtualSelector(selectors.BaseSelector):
         if ready or timeout == 0:
             return ready
         if timeout is None:  # nothing runnable and no timer: only real I/O can help
-            ready = self._real.select(5.0)
+            ready = self._real.select(0.2)
             if not ready:
                 raise RuntimeError("virtual-time loop: nothing scheduled (deadlock)")
             return ready
