@@ -23,11 +23,10 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapters"))
 
 from conformance import run_conformance
-from tfserving_standin import TFServer, export_model, server_command, server_kind
+from tfserving_standin import Digits, TFServer, server_command, server_kind
 
 from inferline.adapters import PluginHost
 from inferline.adapters.tfserving import (
-    ServedModel,
     TFServingBackend,
     TFServingClient,
     TFServingNotFound,
@@ -40,34 +39,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 needs_grpc = pytest.mark.skipif(
     not grpc_available(), reason="tensorflow-serving-api (gRPC stubs) not installed"
 )
-
-
-class Digits:
-    def __init__(self, root: Path) -> None:
-        import warnings
-
-        from sklearn.datasets import load_digits
-        from sklearn.exceptions import ConvergenceWarning
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.model_selection import train_test_split
-        from sklearn.neural_network import MLPClassifier
-
-        warnings.simplefilter("ignore", ConvergenceWarning)  # few iterations keep the suite fast
-        x, y = load_digits(return_X_y=True)
-        x = (x / 16.0).astype(np.float32)
-        xtr, self.x, ytr, self.y = train_test_split(x, y, test_size=0.3, random_state=0)
-        self.lr = LogisticRegression(max_iter=60).fit(xtr, ytr)
-        self.mlp = MLPClassifier((32,), max_iter=60, random_state=0).fit(xtr, ytr)
-        self.paths = {"digits_lr": root / "digits_lr", "digits_mlp": root / "digits_mlp"}
-        export_model(self.paths["digits_lr"], 1, [(self.lr.coef_.T, self.lr.intercept_)])
-        export_model(
-            self.paths["digits_mlp"],
-            1,
-            list(zip(self.mlp.coefs_, self.mlp.intercepts_, strict=True)),
-        )
-
-    def served(self, *names: str) -> list[ServedModel]:
-        return [ServedModel(n, str(self.paths[n])) for n in names]
 
 
 @pytest.fixture(scope="module")

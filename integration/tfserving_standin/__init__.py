@@ -25,7 +25,7 @@ from inferline.adapters.tfserving import ServedModel, find_model_server, format_
 
 from ._models import save_dense_model
 
-__all__ = ["TFServer", "export_model", "free_port", "server_command", "server_kind"]
+__all__ = ["Digits", "TFServer", "export_model", "free_port", "server_command", "server_kind"]
 
 _MAIN = Path(__file__).with_name("__main__.py")
 
@@ -140,3 +140,34 @@ class TFServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Digits:
+    """Two digits classifiers trained here (multinomial logistic regression and a small MLP),
+    exported for the server of ``server_kind()`` under ``root``."""
+
+    def __init__(self, root: Path) -> None:
+        import warnings
+
+        from sklearn.datasets import load_digits
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import train_test_split
+        from sklearn.neural_network import MLPClassifier
+
+        warnings.simplefilter("ignore", ConvergenceWarning)  # few iterations keep the suite fast
+        x, y = load_digits(return_X_y=True)
+        x = (x / 16.0).astype(np.float32)
+        xtr, self.x, ytr, self.y = train_test_split(x, y, test_size=0.3, random_state=0)
+        self.lr = LogisticRegression(max_iter=60).fit(xtr, ytr)
+        self.mlp = MLPClassifier((32,), max_iter=60, random_state=0).fit(xtr, ytr)
+        self.paths = {"digits_lr": root / "digits_lr", "digits_mlp": root / "digits_mlp"}
+        export_model(self.paths["digits_lr"], 1, [(self.lr.coef_.T, self.lr.intercept_)])
+        export_model(
+            self.paths["digits_mlp"],
+            1,
+            list(zip(self.mlp.coefs_, self.mlp.intercepts_, strict=True)),
+        )
+
+    def served(self, *names: str) -> list[ServedModel]:
+        return [ServedModel(n, str(self.paths[n])) for n in names]
