@@ -340,3 +340,25 @@ def test_batch_events_and_stats_roundtrip(vrun: Any) -> None:
     assert [e.time for e in events if not isinstance(e, BatchEvent)] == [0.0, 0.25, 0.25]
     assert st.batch_sizes == {1: 1, 2: 1} and st.queue_delay_s_sum == 0.5
     assert ModelStats.from_dict(st.to_dict()) == st
+
+
+def test_removed_replica_finishes_its_batch_then_takes_no_more(vrun: Any) -> None:
+    async def scenario() -> tuple[list[Any], InProcessReplica, InProcessReplica, ModelStats]:
+        loop = asyncio.get_running_loop()
+        d = Dispatcher(clock=loop.time)
+        d.add_model("m", batching=FixedBatching(2))
+        old = InProcessReplica("m", NoOpModel(), service_s=1.0, replica_id="old")
+        new = InProcessReplica("m", NoOpModel(), service_s=0.25, replica_id="new")
+        d.set_replicas("m", [old])
+        tasks = [asyncio.ensure_future(d.submit("m", i, deadline=9.0)) for i in range(6)]
+        await asyncio.sleep(0.5)  # "old" holds a batch of 2
+        d.set_replicas("m", [new])
+        outs = await asyncio.gather(*tasks)
+        st = d.stats("m")
+        await d.close()
+        return outs, old, new, st
+
+    outs, old, new, st = vrun(scenario)
+    assert outs == list(range(6))
+    assert old.batch_sizes == [2] and new.batch_sizes == [2, 2]
+    assert st.replicas == 1 and st.failed == 0

@@ -104,3 +104,26 @@ def test_errors_propagate_and_arguments_are_checked(vrun: Any) -> None:
         await d.close()
 
     vrun(scenario)
+
+
+def test_cache_coalesces_identical_calls(vrun: Any) -> None:
+    from inferline.queueing import PredictionCache
+
+    async def scenario() -> tuple[list[int], Any, dict[str, int]]:
+        d = _dispatcher({"m": 0.5}, max_batch=8)
+        cache = PredictionCache(16)
+
+        async def pipeline(x: int, ctx: PipelineContext) -> int:
+            return await ctx.predict("m", x % 3)
+
+        r = PipelineRunner(d, pipeline, slo_s=2.0, cache=cache)
+        outs = await asyncio.gather(*(r.run(i) for i in range(9)))
+        again = await r.run(4)
+        st = d.stats("m")
+        await d.close()
+        return [*outs, again], st, cache.stats()
+
+    outs, st, cs = vrun(scenario)
+    assert outs == [1, 2, 3] * 3 + [2]
+    assert st.submitted == 3  # 9 queries, 3 distinct inputs: one evaluation each
+    assert cs["hits"] == 1 and cs["coalesced"] == 6
