@@ -79,3 +79,18 @@ def __getattr__(name: str) -> object:
     value = getattr(importlib.import_module(mod), name)
     globals()[name] = value
     return value
+
+
+# Attaching to a running Triton / TF Serving deployment (inferline._attach), lazily as above.
+_ATTACH = (
+    "Attachment",
+    "apply_attachment_plan",
+    "attach",
+    "dag_pipeline",
+    "plan_attachment",
+    "profile_attachment",
+    "serve_attachment",
+    "start_attachment_service",
+)
+_LAZY.update(dict.fromkeys(_ATTACH, "inferline._attach"))
+__all__ += list(_ATTACH)

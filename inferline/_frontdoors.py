@@ -362,7 +362,7 @@ def _kserve_error(e: BaseException) -> Response:
     if status == 422:
         status = 400  # KServe clients expect 400 for a bad request
     return Response(
-        json.dumps({"error": str(e), **error_body(e)}),
+        json.dumps({**error_body(e), "error": str(e)}),
         status_code=status,
         media_type="application/json",
     )

@@ -205,3 +205,32 @@ def test_tfserving_clients_against_inferline(kind: str, attached: Any) -> None:
         sreq = st_.get_model_status_pb2.GetModelStatusRequest()
         sreq.model_spec.name = "digits_mlp"
         assert ms.GetModelStatus(sreq, timeout=10).model_version_status[0].state == 30
+
+
+@pytest.mark.parametrize("kind", [KIND])
+def test_operations_script_in_the_docs_runs(kind: str, attached: Any) -> None:
+    import re
+
+    _info, _digits, server, root = attached
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations-script.md").read_text()
+    script = re.findall(r"```python\n(.*?)```", doc, re.S)[0]
+    path = root / "ops.py"
+    path.write_text(script)
+    env = {
+        **os.environ,
+        "TFS_URL": f"tfserving://{server.rest}",
+        "TFS_GRPC_PORT": str(server.grpc_port),
+        "TFS_MODEL_CONFIG": str(server.config_file),
+        "MODEL": "digits_mlp",
+        "SLO_MS": "300",
+    }
+    r = subprocess.run(
+        [sys.executable, str(path)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "plan: " in r.stdout and "serving at http://127.0.0.1:" in r.stdout
+    assert (
+        "outputs: {" in r.stdout
+        and "'probabilities': [4, 10]" in r.stdout
+        and r.stdout.rstrip().endswith("done")
+    )

@@ -1,0 +1,163 @@
+"""Front doors over an in-process service (no servers): KServe v2 and TF Serving REST shapes,
+binary tensors, errors and the bearer token. The real clients run in
+``integration/test_tfserving_attach.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from inferline._app import create_app
+from inferline._frontdoors import (
+    FrontDoor,
+    Signature,
+    TensorInfo,
+    kserve_decode,
+    kserve_encode,
+    make_kserve_router,
+    make_tfserving_router,
+)
+from inferline._service import App, InputSpec, Service
+from inferline.core import ValidationError
+
+
+async def double(x: Any, slo: float) -> Any:
+    x = np.asarray(x)
+    return {"y": x * 2, "s": np.float32(x.sum())}
+
+
+def make_service() -> tuple[Service, FrontDoor]:
+    svc = Service([App("dbl", double, 1.0, input_spec=InputSpec("float32", (3,)))])
+    sig = Signature(
+        (TensorInfo("x", "float32", (3,)),),
+        (TensorInfo("y", "float32", (3,)), TensorInfo("s", "float32", ())),
+    )
+    return svc, FrontDoor(svc, {"dbl": sig})
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t")
+
+
+def test_signature_round_trip() -> None:
+    sig = Signature((TensorInfo("x", "float32", (3, -1)),), (TensorInfo("y", "int64", ()),))
+    assert Signature.from_dict(json.loads(json.dumps(sig.to_dict()))) == sig
+
+
+def test_kserve_binary_round_trip_and_errors() -> None:
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    words = np.array([b"ab", b"cde"], dtype=object)
+    blob_w = b"".join(struct.pack("<I", len(w)) + w for w in words)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [2, 3],
+                    "parameters": {"binary_data_size": 24},
+                },
+                {
+                    "name": "w",
+                    "datatype": "BYTES",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(blob_w)},
+                },
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    req, t = kserve_decode(head + x.tobytes() + blob_w, len(head))
+    np.testing.assert_array_equal(t["x"], x)
+    assert t["w"].tolist() == [b"ab", b"cde"]
+    body, hl = kserve_encode("m", req, {"y": x * 2})
+    meta = json.loads(body[:hl])
+    assert meta["outputs"][0]["parameters"]["binary_data_size"] == 24
+    np.testing.assert_array_equal(np.frombuffer(body[hl:], np.float32).reshape(2, 3), x * 2)
+    with pytest.raises(ValidationError, match="24 binary bytes"):
+        kserve_decode(head + x.tobytes()[:8], len(head))
+    with pytest.raises(ValidationError, match="datatype"):
+        kserve_decode(
+            json.dumps(
+                {"inputs": [{"name": "x", "datatype": "FP8", "shape": [1], "data": [1]}]}
+            ).encode(),
+            None,
+        )
+
+
+def test_kserve_http_routes_json() -> None:
+    svc, fd = make_service()
+    app = create_app(svc, routers=[make_kserve_router(fd)])
+
+    async def main() -> None:
+        async with client(app) as c:
+            assert (await c.get("/v2/health/ready")).status_code == 200
+            meta = (await c.get("/v2/models/dbl")).json()
+            assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]
+            body = {
+                "id": "7",
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [2, 3], "data": [0, 1, 2, 3, 4, 5]}
+                ],
+            }
+            r = (await c.post("/v2/models/dbl/infer", json=body)).json()
+            assert r["id"] == "7"
+            outs = {o["name"]: o for o in r["outputs"]}
+            assert outs["y"]["data"] == [0, 2, 4, 6, 8, 10] and outs["y"]["shape"] == [2, 3]
+            assert outs["s"]["data"] == [3, 12] and outs["s"]["shape"] == [2]
+            r = await c.post("/v2/models/nope/infer", json=body)
+            assert r.status_code == 404
+            bad = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+            r = await c.post("/v2/models/dbl/infer", json=bad)
+            assert r.status_code == 400 and "shape" in r.json()["error"]
+
+    run(main())
+
+
+def test_tfserving_http_routes_and_token() -> None:
+    svc, fd = make_service()
+    app = create_app(svc, token="s3cret", routers=[make_tfserving_router(fd)])
+
+    async def main() -> None:
+        async with client(app) as c:
+            assert (await c.get("/v1/models/dbl")).status_code == 401
+            h = {"Authorization": "Bearer s3cret"}
+            st = (await c.get("/v1/models/dbl", headers=h)).json()
+            assert st["model_version_status"][0]["state"] == "AVAILABLE"
+            meta = (await c.get("/v1/models/dbl/versions/1/metadata", headers=h)).json()
+            assert (
+                meta["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"][
+                    "x"
+                ]["dtype"]
+                == "DT_FLOAT"
+            )
+            r = (
+                await c.post("/v1/models/dbl:predict", headers=h, json={"instances": [[1, 2, 3]]})
+            ).json()
+            assert r == {"predictions": [{"y": [2.0, 4.0, 6.0], "s": 6.0}]}
+            r = (
+                await c.post(
+                    "/v1/models/dbl/versions/1:predict",
+                    headers=h,
+                    json={"inputs": {"x": [[1, 1, 1]]}},
+                )
+            ).json()
+            assert r == {"outputs": {"y": [[2.0, 2.0, 2.0]], "s": [3.0]}}
+            r = await c.post("/v1/models/dbl:predict", headers=h, json={"instances": [[1, 2]]})
+            assert r.status_code == 400 and "error" in r.json()
+            r = await c.post("/v1/models/nope:predict", headers=h, json={"instances": [[1, 2, 3]]})
+            assert r.status_code == 404
+            r = await c.post("/v1/models/dbl:classify", headers=h, json={})
+            assert r.status_code == 404
+
+    run(main())
