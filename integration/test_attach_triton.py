@@ -46,13 +46,19 @@ def test_attach_to_triton_and_serve_a_triton_client(triton: tuple[TritonServer, 
         att = await inferline.attach(server.http_url, models=["digits_pre"])
         assert att.found["digits_pre"]["state"] == "READY"
         sig = att.signatures["digits_pre"]
-        opts = ProfilerOptions(max_batch_size=4, warmup=1, min_samples=4, max_samples=6, max_seconds_per_point=0.3)
+        opts = ProfilerOptions(
+            max_batch_size=4, warmup=1, min_samples=4, max_samples=6, max_seconds_per_point=0.3
+        )
         prof = await inferline.profile_attachment(att, options=opts, samples=8)
         assert set(prof.profiles.models) == {"digits_pre"}
         svc, door = await inferline.start_attachment_service(att, slo_s=1.0)
         stop = asyncio.Event()
         ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(inferline.serve_attachment(svc, door, port=0, grpc_port=None, stop=stop, ready=ready.set_result))
+        task = asyncio.create_task(
+            inferline.serve_attachment(
+                svc, door, port=0, grpc_port=None, stop=stop, ready=ready.set_result
+            )
+        )
         info = await ready
         try:
             direct = httpclient.InferenceServerClient(server.http_url.split("://")[1])
@@ -64,7 +70,9 @@ def test_attach_to_triton_and_serve_a_triton_client(triton: tuple[TritonServer, 
                 inp.set_data_from_numpy(x)
                 results.append(await asyncio.to_thread(c.infer, "digits_pre", [inp]))
             out = sig.outputs[0].name
-            np.testing.assert_allclose(results[1].as_numpy(out), results[0].as_numpy(out), rtol=1e-5)
+            np.testing.assert_allclose(
+                results[1].as_numpy(out), results[0].as_numpy(out), rtol=1e-5
+            )
             direct.close()
             via.close()
             st = svc.dispatcher.stats("digits_pre")
