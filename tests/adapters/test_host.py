@@ -38,9 +38,10 @@ def test_entry_point_registers_local(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(DISABLED_ENV, raising=False)
     host = PluginHost()
     assert host.schemes() == []
-    assert host.load_entrypoints() == BUILTINS
+    first = host.load_entrypoints()
+    assert set(BUILTINS) <= set(first)  # other subsystems may register more (selection)
     assert host.load_entrypoints() == []  # repeatable: nothing registered twice
-    assert "local" in host.schemes() and host.plugin_names() == BUILTINS
+    assert "local" in host.schemes() and host.plugin_names() == first
     b = host.backend_for("local://?oversubscribe=1&cores=" + str(min(os.sched_getaffinity(0))))
     assert isinstance(b, LocalBackend) and b.oversubscribe and b.inventory()["cpu"] == 1
     b2 = host.backend_for("LOCAL://", gpus=["3"], gpu_kind="gpu-k80")
