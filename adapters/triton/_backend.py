@@ -245,6 +245,7 @@ class TritonBackend:
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._recovery: asyncio.Task[None] | None = None
         self._outages = 0
+        self._seen_configs: dict[str, dict[str, Any]] = {}  # server model -> last config
         self._closed = False
 
     # -- views ------------------------------------------------------------------------------
@@ -382,6 +383,7 @@ class TritonBackend:
                     known = sorted(await self._loaded_names())
                     raise NotFoundError("loaded model", server_name, known)
                 cfg = await self._client.model_config(server_name)
+                self._seen_configs[server_name] = cfg
             except TritonFailure as e:
                 raise self._error(e) from None
             io = ModelIO.from_config(cfg)
@@ -479,10 +481,17 @@ class TritonBackend:
                     raise NotFoundError(
                         "model in the Triton repository", server_name, sorted(known)
                     )
-                if not await self._client.model_ready(server_name):
+                was_ready = await self._client.model_ready(server_name)
+                if was_ready:
+                    current = await self._client.model_config(server_name)
+                elif server_name in self._seen_configs:
+                    # seen before (e.g. deployed, then removed): skip loading the repository's
+                    # configuration only to read it; loading a Python model takes seconds
+                    current = self._seen_configs[server_name]
+                else:
                     await self._client.load(server_name)  # the repository's own configuration
                     loaded_here = True
-                current = await self._client.model_config(server_name)
+                    current = await self._client.model_config(server_name)
                 outputs = self._outputs(
                     ModelIO.from_config(current), spec.params.get("outputs"), spec.name
                 )
@@ -498,7 +507,9 @@ class TritonBackend:
                     loaded = desired
                 else:
                     await self._client.load(server_name, desired)
+                    loaded_here = not was_ready
                     loaded = await self._client.model_config(server_name)
+                    self._seen_configs[server_name] = loaded
             except BaseException as e:
                 if loaded_here:  # leave the server as it was
                     with contextlib.suppress(TritonFailure):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -51,6 +52,7 @@ class TritonServer:
         self.extra_args = tuple(extra_args)
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_fh = None
+        self._atexit_registered = False
 
     @property
     def http_url(self) -> str:
@@ -111,6 +113,9 @@ class TritonServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() ends the stubs too
         )
+        if not self._atexit_registered:  # never leave a server behind when Python exits
+            atexit.register(self.kill)
+            self._atexit_registered = True
         self.wait_ready(timeout_s)
         log.info(
             "tritonserver pid %s ready on http %s grpc %s", self.pid, self.http_port, self.grpc_port
@@ -135,8 +140,40 @@ class TritonServer:
                 )
             time.sleep(0.1)
 
+    def _shm_regions(self) -> list[Path]:
+        """Shared-memory regions of this server's Python-backend stubs.
+
+        Each stub gets its region's name on its command line (after the model path) and the
+        server's pid as its parent. A server that is killed leaves them in /dev/shm.
+        """
+        if self._proc is None:
+            return []
+        out = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == self._proc.pid and argv and argv[0].endswith(b"triton_python_backend_stub"):
+                if len(argv) > 2 and argv[2].startswith(b"triton_python_backend_shm_region_"):
+                    out.append(Path("/dev/shm") / argv[2].decode())
+        return out
+
+    @staticmethod
+    def _unlink(paths: list[Path]) -> None:
+        for p in paths:
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM (graceful), then SIGKILL of its whole process group if it lingers."""
+        regions = self._shm_regions()
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             try:
@@ -149,15 +186,18 @@ class TritonServer:
                 self._killpg(proc)
         if proc is not None:
             self._killpg(proc)  # stubs left behind in the group
+        self._unlink(regions)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None
 
     def kill(self) -> None:
-        """Abrupt death (SIGKILL), as in a crash."""
+        """Abrupt death (SIGKILL), as in a crash; its shared-memory regions are removed."""
+        regions = self._shm_regions()
         proc, self._proc = self._proc, None
         if proc is not None:
             self._killpg(proc)
+        self._unlink(regions)
         if self._log_fh is not None:
             self._log_fh.close()
             self._log_fh = None

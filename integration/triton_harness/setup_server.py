@@ -213,13 +213,27 @@ def ensure_installed(cache_root: Path | None = None) -> Install:
     if pylib is not None:
         libs.append(pylib)
     libs.append(server_dir / "nvidia_pytriton.libs")
-    return Install(
+    inst = Install(
         root=server_dir,
         binary=ts / "bin" / "tritonserver",
         backends=ts / "backends",
         lib_dirs=tuple(libs),
         model_site=site,
     )
+    for exe in (inst.binary, stub_dst):
+        missing = _missing_libraries(exe, inst.env())
+        if missing:
+            raise SetupError(f"{exe.name} cannot find the shared libraries {missing}")
+    return inst
+
+
+def _missing_libraries(exe: Path, env: dict[str, str]) -> list[str]:
+    """Libraries ``ldd`` reports as not found (e.g. no shared libpython3.X); [] without ldd."""
+    ldd = shutil.which("ldd")
+    if ldd is None:
+        return []
+    proc = subprocess.run([ldd, str(exe)], env=env, capture_output=True, text=True, check=False)
+    return [ln.split()[0] for ln in proc.stdout.splitlines() if "not found" in ln]
 
 
 def main() -> int:
