@@ -71,7 +71,7 @@ def test_serve_deploy_replay(tmp_path):
             "--deployment",
             str(dep),
             "--slo-ms",
-            "500",
+            "5000",
             "-o",
             str(out),
             token="tok",
