@@ -43,7 +43,7 @@ from inferline.core import (
     ValidationError,
 )
 
-from ._service import Prediction, Service
+from ._service import Prediction, Service, json_default
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
@@ -312,6 +312,9 @@ def _parse_request(
         raise _Malformed(f"malformed JSON body: {e}") from None
     if not isinstance(body, dict):
         raise ValidationError("body", 'a JSON object like {"input": ...}', type(body).__name__)
+    # Only JSON objects can carry tagged values ({"dtype", "b64"}, {"bytes_b64"}); a body
+    # whose only "{" is its own opening needs no decoding pass over the input.
+    plain = raw.count(b"{") == 1
     extra = set(body) - {"input", "input_batch", "latency_slo_ms"}
     if extra:
         raise ValidationError("body", "only keys input, input_batch, latency_slo_ms", sorted(extra))
@@ -331,7 +334,8 @@ def _parse_request(
     if has_one == has_batch:
         raise ValidationError("body", "exactly one of 'input' or 'input_batch'", sorted(body))
     if has_one:
-        return app, [service.check_input(app, body["input"], "input")], slo_s, False
+        x = service.check_input(app, body["input"], "input", plain=plain)
+        return app, [x], slo_s, False
     batch = body["input_batch"]
     if not isinstance(batch, list) or not batch:
         raise ValidationError("input_batch", "a non-empty JSON array of inputs", _brief(batch))
@@ -339,7 +343,9 @@ def _parse_request(
         raise ValidationError(
             "input_batch", f"at most {app.max_batch_inputs} inputs", f"{len(batch)} inputs"
         )
-    inputs = [service.check_input(app, x, f"input_batch[{i}]") for i, x in enumerate(batch)]
+    inputs = [
+        service.check_input(app, x, f"input_batch[{i}]", plain=plain) for i, x in enumerate(batch)
+    ]
     return app, inputs, slo_s, True
 
 
@@ -353,7 +359,18 @@ class _Malformed(InferlineError):
 
 
 def _dumps(body: Any) -> bytes:
-    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    return json.dumps(body, separators=(",", ":"), allow_nan=False, default=json_default).encode()
+
+
+class _OutputNotJSON(Exception):
+    pass
+
+
+def _dumps_output(app_name: str, body: Any) -> bytes:
+    try:
+        return _dumps(body)
+    except (ValueError, TypeError, InferlineError) as e:
+        raise _OutputNotJSON(f"the output of app {app_name!r} has no JSON form: {e}") from None
 
 
 async def handle_predict(
@@ -371,14 +388,17 @@ async def handle_predict(
             raise
         if not is_batch:
             pred = await service.predict(app_.name, inputs[0], slo_s)
-            return 200, _dumps(pred.to_json()), None
+            return 200, _dumps_output(app_name, pred.to_body()), None
         results = await asyncio.gather(
             *(service.predict(app_.name, x, slo_s) for x in inputs), return_exceptions=True
         )
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, InferlineError):
                 raise r
-        return 200, _dumps({"results": [_batch_item(r) for r in results]}), None
+        return 200, _dumps_output(app_name, {"results": [_batch_item(r) for r in results]}), None
+    except _OutputNotJSON as e:
+        log.error("%s", e)
+        return 500, _dumps({"detail": str(e), "error": "OutputError"}), None
     except _Malformed as e:
         return 400, _dumps({"detail": str(e), "error": "MalformedJSON"}), None
     except InferlineError as e:
@@ -391,7 +411,7 @@ async def handle_predict(
 
 def _batch_item(r: Prediction | BaseException) -> dict[str, Any]:
     if isinstance(r, Prediction):
-        return r.to_json()
+        return r.to_body()
     return {**error_body(r), "status": status_for(r)}
 
 

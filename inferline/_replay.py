@@ -447,6 +447,8 @@ async def closed_loop(
 
     pool.on_answer = on_answer
     await pool.warm(concurrency)
+    if not pool.idle:
+        raise ValidationError("url", f"a reachable server at {host}:{port}", "connection refused")
     pool.t0 = pool.clock()
     stop_at = duration_s
     for _ in range(concurrency):

@@ -36,7 +36,7 @@ from inferline.core import (
 
 from ._metrics import ServiceMetrics
 
-__all__ = ["App", "InputSpec", "Prediction", "Service"]
+__all__ = ["App", "InputSpec", "Prediction", "Service", "json_default"]
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,28 @@ class Prediction:
             d["default_explanation"] = self.default_explanation
         return d
 
+    def to_body(self) -> dict[str, Any]:
+        """Like ``to_json`` but with the output as is: for ``json.dumps`` with
+        ``default=json_default``, which converts only what JSON cannot hold (arrays, numpy
+        scalars, bytes, errors), instead of walking every output."""
+        d: dict[str, Any] = {
+            "query_id": self.query_id,
+            "output": self.output,
+            "default": self.default,
+        }
+        if self.default_explanation is not None:
+            d["default_explanation"] = self.default_explanation
+        return d
+
+
+def json_default(v: Any) -> Any:
+    """``json.dumps(default=...)`` hook: the wire codec's JSON form of non-JSON values."""
+    from inferline.core._wire import value_to_json
+
+    if isinstance(v, set | frozenset):
+        raise TypeError(f"a {type(v).__name__} has no JSON form")
+    return value_to_json(v)
+
 
 @dataclass
 class App:
@@ -258,14 +280,20 @@ class Service:
         return f"{self._prefix}-{next(self._ids)}"
 
     # -- predictions ---------------------------------------------------------------------
-    def check_input(self, app: App, value: Any, field: str) -> Any:
-        """Decode the JSON form of an input and check it against the app's input spec."""
+    def check_input(self, app: App, value: Any, field: str, *, plain: bool = False) -> Any:
+        """Decode the JSON form of an input and check it against the app's input spec.
+
+        ``plain``: the caller knows the JSON held no object besides the request itself, so
+        there is no tagged value (array, bytes) to decode.
+        """
         if app.input_spec is not None:
             if isinstance(value, dict):
                 from inferline.core._wire import value_from_json
 
                 value = value_from_json(value, field)
             return app.input_spec.check(value, field)
+        if plain:
+            return value
         from inferline.core._wire import value_from_json
 
         return value_from_json(value, field)

@@ -286,3 +286,42 @@ def test_input_spec_roundtrip_and_describe():
         s.check([[1.5], [2]], "input")
     with pytest.raises(ValidationError):
         InputSpec.from_dict({"dtype": "nope"})
+
+
+def test_outputs_arrays_numpy_scalars_and_unencodable():
+    import numpy as np
+
+    async def arrays(x, slo):
+        return {"a": np.arange(3, dtype=np.int32), "s": np.float32(1.5), "b": b"\x00\x01"}
+
+    async def nan(x, slo):
+        return float("nan")
+
+    async def aset(x, slo):
+        return {1, 2}
+
+    svc = Service([App("arr", arrays, 1.0), App("nan", nan, 1.0), App("set", aset, 1.0)])
+    with TestClient(create_app(svc)) as c:
+        out = c.post("/apps/arr/predict", json={"input": 1}).json()["output"]
+        assert out["a"]["dtype"] == "int32" and out["a"]["shape"] == [3]
+        assert out["s"] == 1.5 and out["b"] == {"bytes_b64": "AAE="}
+        for name in ("nan", "set"):
+            r = c.post(f"/apps/{name}/predict", json={"input": 1})
+            assert r.status_code == 500 and r.json()["error"] == "OutputError"
+        # a tagged array input is decoded even without an input spec
+        r = c.post("/apps/arr/predict", json={"input": {"dtype": "float32", "data": [1, 2]}})
+        assert r.status_code == 200
+
+
+def test_inputs_decoded_only_when_tagged():
+    async def kind(x, slo):
+        return type(x).__name__ if not isinstance(x, list) else [type(v).__name__ for v in x]
+
+    svc = Service([App("k", kind, 1.0)])
+    with TestClient(create_app(svc)) as c:
+        post = c.post
+        assert post("/apps/k/predict", json={"input": [1, 2]}).json()["output"] == ["int", "int"]
+        tagged = {"input": {"dtype": "int8", "shape": [2], "b64": "AQI="}}
+        assert post("/apps/k/predict", json=tagged).json()["output"] == "ndarray"
+        nested = {"input": [{"bytes_b64": "AAE="}, 3]}
+        assert post("/apps/k/predict", json=nested).json()["output"] == ["bytes", "int"]
