@@ -131,7 +131,7 @@ def _run(policy: Any, arrivals: list[float], service: float) -> tuple[list[float
         await d.close()
         return lat, rep.batch_sizes
 
-    from conftest import run_virtual
+    from _queueing_vtime import run_virtual
 
     return run_virtual(scenario)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from conftest import run_virtual
+from _queueing_vtime import run_virtual
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
