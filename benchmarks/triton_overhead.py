@@ -99,8 +99,10 @@ def _summarize(
     window = duration_s - warmup_s
     finite = lat.copy()
     finite[~done] = np.inf
-    p99 = float(np.percentile(finite, 99)) * 1e3 if len(finite) else math.inf
-    p50 = float(np.percentile(finite, 50)) * 1e3 if len(finite) else math.inf
+    # "higher": no interpolation between two unanswered (infinite) latencies
+    method = "linear" if done.all() else "higher"
+    p99 = float(np.percentile(finite, 99, method=method)) * 1e3 if len(finite) else math.inf
+    p50 = float(np.percentile(finite, 50, method=method)) * 1e3 if len(finite) else math.inf
     iv = server.get("server", {}).get("interval", {})
     return Run(
         mode=mode,
@@ -269,52 +271,98 @@ class PerfAnalyzerPoints:
         return row
 
 
+def _combine(runs: Sequence[Run]) -> Run:
+    """Repeats of one point: medians of the latency figures, totals of the counts."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def med(xs: list[float]) -> float:
+        return float(np.median(np.asarray(xs, dtype=float)))
+
+    batches = [r.mean_batch for r in runs if r.mean_batch is not None]
+    queues = [r.server_queue_ms for r in runs if r.server_queue_ms is not None]
+    return Run(
+        mode=runs[0].mode,
+        rate=runs[0].rate,
+        offered=sum(r.offered for r in runs),
+        completed=sum(r.completed for r in runs),
+        errors=sum(r.errors for r in runs),
+        late=sum(r.late for r in runs),
+        throughput=float(np.mean([r.throughput for r in runs])),
+        p50_ms=med([r.p50_ms for r in runs]),
+        p99_ms=med([r.p99_ms for r in runs]),
+        mean_batch=float(np.mean(batches)) if batches else None,
+        server_queue_ms=float(np.mean(queues)) if queues else None,
+    )
+
+
+def _combine_pa(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "rate": rows[0]["rate"],
+        "throughput": float(np.mean([r["throughput"] for r in rows])),
+        "p50_ms": float(np.median([r["p50_ms"] for r in rows])),
+        "p99_ms": float(np.median([r["p99_ms"] for r in rows])),
+        "repeats": len(rows),
+    }
+
+
 async def sweep(
     args: argparse.Namespace, server: TritonServer, feats: np.ndarray, pa: PerfAnalyzerPoints
-) -> list[Run]:
+) -> tuple[list[Run], list[Run], list[dict[str, Any]]]:
+    """(per-point results, every single run, per-point perf_analyzer rows)."""
     bench = Bench(args, server, feats)
-    runs: list[Run] = []
+    points: list[Run] = []
+    raw: list[Run] = []
+    pa_points: list[dict[str, Any]] = []
     try:
         await bench.setup()
         failing_streak = 0
         for k, rate in enumerate(args.rates):
-            # rotate the order so that no mode always runs first (or last) at a rate
-            order = ["triton", "inferline", "perf_analyzer"]
-            order = order[k % 3 :] + order[: k % 3]
-            sustained = False
-            for mode in order:
-                if mode == "perf_analyzer":
-                    row = await asyncio.to_thread(pa.point, rate)
-                    if row is not None:
-                        sustained |= pa.meets(row)
-                        logging.info(
-                            "%-13s %6.0f/s: thr %7.1f/s p99 %8s ms",
-                            mode,
-                            rate,
-                            row["throughput"],
-                            _fmt(row["p99_ms"]),
-                        )
-                    continue
-                r = await bench.run(mode, rate, seed=args.seed + k)
-                runs.append(r)
-                sustained |= r.meets(args.p99_ms)
-                logging.info(
-                    "%-13s %6.0f/s: thr %7.1f/s p99 %8s ms batch %s errors %d late %d",
-                    mode,
-                    rate,
-                    r.throughput,
-                    _fmt(r.p99_ms),
-                    _fmt(r.mean_batch, ".2f"),
-                    r.errors,
-                    r.late,
-                )
-                await asyncio.sleep(0.3)
+            got: dict[str, list[Any]] = {"triton": [], "inferline": [], "perf_analyzer": []}
+            for rep in range(args.repeats):
+                # rotate the order so that no mode always runs first (or last)
+                order = ["triton", "inferline", "perf_analyzer"]
+                shift = (k + rep) % 3
+                for mode in order[shift:] + order[:shift]:
+                    if mode == "perf_analyzer":
+                        row = await asyncio.to_thread(pa.point, rate)
+                        if row is not None:
+                            got[mode].append(row)
+                            logging.info(
+                                "%-13s %6.0f/s: thr %7.1f/s p99 %8s ms",
+                                mode,
+                                rate,
+                                row["throughput"],
+                                _fmt(row["p99_ms"]),
+                            )
+                        continue
+                    r = await bench.run(mode, rate, seed=args.seed + 1000 * rep + k)
+                    got[mode].append(r)
+                    raw.append(r)
+                    logging.info(
+                        "%-13s %6.0f/s: thr %7.1f/s p99 %8s ms batch %s errors %d late %d",
+                        mode,
+                        rate,
+                        r.throughput,
+                        _fmt(r.p99_ms),
+                        _fmt(r.mean_batch, ".2f"),
+                        r.errors,
+                        r.late,
+                    )
+                    await asyncio.sleep(0.3)
+            step = [_combine(got["triton"]), _combine(got["inferline"])]
+            points += step
+            sustained = any(r.meets(args.p99_ms) for r in step)
+            if got["perf_analyzer"]:
+                row = _combine_pa(got["perf_analyzer"])
+                pa_points.append(row)
+                sustained |= pa.meets(row)
             failing_streak = 0 if sustained else failing_streak + 1
             if failing_streak >= args.stop_after:
                 break
     finally:
         await bench.close()
-    return runs
+    return points, raw, pa_points
 
 
 def report(
@@ -328,7 +376,7 @@ def report(
         f"Triton native dynamic batcher vs inferline queue | model digits_knn (Python backend), "
         f"{args.instances} CPU instances, max batch {args.max_batch}, protocol {args.protocol}, "
         f"Triton batcher max_queue_delay {args.delay_us} us, P99 target {args.p99_ms:g} ms, "
-        f"{args.duration_s:g} s per point ({args.warmup_s:g} s warm-up)"
+        f"{args.duration_s:g} s per run ({args.warmup_s:g} s warm-up), {args.repeats} run(s) per point"
     )
     head = (
         f"{'rate/s':>7} | {'triton thr/s':>12} {'p99 ms':>8} {'batch':>6} | "
@@ -417,6 +465,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--stop-after", type=int, default=None, help="stop after N rates where both miss"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--repeats", type=int, default=1, help="runs per point; the table shows median P99s"
+    )
     p.add_argument("--no-perf-analyzer", action="store_true")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
@@ -453,10 +504,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.start()
         try:
             pa = PerfAnalyzerPoints(args, server, work)
-            runs = asyncio.run(sweep(args, server, feats, pa))
+            runs, raw, pa_points = asyncio.run(sweep(args, server, feats, pa))
         finally:
             server.stop()
-        result = report(args, runs, pa.rows, pa.note)
+        result = report(args, runs, pa_points, pa.note)
+        result["single_runs"] = [asdict(r) for r in raw]
+        result["perf_analyzer"]["single_runs"] = pa.rows
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     return 0

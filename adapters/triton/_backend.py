@@ -565,7 +565,7 @@ class TritonBackend:
                         model,
                         self.drain_timeout_s,
                     )
-            m.config = ModelConfig(m.config.hardware, m.config.max_batch_size, replicas)
+            new_config = ModelConfig(m.config.hardware, m.config.max_batch_size, replicas)
             try:
                 if replicas == 0:
                     await self._client.unload(m.server_name)
@@ -583,6 +583,7 @@ class TritonBackend:
                     m.state = "ready"
             except TritonFailure as e:
                 raise self._error(e) from None
+            m.config = new_config
             if replicas > len(m.handles):
                 self._add_handles(m, replicas - len(m.handles))
         self._notify(model)

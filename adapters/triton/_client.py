@@ -170,7 +170,18 @@ class TritonClient:
                     self.address, conn_timeout=self.timeout_s, conn_limit=1000
                 )
             else:
-                self._client = aio.InferenceServerClient(self.address)
+                self._client = aio.InferenceServerClient(
+                    self.address,
+                    channel_args=[
+                        ("grpc.max_send_message_length", aio.MAX_GRPC_MESSAGE_SIZE),
+                        ("grpc.max_receive_message_length", aio.MAX_GRPC_MESSAGE_SIZE),
+                        # reconnect within a second or two of a restarted server coming back
+                        # (gRPC's default backoff grows to two minutes)
+                        ("grpc.initial_reconnect_backoff_ms", 100),
+                        ("grpc.min_reconnect_backoff_ms", 100),
+                        ("grpc.max_reconnect_backoff_ms", 2000),
+                    ],
+                )
             self._loop = loop
         return self._client
 
