@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
 .PHONY: demo test lint unit wheel-check bench clean
 
@@ -13,13 +14,23 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[dev,models,triton,redis]"
 	touch $(STAMP)
 
+# What only the tests need: TF Serving's real gRPC stubs (tensorflow-serving-api pins the full
+# 572 MB tensorflow, so it goes in with --no-deps on top of tensorflow-cpu) and a redis-server
+# for the shared-store tests. Without them those tests skip with a reason naming what is missing.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[tfserving]" && $(PY) -m pip install -q --no-deps "tensorflow-serving-api==2.21.0" \
+		|| echo "make: TF Serving gRPC stubs unavailable; their tests will skip"
+	command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null); } \
+		|| echo "make: redis-server unavailable; the Redis store tests will skip"
+	touch $(TEST_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/inferline demo
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-unit: $(STAMP)
+unit: $(TEST_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # Build the wheel, install it into a fresh venv and run the CLI from it: proves the folder
