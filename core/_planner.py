@@ -97,6 +97,7 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+_ESCAPE_FLOOR_QUERIES = 2_000_000
 
 Configs = dict[str, ModelConfig]
 Key = tuple[ModelConfig, ...]
@@ -113,6 +114,9 @@ class PlannerOptions:
     ``escape``: after Algorithm 2 converges, try to leave its local optimum (see
     :meth:`Planner.escape`); ``False`` gives the paper's algorithm exactly.
     ``escape_cost_factor``: an escape start may cost at most this times the current plan.
+    ``escape_rounds``, ``escape_budget``: escaping stops after this many improving rounds, or
+    once it has run ``escape_budget`` times as many simulations as Algorithms 1-2 did (plus
+    two million simulated queries, so small problems are always searched well).
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -121,12 +125,16 @@ class PlannerOptions:
     max_replicas: int = 1024
     escape: bool = True
     escape_cost_factor: float = 3.0
+    escape_rounds: int = 3
+    escape_budget: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
             raise ValidationError("estimator", "EstimatorOptions", self.estimator)
         as_int(self.max_replicas, "max_replicas", minimum=1)
         as_float(self.escape_cost_factor, "escape_cost_factor", lo=1.0)
+        as_int(self.escape_rounds, "escape_rounds", minimum=0)
+        as_float(self.escape_budget, "escape_budget", nonneg=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -136,13 +144,15 @@ class PlannerOptions:
             "max_replicas": self.max_replicas,
             "escape": self.escape,
             "escape_cost_factor": self.escape_cost_factor,
+            "escape_rounds": self.escape_rounds,
+            "escape_budget": self.escape_budget,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> PlannerOptions:
         m = as_mapping(d, "planner options")
         keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape"}
-        no_extra_keys(m, keys | {"escape_cost_factor"}, "")
+        no_extra_keys(m, keys | {"escape_cost_factor", "escape_rounds", "escape_budget"}, "")
         for k in ("prune", "reuse_infeasible", "escape"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
@@ -155,6 +165,8 @@ class PlannerOptions:
             escape_cost_factor=as_float(
                 m.get("escape_cost_factor", 3.0), "escape_cost_factor", lo=1.0
             ),
+            escape_rounds=as_int(m.get("escape_rounds", 3), "escape_rounds", minimum=0),
+            escape_budget=as_float(m.get("escape_budget", 1.0), "escape_budget", nonneg=True),
         )
 
 
@@ -596,17 +608,26 @@ class Planner:
         """
         best = self._key(configs)
         best_cost = self._cost(best)
+        budget = (
+            self._sims
+            + self.options.escape_budget * self._sims
+            + _ESCAPE_FLOOR_QUERIES / max(1, self.trace.size)
+        )
         rounds = 0
-        while True:
+        while rounds < self.options.escape_rounds:
             rounds += 1
             found: Key | None = None
             for i, m in enumerate(self._models):
                 c = best[i]
                 moves = [(hw, 1) for hw in self.cheaper_hardware(m, c.hardware)]
-                nb = self.next_batch(m, c.hardware, c.max_batch_size)
-                if nb is not None:
-                    moves.append((c.hardware, nb))
+                moves += [
+                    (c.hardware, b)
+                    for b in self._batch_ladder(m, c.hardware)
+                    if b > c.max_batch_size
+                ]
                 for hw, b in moves:
+                    if self._sims >= budget:
+                        break
                     lat = {m: self.profiles.latency(m, hw, b)}
                     if self.bound.best_latency_with_s(lat, self.percentile) > self.slo_s:
                         continue  # hopeless on this hardware whatever the replica counts
@@ -622,9 +643,10 @@ class Planner:
                     if cost < best_cost - _EPS and (found is None or cost < self._cost(found)):
                         found = out
             if found is None:
-                return self._configs(best)
+                break
             best, best_cost = found, self._cost(found)
             self._actions.append("escape")
+        return self._configs(best)
 
     def _repair(self, key: Key, cost_cap: float) -> Key | None:
         """Algorithm 1's loop from ``key``: a replica to the bottleneck until feasible."""

@@ -137,11 +137,11 @@ def _exhaustive(pipe, prof, trace, slo, max_r):
                 for r in range(1, max_r + 1)
             ]
         )
-    combos = sorted(
-        (dict(zip(pipe.models, cs, strict=True)) for cs in itertools.product(*per)), key=_cost
-    )
+    price = {c: c.cost_per_hour(DEFAULT_CATALOG) for cs in per for c in cs}
+    combos = sorted(itertools.product(*per), key=lambda cs: sum(price[c] for c in cs))
     planner = Planner(pipe, prof, trace, slo)  # its pruning is sound; the cache saves time
-    for cfg in combos:
+    for cs in combos:
+        cfg = dict(zip(pipe.models, cs, strict=True))
         if planner.feasible(cfg):
             return cfg
     return None
