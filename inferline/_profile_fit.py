@@ -24,9 +24,11 @@ __all__ = [
     "batch_profile",
     "fit_batch_latency",
     "profiles_from_samples",
+    "trimmed_mean",
 ]
 
-# Which summary of the samples becomes ``latency_s`` (the number the estimator uses).
+# Which summary of the samples becomes ``latency_s`` (the number the estimator uses); "mean"
+# is the mean without the slowest 1% (see ``trimmed_mean``).
 STATISTICS = ("mean", "p50", "p90", "p99")
 
 Samples = Mapping[str, Mapping[str, Mapping[int, Sequence[float]]]]
@@ -89,6 +91,18 @@ class BatchFit:
         )
 
 
+def trimmed_mean(a: np.ndarray, top: float = 0.01) -> float:
+    """Mean without the slowest ``top`` fraction of samples (at least one once there are 20).
+
+    One stall of the machine (a second-long pause while profiling a 1 ms model) would
+    otherwise move the mean, and through it every plan, by orders of magnitude; the tail
+    is still reported as ``p99_s``.
+    """
+    a = np.sort(np.asarray(a, dtype=float))
+    k = int(a.size * top) if a.size < 20 else max(1, int(a.size * top))
+    return float(a[: a.size - k].mean()) if k else float(a.mean())
+
+
 def batch_profile(samples: Sequence[float], statistic: str = "mean") -> BatchProfile:
     """Summarize one batch size's latency samples (seconds)."""
     if statistic not in STATISTICS:
@@ -96,7 +110,10 @@ def batch_profile(samples: Sequence[float], statistic: str = "mean") -> BatchPro
     a = np.asarray(samples, dtype=float)
     if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
         raise ValidationError("samples", "a non-empty list of positive latencies", list(a[:5]))
-    value = float(a.mean()) if statistic == "mean" else float(np.percentile(a, int(statistic[1:])))
+    if statistic == "mean":
+        value = trimmed_mean(a)
+    else:
+        value = float(np.percentile(a, int(statistic[1:])))
     return BatchProfile(
         latency_s=value,
         p50_s=float(np.percentile(a, 50)),

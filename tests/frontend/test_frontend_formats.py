@@ -141,3 +141,13 @@ def test_appspec_and_queue_roundtrip():
     assert a.has_default  # an explicit null default is a default
     q = QueueSpec(5, True, 0, 10)
     assert QueueSpec.from_dict(q.to_dict()) == q
+
+
+def test_mean_profile_ignores_a_stall():
+    from inferline._profile_fit import trimmed_mean
+
+    xs = [0.001] * 99 + [1.3]  # one machine stall while profiling a 1 ms model
+    assert trimmed_mean(np.asarray(xs)) == pytest.approx(0.001)
+    assert batch_profile(xs, "mean").latency_s == pytest.approx(0.001)
+    assert batch_profile(xs, "mean").p99_s > 0.01  # the tail is still reported
+    assert trimmed_mean(np.asarray([0.002, 0.004])) == pytest.approx(0.003)
