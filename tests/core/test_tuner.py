@@ -84,7 +84,7 @@ def test_sliding_maxima_match_a_brute_force_scan():
 
 
 def test_scale_up_uses_the_largest_exceeding_rate_and_says_why():
-    p = policy()
+    p = policy(up_rate="window")  # the paper's rule: the window's own rate
     s = p.initial_state(0.0)
     # 1 s window: 150 > 120 (150 q/s); 0.1 s window: 31 > 30 (310 q/s) -> the larger rate wins
     s, d = p.step(s, 2.0, (31, 150, 500))
@@ -111,8 +111,21 @@ def test_scaled_rule_provisions_for_the_plan_scaled_by_the_excess():
     assert "provisioning for 125.0 q/s" in d.reason
 
 
+def test_curve_rule_fits_a_service_rate_within_the_planned_delay():
+    p = policy(up_rate="curve")
+    # a: capacity 4 x 50 = 200 q/s, b: 2 x 40 / 0.5 = 160 q/s; the planned envelope never
+    # deviates from either rate by more than the shortest window, so D = 0.1 s for both.
+    # Doubled counts need max(60 / 0.2, 240 / 1.1, 1080 / 5.1) = 300 q/s of service:
+    # a 4 x 300/200 = 6, b 2 x 300/160 = 3.75 -> 4.
+    _s, d = p.step(p.initial_state(0.0), 1.0, (60, 240, 1080))
+    assert d is not None and d.replicas == {"a": 6, "b": 4} and d.window_s == 0.1
+    # at the planned envelope the fitted rate is within the plan's capacity: no change
+    _s, d = p.step(p.initial_state(0.0), 1.0, (31, 120, 540))
+    assert d is None
+
+
 def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
-    p = policy()
+    p = policy(up_rate="window")
     s = p.initial_state(0.0)
     s, d = p.step(s, 1.0, (60, 0, 0))  # 600 q/s burst -> a 24, b 12
     assert d is not None and d.replicas == {"a": 24, "b": 12}
@@ -136,7 +149,7 @@ def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
 
 
 def test_scale_down_keeps_what_recent_exceeding_rates_need():
-    p = policy()
+    p = policy(up_rate="window")
     s = p.initial_state(0.0)
     s, _ = p.step(s, 1.0, (60, 0, 0))  # up for 600 q/s
     decisions = []
@@ -153,7 +166,7 @@ def test_scale_down_keeps_what_recent_exceeding_rates_need():
 
 def test_scale_down_never_goes_below_the_plan_unless_asked():
     for floor, expect in (("plan", {"a": 4, "b": 2}), ("one", {"a": 1, "b": 1})):
-        p = policy(floor=floor)
+        p = policy(floor=floor, up_rate="window")
         s = p.initial_state(0.0)
         s, _ = p.step(s, 0.1, (50, 0, 0))
         for k in range(2, 500):
@@ -162,7 +175,7 @@ def test_scale_down_never_goes_below_the_plan_unless_asked():
 
 
 def test_after_a_down_step_the_delay_starts_again():
-    p = policy(stabilization_delay_s=5.0, down_horizon_s=2.0, keep_horizon_s=2.0)
+    p = policy(stabilization_delay_s=5.0, down_horizon_s=2.0, keep_horizon_s=2.0, up_rate="window")
     s = p.initial_state(0.0)
     s, _ = p.step(s, 0.0, (100, 0, 0))  # 1000 q/s: a 40, b 25
     s, _ = p.step(s, 0.5, (0, 300, 0))  # exceeding 300 q/s, recorded in the history
@@ -194,7 +207,7 @@ def test_round_trips():
     assert TunerConfig.from_dict(TunerConfig().to_dict()) == TunerConfig()
     d = TunerDecision(1.5, {"a": 3}, "why", 0.1, 310.0, "up")
     assert TunerDecision.from_dict(d.to_dict()) == d
-    p = policy()
+    p = policy(up_rate="window")
     s, _ = p.step(p.initial_state(0.0), 1.0, (60, 0, 0))
     assert TunerState.from_dict(s.to_dict()) == s
 
@@ -214,7 +227,7 @@ def _plan_for(trace: np.ndarray) -> Plan:
 def test_tuner_on_streams_detects_rate_and_burstiness_changes():
     rng = np.random.default_rng(7)
     plan = _plan_for(gamma_trace(100.0, 1.0, 300.0, rng))
-    cfg = TunerConfig(interval_s=0.1)
+    cfg = TunerConfig(interval_s=0.1, up_rate="window")
 
     def run(live: np.ndarray) -> Tuner:
         tuner = Tuner.from_plan(plan, cfg)

@@ -1,0 +1,347 @@
+"""Reproduce InferLine's tuning results (paper §7.1 "High-Frequency Tuning", §7.2 Figs. 10-11).
+
+In simulation (the project's estimator, replica activation delay 5 s as in the paper), on the
+social-media-like and image-processing-like pipelines of ``benchmarks/_pipelines.py``:
+
+* ``rate-tau<T>``: the arrival rate rises from the planned 150 q/s to 250 q/s over a transition
+  time ``T``, stays there, then returns to 150 q/s over ``T`` (CV 1 throughout);
+* ``cv1to4``: at 150 q/s, the burstiness rises from CV 1 to CV 4 over 60 s and stays there;
+* ``azure-conv`` / ``azure-code``: the two real arrival traces, rescaled in time to a mean rate
+  (``rescale_to_rate``), planned on their first 25% and served on the rest.
+
+The synthetic cases are planned on a separate sample trace with the starting characteristics
+(150 q/s, CV 1), as in the paper. Compared, per case:
+
+* ``tuner``: the InferLine plan with the InferLine tuner in the loop;
+* ``plan``: the InferLine plan, nothing scaling it;
+* ``oracle``: the InferLine planner given the whole live trace, nothing scaling it;
+* ``autoscale``: the coarse-grained CG-Peak plan scaled by AutoScale (Gandhi et al.);
+* ``il+autoscale``: the InferLine plan scaled as one unit by AutoScale (the paper's §7.3
+  ablation "InferLine Plan + Baseline Tune": same starting point, the tuning mechanism alone).
+* ``paper-rule``: the tuner with the paper's literal scale-up rate (``up_rate="window"``).
+
+Printed: SLO miss rate and time-averaged cost ($/h) per case, then the targets (tuner miss rate
+<= 1%, >= 10x below AutoScale where AutoScale misses, tuner mean cost <= oracle).
+
+Trace attribution: Azure LLM inference trace 2023, Azure Public Dataset
+(github.com/Azure/AzurePublicDataset), CC-BY 4.0; Patel et al., "Splitwise: Efficient
+generative LLM inference using phase splitting", ISCA 2024.
+
+Run: ``.venv/bin/python benchmarks/paper_tuner.py [--quick] [--up-rate window|scaled]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._pipelines import PIPELINES
+from inferline.core import (
+    DEFAULT_CATALOG,
+    AutoScaleConfig,
+    AutoScaleController,
+    EstimatorOptions,
+    InferLineController,
+    ModelConfig,
+    Pipeline,
+    Plan,
+    PlannerOptions,
+    Profiles,
+    TunerConfig,
+    gamma_trace,
+    load_csv_trace,
+    packing_factor,
+    pipeline_unit,
+    plan_cg_peak,
+    plan_inferline,
+    rescale_to_rate,
+    simulate_plan,
+    split_trace,
+    varying_trace,
+)
+
+TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+ACTIVATION_S = 5.0  # the paper's replica activation time
+
+
+@dataclass
+class Case:
+    name: str
+    sample: np.ndarray  # what the planner sees
+    live: np.ndarray  # what is served
+    note: str = ""
+
+
+@dataclass
+class Row:
+    pipeline: str
+    case: str
+    results: dict[str, tuple[float, float]] = field(default_factory=dict)  # miss, cost
+    peaks: dict[str, float] = field(default_factory=dict)  # highest cost rate
+    decisions: dict[str, int] = field(default_factory=dict)
+
+
+def synthetic_cases(seed: int, quick: bool) -> list[Case]:
+    """Planned on a separate 150 q/s CV 1 sample; served: the change, held, then undone."""
+    rng = np.random.default_rng(seed)
+    sample = gamma_trace(150.0, 1.0, 60.0 if quick else 120.0, rng)
+    cases = []
+    taus = (60.0,) if quick else (10.0, 60.0, 120.0)
+    calm, hold = (60.0, 60.0) if quick else (120.0, 60.0)
+    for tau in taus:
+        live = varying_trace(
+            [(150.0, 1.0, calm), (250.0, 1.0, tau + hold), (150.0, 1.0, tau + calm)],
+            rng,
+            transition_s=tau,
+        )
+        cases.append(Case(f"rate-tau{tau:g}", sample, live, f"150->250->150 q/s, tau {tau:g} s"))
+    tau = 60.0
+    live = varying_trace(
+        [(150.0, 1.0, calm), (150.0, 4.0, tau + 2 * hold), (150.0, 1.0, tau + calm)],
+        rng,
+        transition_s=tau,
+    )
+    cases.append(Case("cv1to4", sample, live, "150 q/s, CV 1->4->1, tau 60 s"))
+    return cases
+
+
+def minute_shape_trace(
+    trace: np.ndarray, rng: np.random.Generator, peak_qps: float, seconds_per_minute: float
+) -> np.ndarray:
+    """The paper's derivation of a serving trace from a real workload (InferLine §6): the
+    request rate of every minute, rescaled so the busiest minute is ``peak_qps``, each played
+    for ``seconds_per_minute`` seconds as gamma arrivals with CV 1."""
+    counts, _ = np.histogram(trace, bins=np.arange(trace[0], trace[-1] + 60.0, 60.0))
+    rates = counts / counts.max() * peak_qps
+    parts = [
+        gamma_trace(float(r), 1.0, seconds_per_minute, rng, start_s=i * seconds_per_minute)
+        for i, r in enumerate(rates)
+        if r > 0
+    ]
+    return np.concatenate(parts)
+
+
+def real_cases(seed: int, quick: bool) -> list[Case]:
+    """Each Azure trace twice: shaped as in the paper (minute rates, busiest minute 300 q/s,
+    CV 1 within a minute) and raw (every arrival kept, time rescaled to a mean rate)."""
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for name, raw_rate in (("conv", 20.0), ("code", 10.0)):
+        path = TRACES / f"azure_llm_2023_{name}.csv"
+        if not path.exists():
+            print(f"# skipping azure-{name}: {path} not found", file=sys.stderr)
+            continue
+        real = load_csv_trace(path)
+        shaped = minute_shape_trace(real, rng, 300.0, 10.0 if quick else 20.0)
+        sample, live = split_trace(shaped, 0.25)
+        out.append(Case(f"azure-{name}", sample, live, "minute rates, peak 300 q/s"))
+        raw = rescale_to_rate(real, raw_rate)
+        if quick:
+            raw = raw[raw < raw[0] + (raw[-1] - raw[0]) * 0.4]
+        sample, live = split_trace(raw, 0.25)
+        out.append(Case(f"azure-{name}-raw", sample, live, f"raw, rescaled to {raw_rate:g} q/s"))
+    return out
+
+
+def peak_cost(result: object, plan: Plan) -> float:
+    """The highest cost rate ($/h) over the run, from the estimator's replica timeline."""
+    price = {m: DEFAULT_CATALOG.cost(c.hardware) for m, c in plan.models.items()}
+    counts: dict[str, int] = {}
+    best = 0.0
+    for _, m, n in result.replica_timeline:  # type: ignore[attr-defined]
+        counts[m] = n
+        best = max(best, sum(price[k] * v for k, v in counts.items()))
+    return best
+
+
+def run_case(
+    pipeline: Pipeline,
+    profiles: Profiles,
+    slo_s: float,
+    case: Case,
+    tuner_cfg: TunerConfig,
+    autoscale_wait_s: float,
+    activation_s: float,
+    plots: Path | None,
+) -> Row:
+    opts = EstimatorOptions(activation_delay_s=activation_s)
+    popts = PlannerOptions()
+    row = Row(pipeline.name, case.name)
+
+    def measure(label: str, plan: Plan, controller: object = None) -> None:
+        r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=controller)
+        row.results[label] = (r.miss_rate(slo_s), r.cost_per_hour)
+        row.peaks[label] = peak_cost(r, plan)
+        if controller is not None:
+            row.decisions[label] = len(controller.decisions)  # type: ignore[attr-defined]
+            if plots is not None:
+                from inferline._timeline import plot_timeline
+
+                plots.mkdir(parents=True, exist_ok=True)
+                plot_timeline(
+                    r,
+                    slo_s,
+                    plots / f"{pipeline.name}_{case.name}_{label}.png",
+                    decisions=controller.decisions,  # type: ignore[attr-defined]
+                    title=f"{pipeline.name} / {case.name} / {label} ({case.note})",
+                )
+
+    plan = plan_inferline(pipeline, profiles, case.sample, slo_s, options=popts)
+    start = float(case.live[0])
+    measure("tuner", plan, InferLineController(plan, tuner_cfg, start_s=start))
+    paper_cfg = replace(tuner_cfg, up_rate="window")
+    measure("paper-rule", plan, InferLineController(plan, paper_cfg, start_s=start))
+    measure("plan", plan)
+    oracle = plan_inferline(pipeline, profiles, case.live, slo_s, options=popts)
+    measure("oracle", oracle)
+    cg = plan_cg_peak(pipeline, profiles, case.sample, slo_s)
+    for label, base in (("autoscale", cg), ("il+autoscale", plan)):
+        unit, _ = pipeline_unit(base.models)
+        unit_cfg = {
+            m: ModelConfig(c.hardware, c.max_batch_size, unit[m]) for m, c in base.models.items()
+        }
+        p = packing_factor(pipeline, unit_cfg, profiles, slo_s)
+        ac = AutoScaleConfig(p, t_wait_s=autoscale_wait_s, interval_s=tuner_cfg.interval_s)
+        measure(label, base, AutoScaleController(base, ac))
+    return row
+
+
+SETUPS: dict[str, float] = {"social-media": 0.3, "image-processing": 0.3}  # SLO (s)
+LABELS = ("tuner", "paper-rule", "plan", "oracle", "autoscale", "il+autoscale")
+
+
+def print_table(rows: list[Row]) -> None:
+    head = f"{'pipeline':<17} {'case':<15}" + "".join(f" {lab:>17}" for lab in LABELS)
+    head += f" {'tuner peak $/h':>15}"
+    print(head)
+    print(f"{'':<33}" + "".join(f" {'miss %   mean $/h':>17}" for _ in LABELS))
+    print("-" * len(head))
+    for r in rows:
+        cells = "".join(
+            f" {r.results[lab][0] * 100:>7.2f} {r.results[lab][1]:>9.3f}" for lab in LABELS
+        )
+        print(f"{r.pipeline:<17} {r.case:<15}{cells} {r.peaks['tuner']:>15.3f}")
+
+
+def check_targets(rows: list[Row], label: str = "tuner") -> list[str]:
+    problems = []
+    for r in rows:
+        tm, tc = r.results[label]
+        _, oc = r.results["oracle"]
+        where = f"{r.pipeline}/{r.case}"
+        if tm > 0.01:
+            problems.append(f"{where}: {label} miss rate {tm:.2%} > 1%")
+        for base in ("autoscale", "il+autoscale"):
+            am = r.results[base][0]
+            if am > 0 and tm * 10 > am:
+                problems.append(f"{where}: {label} miss {tm:.3%} not 10x below {base} {am:.3%}")
+        if tc > oc * (1 + 1e-9):
+            problems.append(f"{where}: {label} mean cost {tc:.3f} > oracle {oc:.3f}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer, shorter cases (about a minute)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--activation-s", type=float, default=ACTIVATION_S)
+    ap.add_argument("--stabilization-s", type=float, default=15.0)
+    ap.add_argument("--up-rate", choices=("window", "scaled", "curve"), default="scaled")
+    ap.add_argument("--down-rate", choices=("window", "scaled"), default="window")
+    ap.add_argument("--down-rho", choices=("min", "model"), default="min")
+    ap.add_argument("--keep-horizon-s", type=float, default=30.0)
+    ap.add_argument("--autoscale-wait-s", type=float, default=15.0)
+    ap.add_argument("--pipelines", nargs="*", default=list(SETUPS), choices=list(SETUPS))
+    ap.add_argument("--cases", nargs="*", default=None, help="only these case names")
+    ap.add_argument("--no-real", action="store_true", help="skip the Azure traces")
+    ap.add_argument("--plots", type=Path, default=None, help="write timeline plots here")
+    ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    args = ap.parse_args(argv)
+
+    cfg = TunerConfig(
+        stabilization_delay_s=args.stabilization_s,
+        up_rate=args.up_rate,
+        down_rate=args.down_rate,
+        down_rho=args.down_rho,
+        keep_horizon_s=args.keep_horizon_s,
+    )
+    cases = synthetic_cases(args.seed, args.quick)
+    if not args.no_real:
+        cases += real_cases(args.seed, args.quick)
+    if args.cases:
+        cases = [c for c in cases if c.name in args.cases]
+    rows = []
+    t0 = time.perf_counter()
+    for name in args.pipelines:
+        builder: Callable[[], tuple[Pipeline, Profiles]] = PIPELINES[name]
+        pipeline, profiles = builder()
+        for case in cases:
+            t = time.perf_counter()
+            rows.append(
+                run_case(
+                    pipeline,
+                    profiles,
+                    SETUPS[name],
+                    case,
+                    cfg,
+                    args.autoscale_wait_s,
+                    args.activation_s,
+                    args.plots,
+                )
+            )
+            print(
+                f"# {name} {case.name} ({case.note}, {case.live.size} queries) "
+                f"{time.perf_counter() - t:.1f} s",
+                file=sys.stderr,
+            )
+    print(
+        f"InferLine tuner vs baselines in the estimator: activation {args.activation_s:g} s, "
+        f"SLO {SETUPS}\n"
+        f"tuner: up_rate={cfg.up_rate} (paper-rule: up_rate=window), down_rate={cfg.down_rate}, "
+        f"down_rho={cfg.down_rho}, "
+        f"stabilization {cfg.stabilization_delay_s:g} s, keep {cfg.keep_horizon_s:g} s; "
+        f"autoscale: CG-Peak plan + AutoScale (t_wait {args.autoscale_wait_s:g} s)"
+    )
+    print_table(rows)
+    for label in ("tuner", "paper-rule"):
+        problems = check_targets(rows, label)
+        print(
+            f"\ntargets for {label}: " + ("all met" if not problems else f"{len(problems)} not met")
+        )
+        for p in problems:
+            print("  - " + p)
+    print(
+        "\nAzure traces: Azure LLM inference trace 2023 (Azure Public Dataset, CC-BY 4.0); "
+        "Patel et al., Splitwise, ISCA 2024."
+    )
+    print(f"({time.perf_counter() - t0:.0f} s) reproduce: .venv/bin/python " + " ".join(sys.argv))
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        "pipeline": r.pipeline,
+                        "case": r.case,
+                        "results": r.results,
+                        "peak_cost_per_hour": r.peaks,
+                        "decisions": r.decisions,
+                    }
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
