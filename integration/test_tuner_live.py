@@ -25,10 +25,11 @@ from inferline.demo.simple import sleep_deployment
 
 pytestmark = pytest.mark.integration
 
-BATCH_S = 0.02  # one query per batch, 20 ms: 50 q/s per replica
-PLANNED_QPS = 15.0
-BURST_QPS = 60.0  # 4x the plan, more than the planned replica can serve (50 q/s)
-SLO_S = 0.25
+# Low absolute rates: the shared test machine may have little CPU to spare for the replicas.
+BATCH_S = 0.05  # one query per batch, 50 ms: 20 q/s per replica
+PLANNED_QPS = 6.0
+BURST_QPS = 24.0  # 4x the plan, more than the planned replica can serve (20 q/s)
+SLO_S = 0.5
 
 
 def _plan() -> Plan:
@@ -111,14 +112,14 @@ def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
     first = next(a for a in tuner.applied if a.decision is ups[0])
     assert first.error is None and first.started_s - ups[0].time_s < 1.0
     assert max(n for _, n in seen) >= 2
-    # 3. the SLO recovers: two replicas (100 q/s for a 60 q/s burst) serve within a few
+    # 3. the SLO recovers: two replicas (40 q/s for a 24 q/s burst) serve within a few
     # seconds (replica processes start slower on a loaded machine), the backlog drains, and
     # the end of the burst meets the SLO
     ready = next(t for t, n in seen if n >= 2)
     print("two replicas serving at", round(ready, 2), "s; burst from 3.0 to 11.0 s")
     assert ready < 8.0
     lat = np.array([lat for at, lat in results if 9.5 <= at < 11.0])
-    assert lat.size > 50 and float(np.mean(lat <= SLO_S)) >= 0.95, np.percentile(lat, 99)
+    assert lat.size > 20 and float(np.mean(lat <= SLO_S)) >= 0.95, np.percentile(lat, 99)
     # 4. replicas are removed only after the stabilization delay since the last change
     assert downs, timeline
     last_up = ups[-1].time_s
@@ -129,7 +130,7 @@ def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
     assert 'inferline_tuner_decisions_total{action="up"}' in metrics
     assert 'inferline_tuner_decisions_total{action="down"}' in metrics
     assert "inferline_tuner_last_decision_info" in metrics
-    assert 'inferline_tuner_planned_arrivals{window_s="0.02"}' in metrics
+    assert 'inferline_tuner_planned_arrivals{window_s="0.05"}' in metrics
 
 
 def test_inferline_serve_runs_the_tuner(tmp_path):
