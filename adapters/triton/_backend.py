@@ -685,10 +685,13 @@ class TritonBackend:
     async def _on_connection_error(self, m: _Managed, reason: str) -> None:
         """A request broke: a slow request is not an outage, a server that is gone is."""
         t = self.probe_timeout_s
-        if await self._client.ready(timeout_s=t) and await self._client.model_ready(
-            m.server_name, timeout_s=t
-        ):
-            return
+        try:
+            if await self._client.ready(timeout_s=t) and await self._client.model_ready(
+                m.server_name, timeout_s=t
+            ):
+                return
+        except TritonFailure:
+            pass  # gone between the two probes: an outage
         self._start_recovery(None, reason)
 
     def _start_recovery(self, models: set[str] | None, reason: str) -> None:

@@ -285,6 +285,7 @@ def test_client_timing_summary() -> None:
 
 
 def test_classify_failures() -> None:
+    pytest.importorskip("tritonclient.http", reason="tritonclient[http] (extra 'triton') missing")
     from tritonclient.utils import InferenceServerException
 
     def exc(msg: str, status: str | None = None) -> InferenceServerException:
@@ -346,6 +347,7 @@ def test_urls_options_and_offline_backend() -> None:
 
 
 def test_unreachable_server_is_a_backend_error() -> None:
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (extra 'triton') missing")
     from socket import socket
 
     with socket() as s:  # a port nobody listens on
