@@ -309,6 +309,20 @@ def test_triton_batcher_on_request_and_config_errors(triton: tuple[TritonServer,
             assert "dynamic_batching" in cfg and sum(g["count"] for g in cfg["instance_group"]) == 2
             with pytest.raises(CapacityError):
                 await b.scale("knn_native", 3)  # 2 cores offered, 2 in use
+            # a new plan for the model: another max batch size and one instance
+            (keep,) = b.replicas("knn_native")[:1]
+            await b.reconfigure("knn_native", ModelConfig("cpu", 4, 1))
+            cfg = await b.client.model_config("digits_knn")
+            assert (
+                cfg["max_batch_size"] == 4 and sum(g["count"] for g in cfg["instance_group"]) == 1
+            )
+            assert b.replicas("knn_native") == [keep]
+            out = await keep.predict_batch([np.zeros(64, dtype=np.float32)] * 6)  # sent as 4 + 2
+            assert len(out) == 6 and all(isinstance(o, np.integer) for o in out)
+            st = await b.stats("knn_native")
+            assert st["max_batch_size"] == 4 and set(st["client"]["batches"]) == {4, 2}
+            with pytest.raises(CapacityError):
+                await b.reconfigure("knn_native", ModelConfig("cpu", 8, 3))
             await b.remove("knn_native")
 
             with pytest.raises(NotFoundError) as nf:

@@ -588,6 +588,71 @@ class TritonBackend:
                 self._add_handles(m, replicas - len(m.handles))
         self._notify(model)
 
+    async def reconfigure(self, model: str, config: ModelConfig) -> None:
+        """Apply a new configuration to a deployed model (a new plan): max batch size,
+        hardware kind and replica count, by loading its full model configuration. A change
+        of the instance count only is done in place (``scale``); otherwise Triton reloads the
+        model, serving in-flight requests with the old instances until the new ones are up."""
+        self._check_open()
+        m = self._get(model)
+        if (
+            config.hardware == m.config.hardware
+            and config.max_batch_size == m.config.max_batch_size
+        ):
+            await self.scale(model, config.replicas)
+            return
+        gpus = self._hardware_gpus(config.hardware)
+        per = m.spec.threads if gpus is None else 1
+        if not self.oversubscribe:
+            used = self._used()
+            mine = m.config.replicas * (m.spec.threads if m.config.hardware == self.cpu_kind else 1)
+            used[m.config.hardware] = used.get(m.config.hardware, 0) - mine
+            free = self.inventory().get(config.hardware, 0) - used.get(config.hardware, 0)
+            if config.replicas * per > free:
+                raise CapacityError(
+                    f"{config.replicas * per} {config.hardware!r} units needed, {free} free",
+                    self.free(),
+                )
+        async with self._control_lock():
+            if config.replicas < len(m.handles):
+                victims = m.handles[config.replicas :]
+                m.handles = m.handles[: config.replicas]
+                for h in victims:
+                    h._kill()
+                self._notify(model)
+                await asyncio.gather(*(h.drained(self.drain_timeout_s) for h in victims))
+            try:
+                if config.replicas == 0:
+                    await self._client.unload(m.server_name)
+                    loaded = build_config(
+                        m.triton_config,
+                        max_batch_size=config.max_batch_size,
+                        replicas=1,
+                        gpus=gpus,
+                        batcher=m.batcher,
+                    )
+                    m.state = "unloaded"
+                else:
+                    desired = build_config(
+                        m.triton_config,
+                        max_batch_size=config.max_batch_size,
+                        replicas=config.replicas,
+                        gpus=gpus,
+                        batcher=m.batcher,
+                    )
+                    await self._client.load(m.server_name, desired)
+                    loaded = await self._client.model_config(m.server_name)
+                    m.state = "ready"
+            except TritonFailure as e:
+                raise self._error(e) from None
+            m.triton_config = loaded
+            self._seen_configs[m.server_name] = loaded
+            m.io = ModelIO.from_config(loaded)
+            m.config = config
+            if config.replicas > len(m.handles):
+                self._add_handles(m, config.replicas - len(m.handles))
+        self._notify(model)
+
     async def remove(self, model: str) -> None:
         """Stop serving ``model``: drain its instances, unload it from the server, forget it."""
         self._check_open()

@@ -115,7 +115,14 @@ def build_config(
     if batcher is None or cur_mb == 0:
         cfg.pop("dynamic_batching", None)
     else:
-        cfg["dynamic_batching"] = batcher.to_config()
+        db = batcher.to_config()
+        # Triton rejects preferred sizes above max_batch_size (a smaller planned batch)
+        pref = [b for b in db.get("preferred_batch_size", []) if b <= max_batch_size]
+        if pref:
+            db["preferred_batch_size"] = pref
+        else:
+            db.pop("preferred_batch_size", None)
+        cfg["dynamic_batching"] = db
     return cfg
 
 

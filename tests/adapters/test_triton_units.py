@@ -186,6 +186,10 @@ def test_build_config_cpu_gpu_batcher_and_no_mutation() -> None:
         "max_queue_delay_microseconds": 250,
         "preferred_batch_size": [4, 8],
     }
+    small = build_config(CONFIG, max_batch_size=4, replicas=1, batcher=BatcherSettings(0, (2, 8)))
+    assert small["dynamic_batching"]["preferred_batch_size"] == [2]  # Triton refuses 8 > 4
+    none = build_config(CONFIG, max_batch_size=4, replicas=1, batcher=BatcherSettings(0, (8,)))
+    assert "preferred_batch_size" not in none["dynamic_batching"]
     with pytest.raises(ValidationError):
         build_config(CONFIG, max_batch_size=8, replicas=0)
     nobatch = dict(CONFIG, max_batch_size=0)
