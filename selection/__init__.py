@@ -2,6 +2,16 @@
 
 from ._bandits import UCB1, EpsilonGreedy, Exp3, Exp4, StaticPolicy, make_policy
 from ._policy import Combined, SelectionPolicy, WeightState, as_label, combine_votes, zero_one_loss
+from ._rafiki import (
+    EnsembleEnv,
+    EpisodeStats,
+    RafikiConfig,
+    greedy_batch,
+    run_baseline,
+    sine_arrivals,
+    sine_rate,
+)
+from ._rafiki_agent import RafikiAgent, RafikiTrainConfig, TrainLog
 from ._service import Prediction, SelectionConfig, SelectionService, input_digest
 from ._store import MemoryStore, RedisStore, SQLiteStore, StateStore, open_store
 from ._switching import (
@@ -19,11 +29,16 @@ from ._switching import (
 __all__ = [
     "UCB1",
     "Combined",
+    "EnsembleEnv",
+    "EpisodeStats",
     "EpsilonGreedy",
     "Exp3",
     "Exp4",
     "MemoryStore",
     "Prediction",
+    "RafikiAgent",
+    "RafikiConfig",
+    "RafikiTrainConfig",
     "RateEstimator",
     "RedisStore",
     "SQLiteStore",
@@ -37,14 +52,19 @@ __all__ = [
     "SwitchingConfig",
     "SwitchingController",
     "SwitchingTable",
+    "TrainLog",
     "Variant",
     "WeightState",
     "as_label",
     "build_switching_table",
     "combine_votes",
+    "greedy_batch",
     "input_digest",
     "make_policy",
     "open_store",
+    "run_baseline",
+    "sine_arrivals",
+    "sine_rate",
     "thread_hardware",
     "zero_one_loss",
 ]

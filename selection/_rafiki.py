@@ -5,10 +5,20 @@ The environment follows §5.2. Models run in parallel, one per worker; a decisio
 oldest ``b`` queued requests to a subset ``v`` of the models, which start when all of them are
 free; a request completes when the slowest selected model finishes. The reward of a batch is
 Eq. 7: ``a(M[v]) * (b - beta * overdue)``, with ``a`` the validation accuracy of the subset's
-ensemble. The state is the waiting time of the first ``queue_features`` requests (zero padded)
-plus, per model, its batch latencies ``c(m, b)`` and the time left on its current work. The
-action space is ``(2^|M| - 1) x |B|``. Arrivals follow the paper's noisy sine (Eqs. 8-9): the rate
-exceeds ``r_ref`` for 20% of each cycle and peaks at 1.1 ``r_ref``.
+ensemble. The state is the waiting time of the first ``queue_features`` requests (zero padded,
+in units of tau, capped at a few tau) plus, per model, its batch latencies ``c(m, b)`` and the
+time left on its current work; we add the (log) queue length, which the truncated wait vector
+cannot show. The action space is ``(2^|M| - 1) x |B|``. Arrivals follow the paper's noisy sine
+(Eqs. 8-9): the rate exceeds ``r_ref`` for 20% of each cycle and peaks at 1.1 ``r_ref``.
+
+Decision points (documented against the paper, which invokes its simulator periodically): a
+decision is taken whenever some model is idle and a request is queued, and it dispatches *now*
+(``min(b, queue length)`` requests; a partial batch costs the latency of the smallest profiled
+size that holds it). The agent has no explicit "wait" action; it can wait for a busy model by
+selecting it. ``action_mask()`` marks the actions whose subset holds at least one idle model: a
+subset of busy models only leaves the idle ones unused at that instant, and masking it out is
+what lets the agent learn asynchronous dispatch under load (without the mask it collapses to a
+fixed subset, see the tests).
 
 Baselines: all models synchronously on every batch, and one model per batch asynchronously (the
 earliest-free model); both form batches with Rafiki's greedy rule (Algorithm 3).
@@ -27,39 +37,60 @@ import numpy as np
 
 from inferline.core.errors import ValidationError
 
+_WAIT_CAP = 4.0
+
 __all__ = [
     "EnsembleEnv",
     "EpisodeStats",
-    "RafikiAgent",
     "RafikiConfig",
     "greedy_batch",
     "run_baseline",
     "sine_arrivals",
+    "sine_rate",
 ]
 
 
 def sine_arrivals(
-    r_ref: float, tau_s: float, duration_s: float, rng: np.random.Generator, step_s: float = 0.01
+    r_ref: float,
+    tau_s: float,
+    duration_s: float,
+    rng: np.random.Generator,
+    step_s: float = 0.01,
+    *,
+    period_s: float | None = None,
+    start_s: float = 0.0,
 ) -> np.ndarray:
-    """Arrival times whose rate is ``k sin(2 pi t / T) + b`` with T = 500 tau, noise N(0, 0.1).
+    """Arrival times whose rate is ``k sin(2 pi t / T) + b`` times ``(1 + N(0, 0.1))``.
 
-    Eqs. 8-9 fix k and b: the rate is above ``r_ref`` for 20% of each cycle and peaks at 1.1 r_ref.
+    Eqs. 8-9 fix k and b: the rate is above ``r_ref`` for 20% of each cycle and peaks at
+    1.1 r_ref. ``T`` is 500 tau as in the paper unless ``period_s`` is given (shorter cycles keep
+    tests fast). ``start_s`` shifts the window along the cycle (training on random phases); the
+    returned times start at ``start_s``.
     """
-    period = 500.0 * tau_s
-    s = math.sin(
-        math.pi / 2 - 0.2 * math.pi
-    )  # the sine value crossed 20% of a cycle around the peak
+    period = 500.0 * tau_s if period_s is None else float(period_s)
+    if not (r_ref > 0 and tau_s > 0 and period > 0 and step_s > 0):
+        raise ValidationError("sine_arrivals", "r_ref, tau_s, period_s, step_s > 0", r_ref)
+    # the sine value crossed 20% of a cycle around the peak
+    s = math.sin(math.pi / 2 - 0.2 * math.pi)
     k = 0.1 * r_ref / (1.0 - s)
     b = 1.1 * r_ref - k
-    out: list[np.ndarray] = []
-    t = 0.0
-    while t < duration_s:
-        rate = max(0.0, (k * math.sin(2 * math.pi * t / period) + b) * (1.0 + rng.normal(0.0, 0.1)))
-        n = rng.poisson(rate * step_s)
-        if n:
-            out.append(np.sort(t + rng.random(n) * step_s))
-        t += step_s
-    return np.concatenate(out) if out else np.empty(0)
+    n_steps = max(0, math.ceil(duration_s / step_s - 1e-9))
+    t = start_s + step_s * np.arange(n_steps)
+    rate = (k * np.sin(2 * np.pi * t / period) + b) * (1.0 + rng.normal(0.0, 0.1, n_steps))
+    counts = rng.poisson(np.maximum(rate, 0.0) * step_s)
+    # each arrival uniform within its step; sorting within a step keeps the times ordered
+    offsets = rng.random(int(counts.sum())) * step_s
+    times = np.repeat(t, counts) + offsets
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    order = np.lexsort((offsets, starts))
+    return times[order]
+
+
+def sine_rate(r_ref: float, t_s: float, period_s: float) -> float:
+    """The noiseless rate of ``sine_arrivals`` at time ``t_s`` (for plots and tables)."""
+    s = math.sin(math.pi / 2 - 0.2 * math.pi)
+    k = 0.1 * r_ref / (1.0 - s)
+    return k * math.sin(2 * math.pi * t_s / period_s) + 1.1 * r_ref - k
 
 
 def greedy_batch(
@@ -125,9 +156,8 @@ class EpisodeStats:
     dropped: int = 0
     batches: int = 0
     models_used: int = 0
-    timeline: list[tuple[float, int, int, float]] = field(
-        default_factory=list
-    )  # t, served, overdue, acc
+    # per batch: finish time, requests, overdue requests, subset accuracy, models in the subset
+    timeline: list[tuple[float, int, int, float, int]] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
@@ -180,6 +210,10 @@ class EnsembleEnv:
         self.cfg = config
         self.actions = [(s, b) for s in self.subsets for b in config.batch_sizes]
         self.arrivals = np.asarray(arrivals, dtype=float)
+        # _subset_masks[m, a]: model m is in action a's subset
+        self._subset_masks = np.array(
+            [[m in sub for sub, _ in self.actions] for m in range(self.k)], dtype=bool
+        )
         self.static = (
             np.array([self.lat[m][b] for m in range(self.k) for b in config.batch_sizes])
             / config.tau_s
@@ -196,6 +230,9 @@ class EnsembleEnv:
         self.queue: deque[float] = deque()
         self.free_at = np.full(self.k, self.t)
         self.stats = EpisodeStats()
+        self.elapsed_s = 0.0
+        self.arrived = 0  # arrivals between the last decision and this one
+        self.last_batch: tuple[int, int, float] = (0, 0, 0.0)
         self._admit(self.t)
         return self.state()
 
@@ -214,11 +251,21 @@ class EnsembleEnv:
     def state(self) -> np.ndarray:
         q = np.zeros(self.cfg.queue_features)
         waits = [self.t - a for a in itertools.islice(self.queue, self.cfg.queue_features)]
-        q[: len(waits)] = np.asarray(waits) / self.cfg.tau_s
+        # waits in units of tau; beyond a few tau everything is overdue anyway, and unbounded
+        # inputs saturate the tanh layers during a backlog
+        q[: len(waits)] = np.minimum(np.asarray(waits) / self.cfg.tau_s, _WAIT_CAP)
         left = np.maximum(self.free_at - self.t, 0.0) / self.cfg.tau_s
-        # queue length beyond the padded window is otherwise invisible to the policy
-        qlen = np.array([len(self.queue) / max(self.cfg.batch_sizes)])
+        # queue length beyond the padded window is otherwise invisible to the policy (log scale:
+        # a backlog can be hundreds of batches)
+        qlen = np.array([math.log1p(len(self.queue) / max(self.cfg.batch_sizes))])
         return np.concatenate([q, qlen, self.static, left]).astype(np.float32)
+
+    def action_mask(self) -> np.ndarray:
+        """Actions whose subset holds at least one idle model (see the module docstring)."""
+        idle = self.free_at <= self.t + 1e-12
+        return (
+            self._subset_masks[idle].any(axis=0) if idle.any() else np.ones(len(self.actions), bool)
+        )
 
     def _advance(self) -> None:
         """Move time to the next decision point: a model is free and a request is queued."""
@@ -255,14 +302,31 @@ class EnsembleEnv:
         st.reward += reward
         st.batches += 1
         st.models_used += len(subset)
-        st.timeline.append((finish, n, overdue, acc))
+        st.timeline.append((finish, n, overdue, acc, len(subset)))
+        self.last_batch = (n, overdue, acc)
         return reward
 
     def step(self, action: int) -> tuple[np.ndarray, float, bool]:
+        """Apply one action; ``self.elapsed_s`` is then the time to the next decision."""
         subset, batch = self.actions[action]
+        t0, seen = self.t, self.next_arrival
         reward = self.dispatch(subset, batch)
         self._advance()
+        self.elapsed_s = self.t - t0
+        self.arrived = self.next_arrival - seen
         return self.state(), reward, self.done
+
+    def start(self) -> np.ndarray:
+        """Reset and move to the first decision point; returns its state."""
+        self.reset()
+        self._advance()
+        return self.state()
+
+    def clone(self, arrivals: np.ndarray | None = None) -> EnsembleEnv:
+        """A fresh environment with the same models and config (and other arrivals)."""
+        return EnsembleEnv(
+            self.lat, self.acc, self.cfg, self.arrivals if arrivals is None else arrivals
+        )
 
     def wait_until(self, t: float) -> None:
         self.t = t
@@ -309,102 +373,3 @@ def run_baseline(env: EnsembleEnv, mode: str) -> EpisodeStats:
         env.dispatch(subset, size)
         env._advance()
     return env.stats
-
-
-class RafikiAgent:
-    """Advantage actor-critic (one-step TD advantage, n-step updates) over Rafiki's actions."""
-
-    def __init__(
-        self,
-        state_dim: int,
-        n_actions: int,
-        *,
-        hidden: int = 64,
-        lr: float = 3e-3,
-        gamma: float = 0.9,
-        entropy: float = 0.01,
-        seed: int = 0,
-    ) -> None:
-        import torch
-
-        self._torch = torch
-        self.gamma = gamma
-        self.entropy = entropy
-        self._gen = torch.Generator().manual_seed(seed)
-        torch.manual_seed(seed)
-        self.actor = torch.nn.Sequential(
-            torch.nn.Linear(state_dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, n_actions)
-        )
-        self.critic = torch.nn.Sequential(
-            torch.nn.Linear(state_dim, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1)
-        )
-        self.opt = torch.optim.Adam([*self.actor.parameters(), *self.critic.parameters()], lr=lr)
-
-    def act(self, state: np.ndarray, greedy: bool = False) -> int:
-        torch = self._torch
-        with torch.no_grad():
-            logits = self.actor(torch.from_numpy(state))
-            if greedy:
-                return int(torch.argmax(logits))
-            return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=self._gen))
-
-    def update(
-        self,
-        states: list[np.ndarray],
-        actions: list[int],
-        rewards: list[float],
-        next_states: list[np.ndarray],
-        dones: list[bool],
-    ) -> float:
-        torch = self._torch
-        s = torch.from_numpy(np.stack(states))
-        s2 = torch.from_numpy(np.stack(next_states))
-        a = torch.tensor(actions)
-        r = torch.tensor(rewards, dtype=torch.float32)
-        d = torch.tensor(dones, dtype=torch.float32)
-        v = self.critic(s).squeeze(-1)
-        with torch.no_grad():
-            target = r + self.gamma * (1 - d) * self.critic(s2).squeeze(-1)
-        adv = target - v
-        a_n = adv.detach()
-        if a_n.numel() > 1:
-            a_n = (a_n - a_n.mean()) / (a_n.std() + 1e-6)
-        logp = torch.log_softmax(self.actor(s), -1)
-        pg = -(logp.gather(1, a[:, None]).squeeze(1) * a_n).mean()
-        ent = -(logp.exp() * logp).sum(-1).mean()
-        loss = pg + 0.5 * adv.pow(2).mean() - self.entropy * ent
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return float(loss.detach())
-
-    def train(
-        self, env: EnsembleEnv, episodes: int, n_steps: int = 32, reward_scale: float | None = None
-    ) -> list[float]:
-        """Train on ``env``'s arrivals; returns the reward per episode."""
-        scale = reward_scale or 1.0 / max(env.cfg.batch_sizes)
-        history = []
-        for _ in range(episodes):
-            s = env.reset()
-            env._advance()
-            s = env.state()
-            buf: tuple[list[Any], ...] = ([], [], [], [], [])
-            while not env.done:
-                a = self.act(s)
-                s2, r, done = env.step(a)
-                for lst, val in zip(buf, (s, a, r * scale, s2, done), strict=True):
-                    lst.append(val)
-                s = s2
-                if len(buf[0]) >= n_steps or done:
-                    self.update(*buf)
-                    buf = ([], [], [], [], [])
-            history.append(env.stats.reward)
-        return history
-
-    def run(self, env: EnsembleEnv, greedy: bool = True) -> EpisodeStats:
-        env.reset()
-        env._advance()
-        s = env.state()
-        while not env.done:
-            s, _, _ = env.step(self.act(s, greedy=greedy))
-        return env.stats

@@ -53,9 +53,7 @@ def test_table_has_every_split_of_the_core_budget(table):
 
 def test_meet_probability_falls_with_load(table):
     for row in table.meet:
-        assert all(
-            a >= b - 0.02 for a, b in itertools.pairwise(row)
-        )  # tolerance: sampling noise
+        assert all(a >= b - 0.02 for a, b in itertools.pairwise(row))  # tolerance: sampling noise
     big2 = next(i for i, o in enumerate(table.options) if o.variant == "big" and o.replicas == 2)
     assert table.meet[big2][0] == pytest.approx(1.0)
     assert table.meet[big2][-1] < 0.1  # 450 q/s is far above big's 50 q/s capacity
