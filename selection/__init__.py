@@ -1,6 +1,7 @@
 """Model selection: bandit policies, ensembles with confidence, contextual state, switching."""
 
-from ._bandits import UCB1, EpsilonGreedy, Exp3, Exp4, StaticPolicy, make_policy
+from ._bandits import BUILTIN_POLICIES, UCB1, EpsilonGreedy, Exp3, Exp4, StaticPolicy, make_policy
+from ._checks import check_policy
 from ._policy import Combined, SelectionPolicy, WeightState, as_label, combine_votes, zero_one_loss
 from ._rafiki import (
     EnsembleEnv,
@@ -27,6 +28,7 @@ from ._switching import (
 )
 
 __all__ = [
+    "BUILTIN_POLICIES",
     "UCB1",
     "Combined",
     "EnsembleEnv",
@@ -57,6 +59,7 @@ __all__ = [
     "WeightState",
     "as_label",
     "build_switching_table",
+    "check_policy",
     "combine_votes",
     "greedy_batch",
     "input_digest",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -27,7 +27,15 @@ from ._policy import (
     zero_one_loss,
 )
 
-__all__ = ["UCB1", "EpsilonGreedy", "Exp3", "Exp4", "StaticPolicy", "make_policy"]
+__all__ = [
+    "BUILTIN_POLICIES",
+    "UCB1",
+    "EpsilonGreedy",
+    "Exp3",
+    "Exp4",
+    "StaticPolicy",
+    "make_policy",
+]
 
 
 class _Base:
@@ -263,22 +271,34 @@ class UCB1(_Base):
     observe = EpsilonGreedy.observe
 
 
-_POLICIES: dict[str, type[_Base]] = {
+BUILTIN_POLICIES: dict[str, type[_Base]] = {
     c.name: c for c in (StaticPolicy, Exp3, Exp4, EpsilonGreedy, UCB1)
 }
+"""The built-in policies by name; registered through the plugin host by ``selection.plugin``."""
 
 
-def make_policy(config: Mapping[str, Any], *, rng: random.Random | None = None) -> _Base:
+def make_policy(
+    config: Mapping[str, Any],
+    *,
+    rng: random.Random | None = None,
+    factories: Mapping[str, Callable[..., Any]] | None = None,
+) -> Any:
     """Build a policy from ``{"policy": name, "models": [...], **params}`` (JSON round trip of
-    ``policy.config()``)."""
+    ``policy.config()``).
+
+    ``factories`` is the registry to resolve ``name`` in, normally
+    ``PluginHost.selection_policies()`` (built-ins plus every plugin's); the built-ins when
+    omitted.
+    """
+    reg = BUILTIN_POLICIES if factories is None else factories
     cfg = dict(config)
     name = cfg.pop("policy", None)
-    if name not in _POLICIES:
-        raise ValidationError("policy", f"one of {sorted(_POLICIES)!r}", name)
+    if name not in reg:
+        raise ValidationError("policy", f"one of {sorted(reg)!r}", name)
     models = cfg.pop("models", None)
     if not isinstance(models, list):
         raise ValidationError("models", "a list of model names", models)
     try:
-        return _POLICIES[name](models, rng=rng, **cfg)
+        return reg[name](models, rng=rng, **cfg)
     except TypeError as e:
         raise ValidationError(f"{name} parameters", "known parameter names", str(e)) from None
