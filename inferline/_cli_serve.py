@@ -151,6 +151,10 @@ async def serve_forever(
 
         await start_live_tuner(svc, plan)
     routers: list[Any] = [make_admin_router]
+    if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
+        from ._selection_routes import make_selection_router
+
+        routers.append(make_selection_router)
     for path in dep.routers:
         routers.append(import_object(path, "routers[]"))
     app = create_app(svc, token=token, max_body_bytes=max_body_bytes, routers=routers)

@@ -95,6 +95,8 @@ class AppSpec:
     input: InputSpec | None = None
     respond_by_slo: bool = False
     description: str = ""
+    # A selection policy over several models (``inferline._selection_app``); no pipeline then.
+    selection: Any = None
 
     @property
     def has_default(self) -> bool:
@@ -102,6 +104,10 @@ class AppSpec:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"pipeline": self.pipeline, "slo_ms": self.slo_s * 1e3}
+        if not self.pipeline:
+            del d["pipeline"]
+        if self.selection is not None:
+            d["selection"] = self.selection.to_dict()
         if self.pipeline_params:
             d["pipeline_params"] = dict(self.pipeline_params)
         if self.has_default:
@@ -127,12 +133,21 @@ class AppSpec:
                 "input",
                 "respond_by_slo",
                 "description",
+                "selection",
             },
             where,
         )
+        selection = None
+        if m.get("selection") is not None:
+            from ._selection_app import SelectionAppSpec
+
+            selection = SelectionAppSpec.from_dict(m["selection"], f"{where}.selection")
         return cls(
             name=name,
-            pipeline=as_str(req(m, "pipeline", where), f"{where}.pipeline"),
+            pipeline=""
+            if selection is not None and "pipeline" not in m
+            else as_str(req(m, "pipeline", where), f"{where}.pipeline"),
+            selection=selection,
             slo_s=as_float(req(m, "slo_ms", where), f"{where}.slo_ms", positive=True) / 1e3,
             default_output=m["default_output"] if "default_output" in m else _UNSET,
             pipeline_params=dict(
@@ -343,6 +358,23 @@ async def start_service(
             }
             if a.has_default:
                 kw["default_output"] = a.default_output
+            if a.selection is not None:
+                from ._selection_app import make_selection_app
+
+                kw.pop("models")
+                svc.add_app(
+                    make_selection_app(
+                        svc,
+                        a.name,
+                        a.selection,
+                        dispatcher,
+                        a.slo_s,
+                        cache=cache,
+                        known_models=svc.models,
+                        **kw,
+                    )
+                )
+                continue
             svc.add_app(
                 App.from_pipeline(a.name, a.pipeline_fn(), dispatcher, a.slo_s, cache=cache, **kw)
             )

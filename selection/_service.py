@@ -121,7 +121,7 @@ class SelectionService:
         self,
         app: str,
         policy: SelectionPolicy,
-        call: CallModel,
+        call: CallModel | None,
         *,
         config: SelectionConfig = SelectionConfig(),
         store: StateStore | None = None,
@@ -154,13 +154,20 @@ class SelectionService:
         deadline: float | None = None,
         user: str | None = None,
         query_id: str | None = None,
+        call: CallModel | None = None,
     ) -> Prediction:
-        """Query the selected models; at ``deadline`` (loop clock) combine what has arrived."""
+        """Query the selected models; at ``deadline`` (the service's clock, by default the
+        event loop's) combine what has arrived. ``call`` replaces the service's model call for
+        this query (e.g. a pipeline context's ``predict``, which carries the query's deadline
+        into the queue)."""
         qid = query_id or uuid.uuid4().hex
         ctx = self.context_key(user)
         state = self.state(user)
         chosen = list(self.policy.select(state, x))
-        tasks = {m: asyncio.ensure_future(self.call(m, x)) for m in chosen}
+        fn = call if call is not None else self.call
+        if fn is None:
+            raise ValidationError("call", "a model call (async (model, x) -> output)", None)
+        tasks = {m: asyncio.ensure_future(fn(m, x)) for m in chosen}
         now = self._clock() if self._clock is not None else asyncio.get_running_loop().time()
         timeout = None if deadline is None else max(0.0, deadline - now)
         done, pending = await asyncio.wait(tasks.values(), timeout=timeout)
