@@ -1,0 +1,491 @@
+"""Variant-aware planning and tuning (format ``inferline.variants/1``).
+
+A stage of a pipeline may be served by one of several *variants*: models that do the same job
+at different accuracy and cost (resnet152 / resnet50 / mobilenet). None of the peer systems
+plans with them; here the planner picks, for every stage, a variant and its configuration so the
+cost is lowest subject to the latency SLO *and* an accuracy floor, and the tuner may switch a
+stage to a cheaper variant instead of adding replicas.
+
+The variants document (separate from the pipeline, which stays ``inferline.pipeline/1``)::
+
+    {"format": "inferline.variants/1", "pipeline": "video-monitoring",
+     "accuracy_floor": 0.85,
+     "stages": {"vehicle": {"variants": [{"name": "vehicle-r152", "accuracy": 0.95},
+                                         {"name": "vehicle-r50", "accuracy": 0.92}],
+                            "accuracy_floor": 0.9}}}
+
+``stages`` keys are model names of the pipeline; each variant's ``name`` is a model in the
+profiles. A stage without variants is served by its own model and counts as accuracy 1 in the
+products below. Accuracy floors: a stage's ``accuracy_floor`` bounds the variant chosen for it;
+the top-level ``accuracy_floor`` bounds the *pipeline accuracy*
+``prod_m (1 - v_m (1 - a_m))`` over the variant stages, with ``v_m`` the stage's visit
+probability (a query a stage never sees cannot be spoiled by it; errors of different stages are
+taken as independent).
+
+Planning (:func:`plan_with_variants`) wraps the existing planner (``make_plan``, InferLine's
+algorithm by default) without changing it: for every combination of variants that meets the
+floors, the pipeline is planned with the stages' profiles taken from the chosen variants.
+Combinations are tried in order of a cost lower bound (each stage needs at least one replica and
+at least the capacity for its mean load at its cheapest cost per query) and skipped once the
+bound is not below the best plan found (branch and bound), so the answer is the cheapest
+feasible combination while most combinations are never planned.
+
+Tuning (:class:`VariantTuner`) wraps ``TunerPolicy``: when the policy decides to scale up, each
+variant stage may instead switch to a cheaper variant (floors held) provisioned with the same
+rule (``ceil(rate * s / (mu' * rho))``, ``mu'`` the new variant's single-replica throughput at
+the stage's hardware and batch size). The cheapest alternative whose cost is below the plain
+scale-up and whose estimated tail latency at the provisioning rate meets the SLO (the estimator
+on a seeded gamma trace) replaces it; the decision says which stages switched and why.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from ._hardware import DEFAULT_CATALOG, HardwareCatalog
+from ._pipeline import Pipeline
+from ._plan import ModelConfig, Plan, TunerModel
+from ._profiles import Profiles
+from ._tuner import TunerConfig, TunerDecision, TunerPolicy, TunerState
+from ._validate import as_float, as_list, as_mapping, as_str, check_format, no_extra_keys, req
+from .errors import InfeasibleError, NotFoundError, ValidationError
+
+__all__ = [
+    "VARIANTS_FORMAT",
+    "PipelineVariants",
+    "StageVariants",
+    "VariantDecision",
+    "VariantPlan",
+    "VariantSpec",
+    "VariantTuner",
+    "pipeline_accuracy",
+    "plan_with_variants",
+    "stage_profiles",
+]
+
+VARIANTS_FORMAT = "inferline.variants/1"
+Choice = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """A model that can serve a stage, and its accuracy in [0, 1]."""
+
+    name: str
+    accuracy: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "accuracy": self.accuracy}
+
+
+@dataclass(frozen=True)
+class StageVariants:
+    stage: str
+    variants: tuple[VariantSpec, ...]
+    accuracy_floor: float | None = None
+
+    def allowed(self) -> tuple[VariantSpec, ...]:
+        floor = self.accuracy_floor
+        return tuple(v for v in self.variants if floor is None or v.accuracy >= floor - 1e-12)
+
+    def accuracy_of(self, name: str) -> float:
+        for v in self.variants:
+            if v.name == name:
+                return v.accuracy
+        raise NotFoundError(
+            f"variant of stage {self.stage!r}", name, [v.name for v in self.variants]
+        )
+
+
+@dataclass(frozen=True)
+class PipelineVariants:
+    """The variants document of one pipeline (see the module docstring)."""
+
+    pipeline: str
+    stages: Mapping[str, StageVariants] = field(default_factory=dict)
+    accuracy_floor: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"format": VARIANTS_FORMAT, "pipeline": self.pipeline}
+        if self.accuracy_floor is not None:
+            d["accuracy_floor"] = self.accuracy_floor
+        stages: dict[str, Any] = {}
+        for name, sv in self.stages.items():
+            s: dict[str, Any] = {"variants": [v.to_dict() for v in sv.variants]}
+            if sv.accuracy_floor is not None:
+                s["accuracy_floor"] = sv.accuracy_floor
+            stages[name] = s
+        d["stages"] = stages
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> PipelineVariants:
+        m = check_format(d, VARIANTS_FORMAT)
+        no_extra_keys(m, {"format", "pipeline", "accuracy_floor", "stages"}, "")
+        floor = _floor(m.get("accuracy_floor"), "accuracy_floor")
+        stages: dict[str, StageVariants] = {}
+        for name, raw in as_mapping(req(m, "stages", ""), "stages").items():
+            where = f"stages.{name}"
+            s = as_mapping(raw, where)
+            no_extra_keys(s, {"variants", "accuracy_floor"}, where)
+            vs = []
+            for i, v in enumerate(as_list(req(s, "variants", where), f"{where}.variants")):
+                w = f"{where}.variants[{i}]"
+                vm = as_mapping(v, w)
+                no_extra_keys(vm, {"name", "accuracy"}, w)
+                vs.append(
+                    VariantSpec(
+                        as_str(req(vm, "name", w), f"{w}.name"),
+                        as_float(req(vm, "accuracy", w), f"{w}.accuracy", lo=0.0, hi=1.0),
+                    )
+                )
+            if not vs:
+                raise ValidationError(f"{where}.variants", "at least one variant", [])
+            names = [v.name for v in vs]
+            if len(set(names)) != len(names):
+                raise ValidationError(f"{where}.variants", "distinct variant names", names)
+            sfloor = _floor(s.get("accuracy_floor"), f"{where}.accuracy_floor")
+            stages[as_str(name, "stages")] = StageVariants(name, tuple(vs), sfloor)
+        return cls(as_str(req(m, "pipeline", ""), "pipeline"), stages, floor)
+
+    def check(self, pipeline: Pipeline, profiles: Profiles | None = None) -> None:
+        """Stages must be pipeline models; with ``profiles``, every variant must be profiled;
+        a stage whose floor no variant meets is an error."""
+        for name, sv in self.stages.items():
+            if name not in pipeline.models:
+                raise ValidationError(
+                    f"stages.{name}", f"a model of pipeline {pipeline.name!r}", name
+                )
+            if not sv.allowed():
+                raise ValidationError(
+                    f"stages.{name}.accuracy_floor",
+                    f"at most the best variant's accuracy {max(v.accuracy for v in sv.variants)}",
+                    sv.accuracy_floor,
+                )
+            if profiles is not None:
+                for v in sv.variants:
+                    if v.name not in profiles.models:
+                        raise NotFoundError(
+                            f"profiled model for variant of {name!r}",
+                            v.name,
+                            sorted(profiles.models),
+                        )
+
+    def choices(self) -> Iterable[dict[str, str]]:
+        """Every combination of allowed variants (stage floors applied)."""
+        names = list(self.stages)
+        pools = [[v.name for v in self.stages[s].allowed()] for s in names]
+        for combo in itertools.product(*pools):
+            yield dict(zip(names, combo, strict=True))
+
+
+def _floor(v: Any, field: str) -> float | None:
+    return None if v is None else as_float(v, field, lo=0.0, hi=1.0)
+
+
+def pipeline_accuracy(pipeline: Pipeline, variants: PipelineVariants, choice: Choice) -> float:
+    """``prod_m (1 - v_m (1 - a_m))`` over the variant stages (see the module docstring)."""
+    acc = 1.0
+    for stage, sv in variants.stages.items():
+        a = sv.accuracy_of(choice[stage])
+        acc *= 1.0 - pipeline.visit_probability(stage) * (1.0 - a)
+    return acc
+
+
+def stage_profiles(profiles: Profiles, choice: Choice) -> Profiles:
+    """``profiles`` with each chosen stage's entry replaced by its variant's profile."""
+    models = dict(profiles.models)
+    for stage, variant in choice.items():
+        if variant not in profiles.models:
+            raise NotFoundError("profiled model for variant", variant, sorted(profiles.models))
+        models[stage] = profiles.models[variant]
+    return Profiles(models)
+
+
+def _cost_lower_bound(
+    pipeline: Pipeline, profiles: Profiles, rate: float, catalog: HardwareCatalog
+) -> float:
+    """Each model needs >= 1 replica and >= its mean load's worth of capacity."""
+    total = 0.0
+    for m in pipeline.models:
+        best = math.inf
+        load = rate * pipeline.visit_probability(m)
+        for hw in profiles.hardware_for(m):
+            if hw not in catalog:
+                continue
+            mu = max(profiles.throughput(m, hw, b) for b in profiles.batch_sizes(m, hw))
+            best = min(best, max(1.0, load / mu) * catalog.cost(hw))
+        total += best
+    return total
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """The chosen variant per stage, the plan (keyed by stage names) and what was considered:
+    ``(choice, accuracy, cost or None if infeasible / skipped by the bound, note)``."""
+
+    plan: Plan
+    choice: Mapping[str, str]
+    accuracy: float
+    considered: tuple[tuple[Mapping[str, str], float, float | None, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan": self.plan.to_dict(),
+            "choice": dict(self.choice),
+            "accuracy": self.accuracy,
+            "considered": [
+                {"choice": dict(c), "accuracy": a, "cost_per_hour": cost, "note": note}
+                for c, a, cost, note in self.considered
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> VariantPlan:
+        m = as_mapping(d, "variant_plan")
+        no_extra_keys(m, {"plan", "choice", "accuracy", "considered"}, "variant_plan")
+        return cls(
+            Plan.from_dict(req(m, "plan", "")),
+            {str(k): str(v) for k, v in as_mapping(req(m, "choice", ""), "choice").items()},
+            as_float(req(m, "accuracy", ""), "accuracy", lo=0.0, hi=1.0),
+            tuple(
+                (dict(c["choice"]), float(c["accuracy"]), c["cost_per_hour"], str(c["note"]))
+                for c in as_list(m.get("considered", []), "considered")
+            ),
+        )
+
+
+def plan_with_variants(
+    pipeline: Pipeline,
+    variants: PipelineVariants,
+    profiles: Profiles,
+    trace: np.ndarray,
+    slo_s: float,
+    *,
+    accuracy_floor: float | None = None,
+    strategy: str = "inferline",
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    planner: Callable[..., Plan] | None = None,
+    **planner_kw: Any,
+) -> VariantPlan:
+    """The cheapest plan over every variant combination that meets the floors and the SLO.
+
+    ``accuracy_floor`` overrides the document's pipeline floor. ``planner`` (default
+    ``make_plan(strategy, ...)``) is called as ``planner(pipeline, profiles, trace, slo_s,
+    catalog=..., **planner_kw)``. Raises ``InfeasibleError`` when no combination is feasible.
+    """
+    from ._baselines import make_plan  # the planner this wraps (not modified)
+
+    variants.check(pipeline, profiles)
+    floor = variants.accuracy_floor if accuracy_floor is None else accuracy_floor
+    run = planner or (lambda *a, **kw: make_plan(strategy, *a, **kw))
+    rate = float(len(trace) / max(trace[-1] - trace[0], 1e-9)) if len(trace) > 1 else 0.0
+    cands = []
+    for ch in variants.choices():
+        acc = pipeline_accuracy(pipeline, variants, ch)
+        if floor is not None and acc < floor - 1e-12:
+            continue
+        prof = stage_profiles(profiles, ch)
+        cands.append((_cost_lower_bound(pipeline, prof, rate, catalog), -acc, ch, prof, acc))
+    if not cands:
+        raise InfeasibleError(
+            f"no variant combination meets the accuracy floor {floor} "
+            f"(best {max(pipeline_accuracy(pipeline, variants, c) for c in variants.choices()):.4f})"
+        )
+    cands.sort(key=lambda c: (c[0], c[1]))
+    best: tuple[Plan, dict[str, str], float] | None = None
+    considered: list[tuple[Mapping[str, str], float, float | None, str]] = []
+    for bound, _, ch, prof, acc in cands:
+        if best is not None and bound >= best[0].cost_per_hour - 1e-12:
+            considered.append((ch, acc, None, f"skipped: cost bound {bound:.4f} >= best"))
+            continue
+        try:
+            p = run(pipeline, prof, trace, slo_s, catalog=catalog, **planner_kw)
+        except InfeasibleError as e:
+            considered.append((ch, acc, None, f"infeasible: {e}"))
+            continue
+        considered.append((ch, acc, p.cost_per_hour, "planned"))
+        # equal cost: the more accurate combination
+        if (
+            best is None
+            or p.cost_per_hour < best[0].cost_per_hour - 1e-12
+            or (abs(p.cost_per_hour - best[0].cost_per_hour) <= 1e-12 and acc > best[2])
+        ):
+            best = (p, ch, acc)
+    if best is None:
+        raise InfeasibleError(
+            f"no variant combination meets the SLO {slo_s * 1e3:.0f} ms with accuracy >= {floor}"
+        )
+    return VariantPlan(best[0], best[1], best[2], tuple(considered))
+
+
+# ---------------------------------------------------------------- tuning
+
+
+@dataclass(frozen=True)
+class VariantDecision:
+    """A tuner decision that may also switch stages to other variants."""
+
+    decision: TunerDecision
+    variants: Mapping[str, str]  # the variant serving every variant stage after the decision
+    switched: Mapping[str, tuple[str, str]]  # stage -> (old, new), empty for a plain decision
+    cost_per_hour: float
+    scale_up_cost_per_hour: float | None = None  # what plain scaling would have cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "decision": self.decision.to_dict(),
+            "variants": dict(self.variants),
+            "switched": {k: list(v) for k, v in self.switched.items()},
+            "cost_per_hour": self.cost_per_hour,
+            "scale_up_cost_per_hour": self.scale_up_cost_per_hour,
+        }
+
+
+class VariantTuner:
+    """``TunerPolicy`` plus variant switching on scale-up (see the module docstring).
+
+    Holds the current choice and policy (rebuilt with the new variant's throughput after a
+    switch); ``step(state, now_s, peaks)`` returns ``(state, VariantDecision | None)``.
+    Pure: the estimator runs on a gamma trace drawn from ``seed``.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        variants: PipelineVariants,
+        profiles: Profiles,
+        vplan: VariantPlan,
+        config: TunerConfig | None = None,
+        *,
+        accuracy_floor: float | None = None,
+        catalog: HardwareCatalog = DEFAULT_CATALOG,
+        check_queries: int = 4000,
+        cv: float = 1.0,
+        seed: int = 0,
+    ) -> None:
+        self.pipeline = pipeline
+        self.variants = variants
+        self.profiles = profiles
+        self.plan = vplan.plan
+        self.choice = dict(vplan.choice)
+        self.floor = variants.accuracy_floor if accuracy_floor is None else accuracy_floor
+        self.catalog = catalog
+        self.config = config if config is not None else TunerConfig()
+        self.check_queries = check_queries
+        self.cv = cv
+        self.seed = seed
+        self.policy = TunerPolicy.from_plan(self.plan, self.config)
+
+    def initial_state(self, now_s: float = 0.0) -> TunerState:
+        return self.policy.initial_state(now_s)
+
+    @property
+    def windows(self) -> tuple[float, ...]:
+        return self.policy.windows
+
+    def cost(self, replicas: Mapping[str, int]) -> float:
+        return sum(self.catalog.cost(self.plan.models[m].hardware) * n for m, n in replicas.items())
+
+    def step(
+        self, state: TunerState, now_s: float, peaks: Sequence[int]
+    ) -> tuple[TunerState, VariantDecision | None]:
+        new_state, d = self.policy.step(state, now_s, peaks)
+        if d is None:
+            return new_state, None
+        plain_cost = self.cost(d.replicas)
+        if d.action != "up":
+            return new_state, VariantDecision(d, dict(self.choice), {}, plain_cost)
+        alt = self._cheaper_variant(d)
+        if alt is None:
+            return new_state, VariantDecision(d, dict(self.choice), {}, plain_cost, plain_cost)
+        choice, replicas, cost, est = alt
+        switched = {s: (self.choice[s], v) for s, v in choice.items() if self.choice[s] != v}
+        self._adopt(choice)
+        text = ", ".join(f"{s} {a}->{b}" for s, (a, b) in switched.items())
+        reason = (
+            f"{d.reason}; instead switch {text} (accuracy "
+            f"{pipeline_accuracy(self.pipeline, self.variants, choice):.4f} >= floor), "
+            f"${cost:.3f}/h < ${plain_cost:.3f}/h, estimated P{self.plan.percentile:g} "
+            f"{est * 1e3:.0f} ms at {d.rate_qps:.1f} q/s"
+        )
+        nd = replace(d, replicas=dict(replicas), reason=reason)
+        st = replace(new_state, replicas=dict(replicas))
+        return st, VariantDecision(nd, dict(self.choice), switched, cost, plain_cost)
+
+    # -- internals ----------------------------------------------------------------------
+    def _model(self, stage: str, variant: str) -> TunerModel:
+        old = self.policy.inputs.models[stage]
+        c = self.plan.models[stage]
+        mu = self.profiles.throughput(variant, c.hardware, c.max_batch_size)
+        return TunerModel(old.scale_factor, mu, old.max_provisioning_ratio)
+
+    def _need(self, rate: float, choice: Mapping[str, str]) -> dict[str, int]:
+        out = {}
+        for m in self.pipeline.models:
+            t = (
+                self._model(m, choice[m])
+                if m in choice and choice[m] != self.choice[m]
+                else self.policy.inputs.models[m]
+            )
+            out[m] = max(
+                1,
+                math.ceil(
+                    rate * t.scale_factor / (t.throughput_qps * t.max_provisioning_ratio) - 1e-9
+                ),
+            )
+        return out
+
+    def _cheaper_variant(
+        self, d: TunerDecision
+    ) -> tuple[dict[str, str], dict[str, int], float, float] | None:
+        from ._estimator import simulate
+        from ._trace import gamma_trace
+
+        plain = self.cost(d.replicas)
+        options = []
+        for ch in self.variants.choices():
+            if ch == self.choice:
+                continue
+            if (
+                self.floor is not None
+                and pipeline_accuracy(self.pipeline, self.variants, ch) < self.floor - 1e-12
+            ):
+                continue
+            if any(not self.profiles.has(ch[s], self.plan.models[s].hardware) for s in ch):
+                continue
+            need = self._need(d.rate_qps, ch)
+            cost = self.cost(need)
+            if cost < plain - 1e-12:
+                options.append((cost, ch, need))
+        options.sort(key=lambda o: (o[0], -pipeline_accuracy(self.pipeline, self.variants, o[1])))
+        if not options:
+            return None
+        rng = np.random.default_rng(self.seed)
+        trace = gamma_trace(d.rate_qps, self.cv, self.check_queries / max(d.rate_qps, 1e-9), rng)
+        for cost, ch, need in options:
+            prof = stage_profiles(self.profiles, ch)
+            configs = {
+                m: ModelConfig(c.hardware, c.max_batch_size, need[m])
+                for m, c in self.plan.models.items()
+            }
+            res = simulate(self.pipeline, configs, prof, trace, catalog=self.catalog)
+            est = res.percentile(self.plan.percentile)
+            if est <= self.plan.slo_s:
+                return ch, need, cost, est
+        return None
+
+    def _adopt(self, choice: Mapping[str, str]) -> None:
+        models = dict(self.policy.inputs.models)
+        for s, v in choice.items():
+            if v != self.choice[s]:
+                models[s] = self._model(s, v)
+        inputs = replace(self.policy.inputs, models=models)
+        self.choice = dict(choice)
+        self.policy = TunerPolicy(inputs, self.policy.planned, self.config)
