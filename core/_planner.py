@@ -47,6 +47,13 @@ Escape (an extension, ``PlannerOptions(escape=False)`` turns it off)
     bottleneck loop) and keeps a result only if it is cheaper, so the answer is still a fixed
     point of Algorithm 2 with both guarantees.
 
+Widen (an extension, ``PlannerOptions(widen=False)`` turns it off)
+    Equal-cost configurations differ in slack: the greedy keeps the first batch size that
+    reached a replica count, which can leave a model just below saturation (a fragile plan on
+    a fresh trace). :meth:`Planner.widen` moves each model to the batch size with the lowest
+    tail latency at the same hardware and replicas, then Algorithm 2 runs again in case the
+    slack lets a replica go; the result is still a fixed point of Algorithm 2.
+
 Speed (none of this changes a decision):
 
 * every estimator result is cached by configuration;
@@ -117,6 +124,8 @@ class PlannerOptions:
     ``escape_rounds``, ``escape_budget``: escaping stops after this many improving rounds, or
     once it has run ``escape_budget`` times as many simulations as Algorithms 1-2 did (plus
     two million simulated queries, so small problems are always searched well).
+    ``widen``: finally move each model to the batch size with the most latency slack at the
+    same cost (:meth:`Planner.widen`).
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -127,6 +136,7 @@ class PlannerOptions:
     escape_cost_factor: float = 3.0
     escape_rounds: int = 3
     escape_budget: float = 1.0
+    widen: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -146,14 +156,15 @@ class PlannerOptions:
             "escape_cost_factor": self.escape_cost_factor,
             "escape_rounds": self.escape_rounds,
             "escape_budget": self.escape_budget,
+            "widen": self.widen,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> PlannerOptions:
         m = as_mapping(d, "planner options")
-        keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape"}
+        keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape", "widen"}
         no_extra_keys(m, keys | {"escape_cost_factor", "escape_rounds", "escape_budget"}, "")
-        for k in ("prune", "reuse_infeasible", "escape"):
+        for k in ("prune", "reuse_infeasible", "escape", "widen"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
         return cls(
@@ -167,6 +178,7 @@ class PlannerOptions:
             ),
             escape_rounds=as_int(m.get("escape_rounds", 3), "escape_rounds", minimum=0),
             escape_budget=as_float(m.get("escape_budget", 1.0), "escape_budget", nonneg=True),
+            widen=m.get("widen", True),
         )
 
 
@@ -667,12 +679,47 @@ class Planner:
                 return None
         return key
 
+    # -- equal-cost polish -------------------------------------------------------------------
+    def widen(self, configs: Mapping[str, ModelConfig]) -> Configs:
+        """Among configurations of the same cost, prefer the one with the most slack.
+
+        Ties in cost leave the batch sizes underdetermined: a replica count that is feasible
+        at batch 2 is often feasible at batch 8 too, and the greedy keeps the first it found.
+        The two differ in how much they can absorb: near saturation the larger batch has the
+        throughput headroom, while a latency-bound model wants the smaller one. For each model
+        in turn this picks, at the same hardware and replica count, the batch size of the
+        ladder with the lowest ``percentile`` latency on the planning trace, until none moves.
+        """
+        key = self._key(configs)
+        lat = self._latency(key)
+        moved = True
+        while moved:
+            moved = False
+            for i, m in enumerate(self._models):
+                c = key[i]
+                for b in self._batch_ladder(m, c.hardware):
+                    if b == key[i].max_batch_size:
+                        continue
+                    k2 = self._with(key, m, replace(c, max_batch_size=b))
+                    v = self._latency(k2)
+                    if v < lat - 1e-12:
+                        key, lat, moved = k2, v, True
+        return self._configs(key)
+
     # -- everything ----------------------------------------------------------------------
     def plan(self) -> Plan:
         init = self.initialize()
         final = self.minimize_cost(init)
         if self.options.escape:
             final = self.escape(final)
+        if self.options.widen:
+            while True:
+                wide = self.widen(final)
+                if wide == final:
+                    break
+                final = self.minimize_cost(wide)  # the slack may let a replica go
+                if final == wide:
+                    break
         key = self._key(final)
         self._report("done", len(self._actions), key, "plan ready")
         return Plan(

@@ -71,7 +71,8 @@ def _plan(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.hardware)
     options = PlannerOptions(
         estimator=EstimatorOptions(seed=args.seed),
-        escape=not args.no_escape,
+        escape=not args.paper_only,
+        widen=not args.paper_only,
     )
     t0 = time.monotonic()
     with Progress(
@@ -281,9 +282,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--strategy", choices=sorted(STRATEGIES), default="inferline")
     p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
     p.add_argument(
-        "--no-escape",
+        "--paper-only",
         action="store_true",
-        help="the paper's planner exactly (skip the search beyond its local optimum)",
+        help="InferLine's Algorithms 1-2 only (no escape from local optima, no slack polish)",
     )
     p.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
     p.set_defaults(func=_plan)

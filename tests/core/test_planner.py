@@ -96,11 +96,12 @@ def _single_actions(pipe, prof, configs):
     return out
 
 
-@pytest.mark.parametrize("escape", [False, True])
-def test_plan_is_feasible_and_locally_optimal(escape):
+@pytest.mark.parametrize("extensions", [False, True])
+def test_plan_is_feasible_and_locally_optimal(extensions):
     pipe, prof, trace = _case(seed=1)
     slo = 0.12
-    planner = Planner(pipe, prof, trace, slo, options=PlannerOptions(escape=escape))
+    options = PlannerOptions(escape=extensions, widen=extensions)
+    planner = Planner(pipe, prof, trace, slo, options=options)
     plan = planner.plan()
     # feasibility as judged by a direct estimator run, not the planner's cache
     p99 = _p99(pipe, plan.models, prof, trace)
@@ -110,6 +111,12 @@ def test_plan_is_feasible_and_locally_optimal(escape):
     # guarantee 2: no single cheaper action keeps the SLO
     for cfg in _single_actions(pipe, prof, plan.models):
         assert _p99(pipe, cfg, prof, trace) > slo, cfg
+    if extensions:  # widen's fixed point: no other batch size at equal cost has more slack
+        for m in pipe.models:
+            c = plan.models[m]
+            for b in _ladder(prof, m, c.hardware):
+                other = {**plan.models, m: ModelConfig(c.hardware, b, c.replicas)}
+                assert _p99(pipe, other, prof, trace) >= p99 - 1e-12
 
 
 def test_deterministic():
@@ -121,7 +128,9 @@ def test_deterministic():
 
 def test_paper_algorithm_without_escape_is_not_cheaper():
     pipe, prof, trace = _case(seed=3)
-    paper = plan_inferline(pipe, prof, trace, 0.1, options=PlannerOptions(escape=False))
+    paper = plan_inferline(
+        pipe, prof, trace, 0.1, options=PlannerOptions(escape=False, widen=False)
+    )
     full = plan_inferline(pipe, prof, trace, 0.1)
     assert full.cost_per_hour <= paper.cost_per_hour + 1e-9
 
@@ -273,3 +282,17 @@ def test_unknown_model_and_unpriced_hardware_are_clear_errors():
     prof2 = Profiles.from_latencies({"a": {"cpu": {1: 0.01}}, "b": {"tpu": {1: 0.01}}})
     with pytest.raises(ValidationError, match="catalog"):
         Planner(pipe, prof2, trace, 0.1)
+
+
+def test_widen_takes_the_slack_of_equal_cost_batch_sizes():
+    """Near saturation at batch 2, the same replicas at batch 4 cost the same and queue less."""
+    pipe = Pipeline.linear("one", ["m"])
+    prof = Profiles.from_latencies({"m": {"gpu-k80": {1: 0.03, 2: 0.04, 4: 0.055, 8: 0.12}}})
+    trace = gamma_trace(95.0, 1.0, 30.0, np.random.default_rng(5))
+    tight = plan_inferline(
+        pipe, prof, trace, 1.0, options=PlannerOptions(escape=False, widen=False)
+    )
+    wide = plan_inferline(pipe, prof, trace, 1.0)
+    assert wide.cost_per_hour <= tight.cost_per_hour + 1e-9
+    assert wide.estimated_latency_s < tight.estimated_latency_s
+    assert wide.models["m"].max_batch_size > tight.models["m"].max_batch_size
