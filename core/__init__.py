@@ -34,13 +34,12 @@ from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatal
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
 from ._pipeline import PIPELINE_FORMAT, Pipeline
 from ._plan import PLAN_FORMAT, ModelConfig, Plan, TunerInputs, TunerModel
-from ._planner import (
-    Planner,
+from ._planner import Planner, plan_inferline
+from ._planning import (
     PlannerOptions,
     PlannerStats,
     PlanProgress,
     fastest_hardware,
-    plan_inferline,
     tuner_inputs,
     usable_hardware,
 )

@@ -33,7 +33,8 @@ from ._estimator import EstimatorOptions, simulate
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import ModelConfig, Plan
-from ._planner import PlannerOptions, ProgressFn, fastest_hardware, plan_inferline, tuner_inputs
+from ._planner import plan_inferline
+from ._planning import PlannerOptions, ProgressFn, fastest_hardware, tuner_inputs
 from ._profiles import Profiles
 from ._trace import mean_rate, peak_rate
 from ._validate import as_float

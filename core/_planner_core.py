@@ -1,0 +1,478 @@
+"""InferLine's cost-minimizing planner, Algorithms 1 and 2 (InferLine §4.3; thesis ch. 4).
+
+:class:`PlannerCore` holds the paper's algorithm; ``_planner.py`` adds the extensions.
+
+How the paper's description is read here. Every feasibility judgement is the estimator's
+``percentile``-th latency on the planning trace being at most the SLO.
+
+Initialization (Algorithm 1)
+    Every model gets batch size 1, one replica and its lowest-latency hardware (the smallest
+    batch-1 latency; ties go to the cheaper hardware). If the best achievable latency exceeds
+    the SLO the planner stops with :class:`InfeasibleError` naming it. The paper's test is the
+    service time (the longest path of batch-1 latencies); here it is the ``percentile`` of each
+    query's own critical path, which equals the longest path when every model sees every query
+    and does not reject an SLO that only a rare conditional branch would break. Then, until the
+    estimator says the SLO holds, one replica is added to the throughput bottleneck: the model
+    with the least ``replicas * throughput(batch) / scale_factor`` (ties: pipeline order).
+
+Cost minimization (Algorithm 2)
+    Each iteration builds, per model, the candidate actions, drops the infeasible ones and
+    applies the one that leaves the lowest cost; it stops when no feasible action cuts the cost.
+
+    * Remove replicas: as many of the model's replicas as can go with the SLO still held (the
+      paper removes one per iteration; taking the rest in the same step saves iterations).
+    * Increase the batch size: the paper doubles the batch at equal cost and relies on later
+      iterations to remove the replicas this frees ("removing replicas is feasible when a
+      previous iteration ... increased the batch size"). Here the doubling and those removals
+      are one action: the cheapest (batch, replicas) with a larger batch on the doubling
+      ladder and fewer replicas. A doubling that frees nothing only spends latency budget and
+      is never taken, so the final plan keeps its slack.
+    * Downgrade the hardware: with the other models frozen, the model moves to a cheaper
+      hardware with its batch size and replicas re-optimized there (the paper runs the
+      initialization for that model and then a localized cost minimization; the result is the
+      cheapest (batch, replicas) on that hardware). Rejected unless feasible and cheaper. The
+      paper tries only the next cheaper hardware, assuming hardware is totally ordered by
+      latency; every cheaper hardware is a candidate here, so a cheap CPU that beats a
+      mid-priced GPU for a light model is found too.
+    * The batch ladder is 1, 2, 4, ... (capped at the largest profiled size), keeping only
+      sizes that raise the single-replica throughput.
+    * Ties between equal-cost candidates: removal, then larger batch, then downgrade, then
+      pipeline order.
+
+    At termination no single action (one replica fewer, a larger batch with fewer replicas, a
+    cheaper hardware) lowers the cost and keeps the SLO: guarantee 2 of the paper.
+
+Speed (none of this changes a decision):
+
+* every estimator result is cached by configuration;
+* :class:`MissBound` (``_planbound.py``) proves some configurations infeasible without a
+  simulation, and a no-queueing latency floor rules out hardware that is too slow; both are
+  sound, so they only skip simulations whose answer is known;
+* candidates are evaluated lazily in order of a lower bound on their cost, so a feasible
+  action that cuts the most ends the iteration before the others are simulated;
+* the localized searches find the fewest feasible replicas by galloping and bisection,
+  which gives the paper's one-replica-at-a-time answer whenever one more replica never
+  breaks the SLO, in a logarithmic number of simulations;
+* with ``reuse_infeasible`` an action found infeasible is not re-simulated while the only
+  changes since were replica removals elsewhere (which only take capacity away); before the
+  planner stops, one full iteration without that memory re-checks every action, so
+  guarantee 2 holds exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ._estimator import simulate
+from ._hardware import DEFAULT_CATALOG, HardwareCatalog
+from ._pipeline import Pipeline
+from ._plan import ModelConfig
+from ._planbound import MissBound
+from ._planning import (
+    PlannerOptions,
+    PlannerStats,
+    PlanProgress,
+    ProgressFn,
+    fastest_hardware,
+    usable_hardware,
+)
+from ._profiles import Profiles
+from ._validate import as_float
+from .errors import InfeasibleError, ValidationError
+
+__all__ = ["Configs", "Key", "PlannerCore"]
+
+_EPS = 1e-9
+
+Configs = dict[str, ModelConfig]
+Key = tuple[ModelConfig, ...]
+
+
+@dataclass(frozen=True, order=True)
+class _Cand:
+    cost: float  # exact, or a lower bound while ``pending``
+    rank: int  # 0 remove, 1 batch, 2 downgrade
+    index: int  # model position in the pipeline
+    kind: str = field(compare=False)
+    model: str = field(compare=False)
+    key: Key | None = field(compare=False, default=None)
+    pending: bool = field(compare=False, default=False)
+    hardware: str = field(compare=False, default="")  # downgrade target
+
+
+class PlannerCore:
+    """InferLine's two-phase planner for one pipeline, trace, SLO and percentile.
+
+    ``initialize()`` and ``minimize_cost()`` are the paper's two algorithms; ``plan()`` runs
+    both and returns a :class:`Plan` with the tuner's inputs. ``latency(configs)`` and
+    ``feasible(configs)`` expose the (cached) judgement the planner uses.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        profiles: Profiles,
+        trace: np.ndarray,
+        slo_s: float,
+        *,
+        percentile: float = 99.0,
+        catalog: HardwareCatalog = DEFAULT_CATALOG,
+        options: PlannerOptions | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.profiles = profiles
+        self.trace = np.ascontiguousarray(trace, dtype=np.float64)
+        self.slo_s = as_float(slo_s, "slo_s", positive=True)
+        self.percentile = as_float(percentile, "percentile", lo=0.0, hi=100.0)
+        self.catalog = catalog
+        self.options = options if options is not None else PlannerOptions()
+        self._progress = progress
+        if self.trace.ndim != 1 or self.trace.size < 2:
+            raise ValidationError("trace", "at least two arrival times", self.trace.size)
+        self._models = tuple(pipeline.models)
+        self._index = {m: i for i, m in enumerate(self._models)}
+        self._hw = {m: usable_hardware(profiles, m, catalog) for m in self._models}
+        self.bound = MissBound(
+            pipeline,
+            profiles,
+            self.trace,
+            self.slo_s,
+            self.percentile,
+            self.options.estimator.seed,
+            catalog,
+        )
+        self._cache: dict[Key, float] = {}
+        self._sims = 0
+        self._hits = 0
+        self._pruned = 0
+        self._actions: list[str] = []
+        self._floors: dict[tuple[str, str, tuple[str, ...]], float] = {}
+
+    # -- the estimator, cached -----------------------------------------------------------
+    def _key(self, configs: Mapping[str, ModelConfig]) -> Key:
+        return tuple(configs[m] for m in self._models)
+
+    def _configs(self, key: Key) -> Configs:
+        return dict(zip(self._models, key, strict=True))
+
+    def latency(self, configs: Mapping[str, ModelConfig]) -> float:
+        """The estimator's ``percentile``-th latency on the planning trace (``inf`` when the
+        bound proves it above the SLO without simulating)."""
+        return self._latency(self._key(configs))
+
+    def _latency(self, key: Key) -> float:
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._hits += 1
+            return hit
+        configs = self._configs(key)
+        if self.options.prune and self.bound.infeasible(configs):
+            self._pruned += 1
+            value = math.inf
+        else:
+            self._sims += 1
+            res = simulate(
+                self.pipeline,
+                configs,
+                self.profiles,
+                self.trace,
+                options=self.options.estimator,
+                catalog=self.catalog,
+            )
+            value = res.percentile(self.percentile)
+        self._cache[key] = value
+        return value
+
+    def feasible(self, configs: Mapping[str, ModelConfig]) -> bool:
+        return self._feasible(self._key(configs))
+
+    def _feasible(self, key: Key) -> bool:
+        return self._latency(key) <= self.slo_s
+
+    def cost(self, configs: Mapping[str, ModelConfig]) -> float:
+        return self._cost(self._key(configs))
+
+    def _cost(self, key: Key) -> float:
+        return float(sum(c.replicas * self.catalog.cost(c.hardware) for c in key))
+
+    def stats(self) -> PlannerStats:
+        return PlannerStats(
+            self._sims, self._hits, self._pruned, len(self._actions), tuple(self._actions)
+        )
+
+    def _report(self, phase: str, iteration: int, key: Key | None, message: str) -> None:
+        if self._progress is not None:
+            cost = self._cost(key) if key is not None else 0.0
+            self._progress(PlanProgress(phase, iteration, self._sims, cost, message))
+
+    # -- profile helpers -----------------------------------------------------------------
+    def _price(self, hw: str) -> float:
+        return self.catalog.cost(hw)
+
+    def fastest_hardware(self, model: str) -> str:
+        return fastest_hardware(self.profiles, model, self.catalog)
+
+    def cheaper_hardware(self, model: str, hw: str) -> list[str]:
+        """Profiled hardware strictly cheaper than ``hw``, the next cheapest first (ties: lower
+        batch-1 latency first)."""
+        price = self._price(hw)
+        cheaper = [h for h in self._hw[model] if self._price(h) < price - _EPS]
+        return sorted(cheaper, key=lambda h: (-self._price(h), self.profiles.latency(model, h, 1)))
+
+    def next_batch(self, model: str, hw: str, batch: int) -> int | None:
+        """The next size on the doubling ladder with a higher single-replica throughput."""
+        top = self.profiles.max_batch(model, hw)
+        base = self.profiles.throughput(model, hw, batch)
+        b = batch
+        while b < top:
+            b = min(2 * b, top)
+            if self.profiles.throughput(model, hw, b) > base * (1 + 1e-9):
+                return b
+        return None
+
+    def _throughput(self, model: str, c: ModelConfig) -> float:
+        return self.profiles.throughput(model, c.hardware, c.max_batch_size)
+
+    def bottleneck(self, configs: Mapping[str, ModelConfig]) -> str:
+        """The model with the least throughput for the traffic it sees (Algorithm 1's
+        ``FindMinThru``): ``replicas * throughput(batch) / scale_factor``; ties: pipeline order."""
+        return min(
+            self._models,
+            key=lambda m: (
+                configs[m].replicas
+                * self._throughput(m, configs[m])
+                / self.pipeline.scale_factor(m),
+                self._index[m],
+            ),
+        )
+
+    # -- Algorithm 1 ---------------------------------------------------------------------
+    def initialize(self) -> Configs:
+        """A feasible configuration: batch 1, fastest hardware, replicas added to the
+        throughput bottleneck until the estimator says the SLO holds."""
+        best = self.bound.best_latency_s(self.percentile)
+        if best > self.slo_s + _EPS:
+            raise InfeasibleError(
+                f"SLO {self.slo_s:g} s is infeasible for pipeline {self.pipeline.name!r}: even "
+                f"with unlimited batch-1 replicas on the fastest hardware its P{self.percentile:g} "
+                f"latency is {best:.4g} s (the best achievable service time)",
+                best,
+            )
+        cfg: Configs = {m: ModelConfig(self.fastest_hardware(m), 1, 1) for m in self._models}
+        step = 0
+        while True:
+            key = self._key(cfg)
+            if self._feasible(key):
+                self._report("initialize", step, key, "feasible initial configuration")
+                return cfg
+            m = self.bottleneck(cfg)
+            if cfg[m].replicas >= self.options.max_replicas:
+                raise InfeasibleError(
+                    f"no feasible configuration for SLO {self.slo_s:g} s with at most "
+                    f"{self.options.max_replicas} replicas of {m!r}",
+                    best,
+                )
+            cfg[m] = replace(cfg[m], replicas=cfg[m].replicas + 1)
+            step += 1
+            self._report("initialize", step, key, f"bottleneck {m}: {cfg[m].replicas} replicas")
+
+    # -- Algorithm 2 ---------------------------------------------------------------------
+    def minimize_cost(self, configs: Mapping[str, ModelConfig]) -> Configs:
+        """Greedy cost minimization from a feasible configuration (see the module doc)."""
+        key = self._key(configs)
+        if not self._feasible(key):
+            raise ValidationError("configs", "a feasible starting configuration", dict(configs))
+        memo: dict[tuple[str, str, str], int] = {}
+        epoch = 0
+        iteration = 0
+        while True:
+            use_memo = self.options.reuse_infeasible
+            cand = self._best_action(key, memo if use_memo else None, epoch)
+            if cand is None and use_memo and memo:
+                memo.clear()  # final exact sweep: re-check every action
+                cand = self._best_action(key, memo, epoch)
+            if cand is None:
+                break
+            assert cand.key is not None
+            key = cand.key
+            iteration += 1
+            self._actions.append(f"{cand.kind} {cand.model}")
+            if cand.kind != "remove":
+                epoch += 1  # the memo only survives capacity removals
+            c = self._configs(key)[cand.model]
+            self._report(
+                "minimize",
+                iteration,
+                key,
+                f"{cand.kind} {cand.model} -> {c.hardware} b={c.max_batch_size} r={c.replicas}",
+            )
+        return self._configs(key)
+
+    def _candidates(self, key: Key) -> list[_Cand]:
+        cost = self._cost(key)
+        cap = self.options.max_replicas
+        out: list[_Cand] = []
+        for i, m in enumerate(self._models):
+            c = key[i]
+            price = self._price(c.hardware)
+            if c.replicas > 1:
+                need = self.bound.min_replicas(m, c.hardware, c.max_batch_size, cap)
+                if need < c.replicas:
+                    bound = cost - (c.replicas - max(1, need)) * price
+                    out.append(_Cand(bound, 0, i, "remove", m, None, pending=True))
+                ladder = [b for b in self._batch_ladder(m, c.hardware) if b > c.max_batch_size]
+                if ladder:
+                    need = min(self.bound.min_replicas(m, c.hardware, b, cap) for b in ladder)
+                    if need < c.replicas:
+                        bound = cost - (c.replicas - need) * price
+                        out.append(_Cand(bound, 1, i, "batch", m, None, pending=True))
+            for h2 in self.cheaper_hardware(m, c.hardware):
+                lb = self._downgrade_lower_bound(m, h2)
+                bound = cost - c.replicas * price + lb * self._price(h2)
+                if bound < cost - _EPS:
+                    out.append(_Cand(bound, 2, i, "downgrade", m, None, pending=True, hardware=h2))
+        return out
+
+    def _best_action(
+        self, key: Key, memo: dict[tuple[str, str, str], int] | None, epoch: int
+    ) -> _Cand | None:
+        """The feasible candidate of least (cost, tie-break), evaluated lazily by bound."""
+        cost = self._cost(key)
+        heap = [
+            c
+            for c in self._candidates(key)
+            if memo is None or memo.get((c.kind, c.model, c.hardware)) != epoch
+        ]
+        heapq.heapify(heap)
+        while heap:
+            c = heapq.heappop(heap)
+            if c.pending:
+                k2 = self._resolve(key, c)
+                if k2 is None:
+                    if memo is not None:
+                        memo[(c.kind, c.model, c.hardware)] = epoch
+                    continue
+                heapq.heappush(heap, replace(c, cost=self._cost(k2), key=k2, pending=False))
+                continue
+            assert c.key is not None
+            if c.cost < cost - _EPS and self._feasible(c.key):
+                return c
+            if memo is not None:
+                memo[(c.kind, c.model, c.hardware)] = epoch
+        return None
+
+    def _resolve(self, key: Key, c: _Cand) -> Key | None:
+        if c.kind == "batch":
+            return self._grow_batch(key, c.model)
+        if c.kind == "remove":
+            return self._remove(key, c.model)
+        return self._downgrade(key, c.model, c.hardware)
+
+    def _remove(self, key: Key, model: str) -> Key | None:
+        """Remove replicas while the SLO holds (None if not even one can go)."""
+        c = key[self._index[model]]
+        return self._local(key, model, c.hardware, [c.max_batch_size], c.replicas - 1)
+
+    def _grow_batch(self, key: Key, model: str) -> Key | None:
+        """A larger batch with the replica removals it makes feasible (None if none does)."""
+        c = key[self._index[model]]
+        ladder = [b for b in self._batch_ladder(model, c.hardware) if b > c.max_batch_size]
+        return self._local(key, model, c.hardware, ladder, c.replicas - 1)
+
+    def _downgrade(self, key: Key, model: str, hw: str) -> Key | None:
+        """Cheaper hardware with the model's batch size and replicas re-optimized there."""
+        cur = key[self._index[model]]
+        prev_cost = cur.replicas * self._price(cur.hardware)
+        price = self._price(hw)
+        r_max = self.options.max_replicas
+        if price > 0:
+            r_max = min(r_max, math.floor((prev_cost - _EPS) / price))
+        return self._local(key, model, hw, self._batch_ladder(model, hw), r_max)
+
+    def _local(self, key: Key, model: str, hw: str, batches: list[int], r_max: int) -> Key | None:
+        """Localized re-optimization of one model, the others frozen: the cheapest feasible
+        (batch, replicas) on ``hw`` with a batch from ``batches`` and at most ``r_max``
+        replicas (ties keep the smaller batch); None if there is none.
+
+        Same result as the paper's local steps (batch 1 and replicas added until feasible,
+        then replicas removed while feasible, else the batch doubled) whenever one more
+        replica never makes the pipeline infeasible; it takes a logarithmic number of
+        simulations per batch size instead of one per replica.
+        """
+        if r_max < 1 or not batches:
+            return None
+        if self._latency_floor(key, model, hw) > self.slo_s:
+            return None  # too slow on ``hw`` even without any queueing
+        best: tuple[int, int] | None = None
+        for b in batches:
+            if r_max < 1:
+                break
+            lo = self.bound.min_replicas(model, hw, b, r_max)
+            if lo > r_max:
+                continue
+
+            def ok(n: int, b: int = b) -> bool:
+                return self._feasible(self._with(key, model, ModelConfig(hw, b, n)))
+
+            if not ok(r_max):
+                continue
+            hi, bad, step = r_max, lo - 1, 1
+            while hi - step > bad:  # gallop down from the top, then bisect
+                if ok(hi - step):
+                    hi -= step
+                    step *= 2
+                else:
+                    bad = hi - step
+                    break
+            while hi - bad > 1:
+                mid = (bad + hi) // 2
+                if ok(mid):
+                    hi = mid
+                else:
+                    bad = mid
+            best = (b, hi)
+            r_max = hi - 1
+        if best is None:
+            return None
+        return self._with(key, model, ModelConfig(hw, best[0], best[1]))
+
+    def _latency_floor(self, key: Key, model: str, hw: str) -> float:
+        """The percentile latency with no queueing at all: every model at its fastest batch
+        on its (frozen) hardware, ``model`` on ``hw``. A configuration above it is hopeless."""
+        hws = tuple(c.hardware for c in key)
+        fkey = (model, hw, hws)
+        v = self._floors.get(fkey)
+        if v is None:
+            lat = {
+                m: min(self.profiles.latency(m, h, x) for x in self.profiles.batch_sizes(m, h))
+                for m, h in zip(self._models, hws, strict=True)
+            }
+            lat[model] = min(
+                self.profiles.latency(model, hw, x) for x in self.profiles.batch_sizes(model, hw)
+            )
+            v = self.bound.best_latency_with_s(lat, self.percentile)
+            self._floors[fkey] = v
+        return v
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _batch_ladder(self, model: str, hw: str) -> list[int]:
+        out = [1]
+        while (nb := self.next_batch(model, hw, out[-1])) is not None:
+            out.append(nb)
+        return out
+
+    def _downgrade_lower_bound(self, model: str, hw: str) -> int:
+        cap = self.options.max_replicas
+        return min(
+            self.bound.min_replicas(model, hw, b, cap) for b in self._batch_ladder(model, hw)
+        )
+
+    def _with(self, key: Key, model: str, c: ModelConfig) -> Key:
+        i = self._index[model]
+        return (*key[:i], c, *key[i + 1 :])
