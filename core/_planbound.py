@@ -12,9 +12,10 @@ The argument, for one model ``m`` served by ``r`` replicas with per-replica peak
 * Which queries visit ``m`` is known exactly: the estimator draws the visits up front with
   :func:`draw_visits` and the same seed.
 * A query visiting ``m`` cannot enter ``m``'s queue before ``arrival + d_up`` (the fastest
-  latencies of the parents it visits, on any hardware, joins waiting for the slowest), and after
-  leaving ``m`` it still needs ``d_down`` (the fastest latencies of the children it visits). So it
-  meets the SLO only if ``m`` finishes it in the window ``[a + d_up, a + slo - d_down]``.
+  latencies of the parents it visits, on any hardware, joins waiting for the slowest, plus the
+  per-hop overhead before each queue), and after leaving ``m`` it still needs ``d_down`` (the
+  same for the children it visits). So it meets the SLO only if ``m`` finishes it in the window
+  ``[a + d_up, a + slo - d_down]``.
 * Each replica runs batches one after another and a batch of ``b`` takes at least ``b / mu``;
   spreading each batch's queries evenly over its run time gives a schedule on one machine of rate
   ``c = r * mu`` in which every query is processed inside its real batch's run time, so each
@@ -28,8 +29,8 @@ The argument, for one model ``m`` served by ``r`` replicas with per-replica peak
 
 The greedy's drop count is therefore a lower bound on the queries that miss the SLO; once it
 reaches ``N - floor((N - 1) p / 100)`` the ``p``-th percentile of ``numpy.percentile`` (linear
-interpolation) lies strictly above the SLO. Hop overheads and batch-wait timeouts only add
-latency, so the bound stays sound when the estimator is given them.
+interpolation) lies strictly above the SLO. Batch-wait timeouts only add latency, so the bound
+stays sound when the estimator is given them; the hop overhead is part of the bound.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class MissBound:
         percentile: float,
         seed: int,
         catalog: HardwareCatalog,
+        hop_s: float = 0.0,
     ) -> None:
         self.pipeline = pipeline
         self.profiles = profiles
@@ -113,19 +115,22 @@ class MissBound:
         }
         self._vis = vis
         self._pos = pos
+        hop = self.hop_s = float(hop_s)  # every model visit waits this long before its queue
+        # up[m]: time from arrival until the last visited parent of m has finished
         up: dict[str, np.ndarray] = {}
         for m in order:
             u = np.zeros(n)
             for p in pipeline.parents[m]:
                 v = vis[:, pos[p]]
-                u = np.where(v, np.maximum(u, up[p] + lmin[p]), u)  # joins wait for the slowest
+                u = np.where(v, np.maximum(u, up[p] + hop + lmin[p]), u)  # joins: the slowest
             up[m] = u
+        # down[m]: time the query still needs after m finishes (the children it visits)
         down: dict[str, np.ndarray] = {}
         for m in reversed(order):
             d = np.zeros(n)
             for c in pipeline.children[m]:
                 v = vis[:, pos[c]]
-                d = np.where(v, np.maximum(d, down[c] + lmin[c]), d)
+                d = np.where(v, np.maximum(d, down[c] + hop + lmin[c]), d)
             down[m] = d
         self._lmin = lmin
         self._arr: dict[str, np.ndarray] = {}
@@ -135,13 +140,13 @@ class MissBound:
         path = np.zeros(n)
         for m in order:
             v = vis[:, pos[m]]
-            own = up[m] + lmin[m] + down[m]
+            own = up[m] + hop + lmin[m] + down[m]
             path = np.where(v, np.maximum(path, own), path)
             sure = v & (own > self.slo_s + 1e-9)
             rest = v & ~sure
             self._definite[m] = int(np.count_nonzero(sure))
             self._arr[m] = np.ascontiguousarray(trace[rest], dtype=np.float64)
-            self._d_up[m] = float(up[m][rest].min()) if rest.any() else 0.0
+            self._d_up[m] = hop + (float(up[m][rest].min()) if rest.any() else 0.0)
             self._window[m] = self.slo_s - (float(down[m][rest].min()) if rest.any() else 0.0)
         self.path_lower_s = path  # per query: its visited critical path at the fastest latencies
         self._late: dict[tuple[str, float], int] = {}
@@ -239,6 +244,6 @@ class MissBound:
             start = np.zeros(self.n)
             for p in self.pipeline.parents[m]:
                 start = np.where(self._vis[:, self._pos[p]], np.maximum(start, fin[p]), start)
-            fin[m] = np.where(v, start + lat[m], 0.0)
+            fin[m] = np.where(v, start + self.hop_s + lat[m], 0.0)
             end = np.maximum(end, fin[m])
         return float(np.percentile(end, percentile)) if self.n else 0.0

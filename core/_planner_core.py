@@ -146,6 +146,7 @@ class PlannerCore:
             self.percentile,
             self.options.estimator.seed,
             catalog,
+            hop_s=self.options.estimator.hop_overhead_s,
         )
         self._cache: dict[Key, float] = {}
         self._sims = 0

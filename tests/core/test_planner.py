@@ -296,3 +296,15 @@ def test_widen_takes_the_slack_of_equal_cost_batch_sizes():
     assert wide.cost_per_hour <= tight.cost_per_hour + 1e-9
     assert wide.estimated_latency_s < tight.estimated_latency_s
     assert wide.models["m"].max_batch_size > tight.models["m"].max_batch_size
+
+
+def test_hop_overhead_is_planned_for():
+    pipe, prof, trace = _case(seed=11)
+    opts = EstimatorOptions(hop_overhead_s=0.01)
+    plan = plan_inferline(pipe, prof, trace, 0.12, options=PlannerOptions(estimator=opts))
+    res = simulate(pipe, plan.models, prof, trace, options=opts)
+    assert res.percentile(99) <= 0.12
+    best = sum(min(prof.latency(m, h, 1) for h in HW) for m in pipe.models)
+    with pytest.raises(InfeasibleError) as ei:  # two hops push the best latency over the SLO
+        plan_inferline(pipe, prof, trace, best + 0.015, options=PlannerOptions(estimator=opts))
+    assert ei.value.best_latency_s == pytest.approx(best + 0.02)

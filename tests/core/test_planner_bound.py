@@ -49,12 +49,14 @@ config = st.builds(
     slo=st.sampled_from([0.03, 0.06, 0.1, 0.2]),
     pct=st.sampled_from([50.0, 90.0, 99.0]),
     seed=st.integers(0, 3),
+    hop=st.sampled_from([0.0, 0.004]),
 )
-def test_bound_never_rejects_a_feasible_configuration(cfgs, cv, slo, pct, seed):
+def test_bound_never_rejects_a_feasible_configuration(cfgs, cv, slo, pct, seed, hop):
     trace = TRACES[cv]
     configs = dict(zip(PIPE.models, cfgs, strict=True))
-    bound = MissBound(PIPE, PROF, trace, slo, pct, seed, DEFAULT_CATALOG)
-    res = simulate(PIPE, configs, PROF, trace, options=EstimatorOptions(seed=seed))
+    bound = MissBound(PIPE, PROF, trace, slo, pct, seed, DEFAULT_CATALOG, hop_s=hop)
+    opts = EstimatorOptions(seed=seed, hop_overhead_s=hop)
+    res = simulate(PIPE, configs, PROF, trace, options=opts)
     if bound.infeasible(configs):
         assert res.percentile(pct) > slo
     # the miss count itself is a lower bound on the real misses
