@@ -226,15 +226,29 @@ def _parse_response(buf: bytearray) -> tuple[int, bytes, int, bool] | None:
 
 
 class _Pool:
+    """Keep-alive connections, one request in flight on each.
+
+    A query due when no connection is idle gets a new connection, up to ``max_connections``
+    (file descriptors are finite); past that it waits for the first connection to free up,
+    which shows as send lag and, since latency counts from the scheduled time, as latency.
+    """
+
     def __init__(
-        self, host: str, port: int, requests: list[bytes], n: int, on_answer: Any = None
+        self,
+        host: str,
+        port: int,
+        requests: list[bytes],
+        n: int,
+        on_answer: Any = None,
+        max_connections: int = 512,
     ) -> None:
         self.host = host
         self.port = port
         self.requests = requests
+        self.max_connections = max_connections
         self.idle: deque[_Conn] = deque()
-        self.opening = 0
-        self.waiting: deque[int] = deque()  # queries whose connection is being opened
+        self.conns = 0  # open or being opened
+        self.waiting: deque[int] = deque()  # due queries without a connection yet
         self.sent = np.full(n, np.nan)
         self.done = np.full(n, np.nan)
         self.status = np.full(n, STATUS_TIMEOUT, dtype=np.int32)
@@ -249,54 +263,58 @@ class _Pool:
         self.loop = asyncio.get_running_loop()
 
     async def warm(self, k: int) -> None:
+        k = min(k, self.max_connections)
+        self.conns += k
         conns = await asyncio.gather(*(self._open() for _ in range(k)), return_exceptions=True)
         for c in conns:
             if isinstance(c, _Conn):
                 self.idle.append(c)
+            else:
+                self.conns -= 1
 
     async def _open(self) -> _Conn:
         _, proto = await self.loop.create_connection(lambda: _Conn(self), self.host, self.port)
         return proto
+
+    def _send(self, c: _Conn, i: int) -> None:
+        self.sent[i] = self.clock() - self.t0
+        c.send(i, self.requests[i % len(self.requests)])
 
     def fire(self, i: int) -> None:
         self.outstanding += 1
         while self.idle:
             c = self.idle.pop()
             if not c.closed:
-                self.sent[i] = self.clock() - self.t0
-                c.send(i, self.requests[i % len(self.requests)])
+                self._send(c, i)
                 return
         self.waiting.append(i)
-        self.opening += 1
-        self.loop.create_task(self._open_and_send())
+        if self.conns < self.max_connections:
+            self.conns += 1
+            self.loop.create_task(self._open_and_send())
 
     async def _open_and_send(self) -> None:
         try:
             c = await self._open()
         except OSError as e:
-            self.opening -= 1
-            i = self.waiting.popleft()
-            self._finish(i, STATUS_CONNECT, b"")
+            self.conns -= 1
             self.errors[f"connect: {e.strerror or e}"] += 1
+            if self.waiting:  # the query this connection was for fails, counted
+                self._finish(self.waiting.popleft(), STATUS_CONNECT, b"")
             return
-        self.opening -= 1
         if self.waiting:
-            i = self.waiting.popleft()
-            self.sent[i] = self.clock() - self.t0
-            c.send(i, self.requests[i % len(self.requests)])
+            self._send(c, self.waiting.popleft())
         else:
             self.idle.append(c)
 
     def answered(self, c: _Conn, i: int, status: int, body: bytes) -> None:
         self._finish(i, status, body)
         if self.waiting:
-            j = self.waiting.popleft()
-            self.sent[j] = self.clock() - self.t0
-            c.send(j, self.requests[j % len(self.requests)])
+            self._send(c, self.waiting.popleft())
         else:
             self.idle.append(c)
 
     def lost(self, c: _Conn, i: int | None, why: str) -> None:
+        self.conns -= 1
         with contextlib.suppress(ValueError):
             self.idle.remove(c)
         if i is not None:
@@ -328,6 +346,19 @@ class _Pool:
         self.idle.clear()
 
 
+def _raise_fd_limit(want: int) -> None:
+    """Lift the soft limit on open files toward ``want`` (best effort, up to the hard limit)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def _request_bytes(host: str, port: int, path: str, body: bytes, token: str | None) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     return (
@@ -345,10 +376,14 @@ async def replay(
     slo_s: float | None = None,
     token: str | None = None,
     connections: int = 64,
+    max_connections: int = 512,
     drain_timeout_s: float = 30.0,
     on_answer: Callable[[int, int, bytes], None] | None = None,
 ) -> ReplayResult:
-    """Send ``bodies[i % len(bodies)]`` to ``url/apps/app/predict`` at ``arrivals_s[i]``."""
+    """Send ``bodies[i % len(bodies)]`` to ``url/apps/app/predict`` at ``arrivals_s[i]``.
+
+    ``connections`` are opened up front; more are opened when all are busy, up to
+    ``max_connections``, after which due queries wait for a free one (and are late)."""
     times = np.asarray(arrivals_s, dtype=float)
     if times.ndim != 1 or times.size == 0:
         raise ValidationError("arrivals_s", "a non-empty list of times", times.shape)
@@ -358,7 +393,8 @@ async def replay(
     host, port, base = _parse_url(url)
     path = f"{base}/apps/{app}/predict"
     reqs = [_request_bytes(host, port, path, b, token) for b in bodies]
-    pool = _Pool(host, port, reqs, times.size, on_answer)
+    _raise_fd_limit(max_connections + 64)
+    pool = _Pool(host, port, reqs, times.size, on_answer, max_connections)
     await pool.warm(connections)
     if not pool.idle:
         raise ValidationError("url", f"a reachable server at {host}:{port}", "connection refused")

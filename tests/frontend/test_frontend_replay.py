@@ -108,3 +108,14 @@ def test_response_parser():
     )
     status, body, used, close = _parse_response(chunked)
     assert (status, body, used, close) == (503, b"abcde", len(chunked), True)
+
+
+def test_connection_cap_makes_queries_wait_not_fail(server):
+    arrivals = np.linspace(0.0, 0.05, 12)  # 12 queries, each answered after 250 ms
+    res = replay_sync(
+        arrivals, server, "slow", encode_bodies([1]), connections=2, max_connections=4
+    )
+    assert (res.status == 200).all()
+    # at most 4 in flight: three waves of 250 ms
+    assert float(np.max(res.latency_s)) == pytest.approx(0.75, abs=0.15)
+    assert float(np.max(res.send_lag_s)) > 0.4
