@@ -75,7 +75,7 @@ def test_simulate_with_and_without_tuners(files, capsys):
     auto = _run(capsys, tmp_path, paths, "--tuner", "autoscale")
     # 250 q/s on one 100 q/s replica diverges without a tuner
     assert none["slo_miss_rate"] > 0.4 and none["cost_per_hour"] == pytest.approx(0.0665)
-    assert tuned["slo_miss_rate"] < 0.2 * none["slo_miss_rate"]
+    assert tuned["slo_miss_rate"] < 0.5 * none["slo_miss_rate"]  # 5 s activation: a 5x step hurts
     assert auto["slo_miss_rate"] < none["slo_miss_rate"]
     # the time-averaged cost grows with the replicas added
     assert tuned["cost_per_hour"] > none["cost_per_hour"]
