@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from inferline.adapters._subscribers import ReplicaSubscribers
 from inferline.core import (
     BackendError,
     ModelConfig,
@@ -177,7 +178,7 @@ class LocalBackend:
         self.max_message_bytes = max_message_bytes
         self.replica_log_level = replica_log_level
         self._models: dict[str, _Model] = {}
-        self._subscribers: list[Callable[[str, list[ReplicaHandle]], None]] = []
+        self._subscribers = ReplicaSubscribers()
         self._ids = itertools.count()
         self._closed = False
         self._pids: set[int] = set()
@@ -211,11 +212,10 @@ class LocalBackend:
         return [s.replica for s in m.slots if s.replica is not None and s.replica.state == ACTIVE]
 
     def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.append(callback)
+        self._subscribers.add(callback)
 
     def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._subscribers.remove(callback)
+        self._subscribers.remove(callback)
 
     def _get(self, model: str) -> _Model:
         try:
@@ -225,11 +225,7 @@ class LocalBackend:
 
     def _notify(self, model: str) -> None:
         active = self.replicas(model) if model in self._models else []
-        for cb in list(self._subscribers):
-            try:
-                cb(model, active)
-            except Exception:
-                log.exception("replica-set subscriber %r failed for model %r", cb, model)
+        self._subscribers.notify(model, active)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -670,11 +666,7 @@ class LocalBackend:
         _kill_pids(self._pids)  # anything left (a spawn racing close)
 
     def _notify_empty(self, model: str) -> None:
-        for cb in list(self._subscribers):
-            try:
-                cb(model, [])
-            except Exception:
-                log.exception("replica-set subscriber %r failed for model %r", cb, model)
+        self._subscribers.notify(model, [])
 
     def close_now(self) -> None:
         """Kill every replica process immediately, without an event loop (for finalizers)."""

@@ -42,6 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
+from inferline.adapters._subscribers import ReplicaSubscribers
 from inferline.core import (
     BackendError,
     CapacityError,
@@ -342,7 +343,7 @@ class TFServingBackend:
         self._endpoints = eps
         self._started = not launch
         self._models: dict[str, _Managed] = {}
-        self._subscribers: list[Callable[[str, list[ReplicaHandle]], None]] = []
+        self._subscribers = ReplicaSubscribers()
         self._ids = itertools.count()
         self._closed = False
 
@@ -382,11 +383,10 @@ class TFServingBackend:
         return [h for h in self._get(model).handles if h.alive]
 
     def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.append(callback)
+        self._subscribers.add(callback)
 
     def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._subscribers.remove(callback)
+        self._subscribers.remove(callback)
 
     def _get(self, model: str) -> _Managed:
         try:
@@ -397,11 +397,7 @@ class TFServingBackend:
     def _notify(self, model: str) -> None:
         m = self._models.get(model)
         active: list[ReplicaHandle] = [h for h in m.handles if h.alive] if m else []
-        for cb in list(self._subscribers):
-            try:
-                cb(model, active)
-            except Exception:
-                log.exception("replica-set subscriber %r failed for model %r", cb, model)
+        self._subscribers.notify(model, active)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1044,9 +1040,7 @@ class TFServingBackend:
                         await self.scale(m.name, 0)
         self._closed = True
         for name in list(self._models):
-            for cb in list(self._subscribers):
-                with contextlib.suppress(Exception):
-                    cb(name, [])
+            self._subscribers.notify(name, [])
         for ep in self._endpoints:
             if ep.recovering is not None:
                 ep.recovering.cancel()

@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
+from inferline.adapters._subscribers import ReplicaSubscribers
 from inferline.core import (
     BackendError,
     CapacityError,
@@ -240,7 +241,7 @@ class TritonBackend:
             address, protocol, timeout_s=float(opts.get("timeout_s", timeout_s)), headers=headers
         )
         self._models: dict[str, _Managed] = {}
-        self._subscribers: list[Callable[[str, list[ReplicaHandle]], None]] = []
+        self._subscribers = ReplicaSubscribers()
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._recovery: asyncio.Task[None] | None = None
@@ -287,11 +288,10 @@ class TritonBackend:
         return [h for h in self._get(model).handles if h.alive]
 
     def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.append(callback)
+        self._subscribers.add(callback)
 
     def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        with contextlib.suppress(ValueError):
-            self._subscribers.remove(callback)
+        self._subscribers.remove(callback)
 
     def _get(self, model: str) -> _Managed:
         try:
@@ -302,11 +302,7 @@ class TritonBackend:
     def _notify(self, model: str) -> None:
         m = self._models.get(model)
         active: list[ReplicaHandle] = [h for h in m.handles if h.alive] if m else []
-        for cb in list(self._subscribers):
-            try:
-                cb(model, active)
-            except Exception:
-                log.exception("replica-set subscriber %r failed for model %r", cb, model)
+        self._subscribers.notify(model, active)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -898,11 +894,7 @@ class TritonBackend:
                 await self._recovery
         handles = [h for m in self._models.values() for h in m.handles]
         for name in list(self._models):
-            for cb in list(self._subscribers):
-                try:
-                    cb(name, [])
-                except Exception:
-                    log.exception("replica-set subscriber %r failed for model %r", cb, name)
+            self._subscribers.notify(name, [])
         with contextlib.suppress(Exception):
             await asyncio.gather(*(h.drained(min(self.drain_timeout_s, 5.0)) for h in handles))
         for h in handles:
