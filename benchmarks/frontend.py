@@ -205,7 +205,16 @@ def main() -> int:
     ap.add_argument("--serve", choices=["inproc", "local"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="also write the figures here")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run at this niceness (the server inherits it); negative: priority over other "
+        "work on a shared machine (root only)",
+    )
     args = ap.parse_args()
+    if args.nice and not args.serve:
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     if args.serve:
         serve(args.serve, args.port_file)
         return 0
