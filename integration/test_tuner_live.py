@@ -94,6 +94,8 @@ def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
             ):
                 await asyncio.sleep(0.1)
             watcher.cancel()
+            # the watcher's last sample may predate the final change
+            replicas_seen.append((time.perf_counter() - t0, len(svc.backend.replicas("m"))))
             metrics = svc.metrics.render().decode()
             return tuner, t0, results, replicas_seen, metrics
         finally:
