@@ -108,9 +108,9 @@ class _Cand:
 class PlannerCore:
     """InferLine's two-phase planner for one pipeline, trace, SLO and percentile.
 
-    ``initialize()`` and ``minimize_cost()`` are the paper's two algorithms; ``plan()`` runs
-    both and returns a :class:`Plan` with the tuner's inputs. ``latency(configs)`` and
-    ``feasible(configs)`` expose the (cached) judgement the planner uses.
+    ``initialize()`` and ``minimize_cost()`` are the paper's two algorithms (:class:`Planner`
+    adds ``plan()``). ``latency(configs)`` and ``feasible(configs)`` expose the (cached)
+    judgement the planner uses; ``stats()`` counts simulations, cache hits and pruned ones.
     """
 
     def __init__(
