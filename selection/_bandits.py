@@ -82,6 +82,21 @@ class _Base:
         return tuple(counts), tuple(tl)
 
 
+def _renormalized(lw: Sequence[float], floor: float) -> tuple[float, ...]:
+    """Log-weights shifted so the best is 0 (no underflow), and none below ``ln(floor)``:
+    a model that failed keeps a small weight it can climb back from once it recovers
+    (tracking, as in Exp3.S / fixed-share; ``floor=0`` is the textbook update)."""
+    top = max(lw)
+    low = math.log(floor) if floor > 0 else -math.inf
+    return tuple(max(v - top, low) for v in lw)
+
+
+def _check_floor(floor: float) -> float:
+    if not 0.0 <= floor < 1.0:
+        raise ValidationError("weight_floor", "a number in [0, 1)", floor)
+    return float(floor)
+
+
 class StaticPolicy(_Base):
     """Always the same model (or the same fixed ensemble)."""
 
@@ -119,16 +134,25 @@ class Exp3(_Base):
     Selects model i with probability ``p_i = (1-gamma) s_i / sum(s) + gamma / k`` and, after the
     loss L of the selected model is observed, sets ``s_i <- s_i * exp(-eta * L / p_i)``. Clipper
     describes gamma = 0; Auer et al.'s Exp3 mixes in uniform exploration, which is what lets a
-    model that failed and recovered win traffic back, so a small gamma is the default.
+    model that failed and recovered win traffic back, so a small gamma is the default; with
+    the weight floor (see ``_renormalized``) the recovered model's weight is not buried under
+    the losses of its failure.
     """
 
     name = "exp3"
 
     def __init__(
-        self, models: Sequence[str], *, eta: float = 0.05, gamma: float = 0.05, **kw: Any
+        self,
+        models: Sequence[str],
+        *,
+        eta: float = 0.2,
+        gamma: float = 0.01,
+        weight_floor: float = 1e-3,
+        **kw: Any,
     ) -> None:
         super().__init__(models, **kw)
         self.eta = check_rate(eta, "eta")
+        self.weight_floor = _check_floor(weight_floor)
         if not 0.0 <= gamma < 1.0:
             raise ValidationError("gamma", "a number in [0, 1)", gamma)
         self.gamma = float(gamma)
@@ -162,17 +186,21 @@ class Exp3(_Base):
             loss = self.loss(feedback, y)
             lw[i] -= self.eta * loss / p[i]
             counts, tl = self._record(replace(state, counts=counts, total_loss=tl), i, loss)
-        top = max(lw)  # renormalize in log space so weights never underflow
         return replace(
             state,
-            log_weights=tuple(v - top for v in lw),
+            log_weights=_renormalized(lw, self.weight_floor),
             counts=counts,
             total_loss=tl,
             steps=state.steps + 1,
         )
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "eta": self.eta, "gamma": self.gamma}
+        return {
+            **super().config(),
+            "eta": self.eta,
+            "gamma": self.gamma,
+            "weight_floor": self.weight_floor,
+        }
 
 
 class Exp4(_Base):
@@ -185,9 +213,12 @@ class Exp4(_Base):
 
     name = "exp4"
 
-    def __init__(self, models: Sequence[str], *, eta: float = 0.3, **kw: Any) -> None:
+    def __init__(
+        self, models: Sequence[str], *, eta: float = 0.3, weight_floor: float = 1e-3, **kw: Any
+    ) -> None:
         super().__init__(models, **kw)
         self.eta = check_rate(eta, "eta")
+        self.weight_floor = _check_floor(weight_floor)
 
     def select(self, state: WeightState, x: Any) -> list[str]:
         return list(state.models)
@@ -202,17 +233,16 @@ class Exp4(_Base):
             loss = self.loss(feedback, y)
             lw[i] -= self.eta * loss
             counts, tl = self._record(replace(state, counts=counts, total_loss=tl), i, loss)
-        top = max(lw)
         return replace(
             state,
-            log_weights=tuple(v - top for v in lw),
+            log_weights=_renormalized(lw, self.weight_floor),
             counts=counts,
             total_loss=tl,
             steps=state.steps + 1,
         )
 
     def config(self) -> dict[str, Any]:
-        return {**super().config(), "eta": self.eta}
+        return {**super().config(), "eta": self.eta, "weight_floor": self.weight_floor}
 
 
 class EpsilonGreedy(_Base):

@@ -15,9 +15,13 @@ Options that make the family useful for selection experiments:
 
 - ``features``: train on a subset of the 64 pixels (random-subspace ensemble members: similar
   accuracy, diverse errors, so ensembles gain like Rafiki's ImageNet ensembles);
-- ``distort``: a per-input distortion applied before predicting (``"noise:SIGMA"``,
-  ``"flip"``, ``"shift:N"``), used for per-user input distributions;
-- ``delay_s`` / ``per_item_s``: sleep per batch (a slow model, for straggler experiments).
+- ``distort(x, spec)``: input distortions (``"noise:SIGMA"``, ``"flip"``, ``"shift:N"``,
+  ``"invert"``) for per-user input distributions; ``train_distort`` trains a model on
+  distorted images (so different users have different best models);
+- ``delay_s`` / ``per_item_s``: sleep per batch (a slow model); ``tail_s``: an extra
+  exponentially distributed sleep per batch with that mean (a straggler, seeded);
+- ``kind="forest"`` with ``trees``: a variant family (5 trees ~0.88 accuracy and ~0.3 ms,
+  300 trees ~0.98 and ~10 ms), ``n_jobs`` threads.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ def digits_data(
     return xtr, ytr, xte, yte
 
 
-def _estimator(kind: str, seed: int) -> Any:
+def _estimator(kind: str, seed: int, trees: int = 100, n_jobs: int = 1) -> Any:
     if kind == "nb":
         from sklearn.naive_bayes import GaussianNB
 
@@ -83,7 +87,7 @@ def _estimator(kind: str, seed: int) -> Any:
     if kind == "forest":
         from sklearn.ensemble import RandomForestClassifier
 
-        return RandomForestClassifier(100, random_state=seed, n_jobs=1)
+        return RandomForestClassifier(trees, random_state=seed, n_jobs=n_jobs)
     if kind == "knn":
         from sklearn.neighbors import KNeighborsClassifier
 
@@ -96,16 +100,26 @@ def _estimator(kind: str, seed: int) -> Any:
 
 
 def fit_classifier(
-    kind: str, seed: int = 0, features: Sequence[int] | None = None, split_seed: int = 0
+    kind: str,
+    seed: int = 0,
+    features: Sequence[int] | None = None,
+    split_seed: int = 0,
+    trees: int = 100,
+    n_jobs: int = 1,
+    train_distort: str | None = None,
 ) -> Any:
-    """A fitted classifier of ``kind`` on the training split (pixels scaled to [0, 1])."""
+    """A fitted classifier of ``kind`` on the training split (pixels scaled to [0, 1]);
+    ``trees`` and ``n_jobs`` apply to ``forest`` (a variant family: more trees, more accurate
+    and slower)."""
     import warnings
 
     xtr, ytr, _, _ = digits_data(split_seed)
+    if train_distort:
+        xtr = distort(xtr, train_distort, seed)
     xtr = xtr / 16.0
     if features is not None:
         xtr = xtr[:, list(features)]
-    est = _estimator(kind, seed)
+    est = _estimator(kind, seed, trees, n_jobs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # MLP convergence chatter
         est.fit(xtr, ytr)
@@ -143,6 +157,10 @@ class DigitsClassifier:
         delay_s: float = 0.0,
         per_item_s: float = 0.0,
         split_seed: int = 0,
+        trees: int = 100,
+        n_jobs: int = 1,
+        tail_s: float = 0.0,
+        train_distort: str | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValidationError("kind", f"one of {list(KINDS)!r}", kind)
@@ -152,10 +170,23 @@ class DigitsClassifier:
         self.delay_s = float(delay_s)
         self.per_item_s = float(per_item_s)
         self.split_seed = split_seed
+        self.trees = int(trees)
+        self.n_jobs = int(n_jobs)
+        self.tail_s = float(tail_s)
+        self.train_distort = train_distort
+        self._rng = np.random.default_rng(seed)
         self._est: Any = None
 
     def load(self) -> None:
-        self._est = fit_classifier(self.kind, self.seed, self.features, self.split_seed)
+        self._est = fit_classifier(
+            self.kind,
+            self.seed,
+            self.features,
+            self.split_seed,
+            self.trees,
+            self.n_jobs,
+            self.train_distort,
+        )
 
     def predict_batch(self, inputs: list[Any]) -> list[int]:
         if self._est is None:
@@ -165,6 +196,8 @@ class DigitsClassifier:
             x = x[:, self.features]
         out = self._est.predict(x)
         wait = self.delay_s + self.per_item_s * len(inputs)
+        if self.tail_s > 0:  # a straggler: exponential extra delay per batch (seeded)
+            wait += float(self._rng.exponential(self.tail_s))
         if wait > 0:
             time.sleep(wait)
         return [int(v) for v in out]
@@ -177,6 +210,12 @@ def digits_classifier(
     delay_s: float = 0.0,
     per_item_s: float = 0.0,
     split_seed: int = 0,
+    trees: int = 100,
+    n_jobs: int = 1,
+    tail_s: float = 0.0,
+    train_distort: str | None = None,
 ) -> DigitsClassifier:
     """Factory for ``ModelSpec.source`` (``inferline.selection.digits:digits_classifier``)."""
-    return DigitsClassifier(kind, seed, features, delay_s, per_item_s, split_seed)
+    return DigitsClassifier(
+        kind, seed, features, delay_s, per_item_s, split_seed, trees, n_jobs, tail_s, train_distort
+    )
