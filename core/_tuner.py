@@ -36,6 +36,12 @@ Reading of the paper, and the choices made where it is silent:
   envelope, which is only a valid reference while the configuration is at least the planned
   one; a lasting drop below the planning workload is the planner's job (re-plan), as the paper
   says. ``floor="one"`` allows scaling below the plan (down to one replica per model).
+  And one cap (``down_cap="plan"``, default): while the largest ``down_window_s`` count of the
+  horizon is within the planned envelope at that window, the rate asks no more than the plan.
+  The plan's ``ρ_m`` differ (integer replica counts: 0.49-0.92 in the benchmark plans), so
+  ``ρ_min`` asks ``ceil(k_m ρ_m / ρ_min) > k_m`` replicas even at the planned workload, and the
+  5 s peak rate is above the mean for it too: without the cap, a scale-up is never undone
+  while the traffic stays at the planned workload. ``down_cap="none"`` is the literal rule.
 - **Clock.** Pure: :meth:`TunerPolicy.step` takes the state, the time and the per-window peaks
   and returns the new state and the decision (or ``None``). :class:`Tuner` bundles a policy, its
   online envelope and its state for a caller that feeds arrival times and a clock.
@@ -74,6 +80,7 @@ _EPS = 1e-9
 Floor = Literal["plan", "one"]
 UpRate = Literal["window", "scaled", "curve"]
 DownRho = Literal["min", "model"]
+DownCap = Literal["plan", "none"]
 
 
 def _ceil(x: float) -> int:
@@ -96,6 +103,9 @@ class TunerConfig:
     down_rho: DownRho = "min"
     keep_horizon_s: float = 30.0  # exceeding rates remembered against scale-down (0: none)
     margin_sigmas: float = 0.0  # trigger only above planned + margin * sqrt(planned)
+    # Scale-down: the rate's need is capped at the plan while the largest down_window_s count of
+    # the horizon is within the planned envelope ("plan") or not capped ("none", the literal rule).
+    down_cap: DownCap = "plan"
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -115,6 +125,8 @@ class TunerConfig:
             raise ValidationError("down_rho", "'min' or 'model'", self.down_rho)
         as_float(self.keep_horizon_s, "keep_horizon_s", nonneg=True)
         as_float(self.margin_sigmas, "margin_sigmas", nonneg=True)
+        if self.down_cap not in ("plan", "none"):
+            raise ValidationError("down_cap", "'plan' or 'none'", self.down_cap)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,6 +142,7 @@ class TunerConfig:
             "down_rho": self.down_rho,
             "keep_horizon_s": self.keep_horizon_s,
             "margin_sigmas": self.margin_sigmas,
+            "down_cap": self.down_cap,
         }
 
     @classmethod
@@ -138,7 +151,7 @@ class TunerConfig:
         keys = {f for f in cls.__dataclass_fields__}
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
-        strs = {"floor", "up_rate", "down_rate", "down_rho"}
+        strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap"}
         for k in keys - strs - {"resolution_s"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
@@ -415,9 +428,17 @@ class TunerPolicy:
                 return TunerState(new, float(now_s), down_peaks, up_peaks), decision
 
         if now_s - state.last_change_s >= cfg.stabilization_delay_s:
-            down_rate = self._down_rate(int(down_peaks[0][1]))
+            down_count = int(down_peaks[0][1])
+            down_rate = self._down_rate(down_count)
             rho = self._rho_min if cfg.down_rho == "min" else None
             need = self.need(down_rate, rho)
+            # Traffic back within the planned envelope at the down window: the plan is proven
+            # for it, so the rate asks no more than the plan. Without the cap, rho_min and the
+            # 5 s burst rate ask more than the plan even at the planned workload itself
+            # (ceil(k_m rho_m / rho_min) > k_m), and a burst is never undone.
+            within = cfg.down_cap == "plan" and down_count <= self._planned_down
+            if within:
+                need = {m: min(n, self.planned[m]) for m, n in need.items()}
             recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 else 0.0
             keep = self.need(recent_up) if recent_up > 0 else {}
             new = {}
@@ -428,7 +449,8 @@ class TunerPolicy:
                 reason = (
                     f"scale down: max rate over the last {cfg.down_horizon_s:g} s in "
                     f"{cfg.down_window_s:g} s windows is {down_rate:.1f} q/s "
-                    f"({_rho_text(cfg.down_rho, self._rho_min)}), stable for "
+                    f"({_rho_text(cfg.down_rho, self._rho_min)}"
+                    f"{', within the planned envelope' if within else ''}), stable for "
                     f"{now_s - state.last_change_s:.1f} s: {_diff(cur, new)}"
                 )
                 decision = TunerDecision(

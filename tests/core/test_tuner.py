@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -125,7 +126,7 @@ def test_curve_rule_fits_a_service_rate_within_the_planned_delay():
 
 
 def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
-    p = policy(up_rate="window")
+    p = policy(up_rate="window", down_cap="none")  # the literal rule
     s = p.initial_state(0.0)
     s, d = p.step(s, 1.0, (60, 0, 0))  # 600 q/s burst -> a 24, b 12
     assert d is not None and d.replicas == {"a": 24, "b": 12}
@@ -146,6 +147,29 @@ def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
     assert "rho_min=0.500" in first.reason and "90.0 q/s" in first.reason
     assert first.window_s == 5.0 and first.rate_qps == pytest.approx(90.0)
     assert len(downs) == 1  # b stays at 3: the conservative rho keeps it above its plan
+
+
+def test_scale_down_returns_to_the_plan_within_the_planned_envelope():
+    # Same story with the default cap: 450 arrivals in 5 s is within the planned 540, so the
+    # plan (proven for its envelope) is what the rate needs; rho_min alone would keep b at 3.
+    p = policy(up_rate="window")
+    s = p.initial_state(0.0)
+    s, _ = p.step(s, 1.0, (60, 0, 0))
+    t, downs = 1.0, []
+    while t < 60.0:
+        t = round(t + 0.1, 10)
+        s, d = p.step(s, t, (10, 90, 450))
+        if d is not None:
+            downs.append(d)
+    assert [d.replicas for d in downs] == [{"a": 4, "b": 2}]
+    assert downs[0].time_s == pytest.approx(31.0)
+    assert "within the planned envelope" in downs[0].reason
+    # above the planned 5 s count (560 > 540, 112 q/s) the literal rule applies: rho_min 0.5
+    # gives a ceil(112 / 25) = 5, b ceil(56 / 20) = 3
+    s = replace(p.initial_state(0.0), replicas={"a": 8, "b": 4})
+    s, d = p.step(s, 20.0, (10, 90, 560))
+    assert d is not None and d.replicas == {"a": 5, "b": 3}
+    assert "within the planned envelope" not in d.reason
 
 
 def test_scale_down_keeps_what_recent_exceeding_rates_need():
