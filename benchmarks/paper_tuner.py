@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--up-rate", choices=("window", "scaled", "curve"), default="scaled")
     ap.add_argument("--down-rate", choices=("window", "scaled"), default="window")
     ap.add_argument("--down-rho", choices=("min", "model"), default="min")
-    ap.add_argument("--down-cap", choices=("plan", "none"), default="plan")
+    ap.add_argument("--down-cap", choices=("plan", "none"), default="none")
     ap.add_argument("--keep-horizon-s", type=float, default=30.0)
     ap.add_argument("--autoscale-wait-s", type=float, default=15.0)
     ap.add_argument("--pipelines", nargs="*", default=list(SETUPS), choices=list(SETUPS))

@@ -126,7 +126,7 @@ def test_curve_rule_fits_a_service_rate_within_the_planned_delay():
 
 
 def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
-    p = policy(up_rate="window", down_cap="none")  # the literal rule
+    p = policy(up_rate="window")  # the literal rule (down_cap="none", the default)
     s = p.initial_state(0.0)
     s, d = p.step(s, 1.0, (60, 0, 0))  # 600 q/s burst -> a 24, b 12
     assert d is not None and d.replicas == {"a": 24, "b": 12}
@@ -150,9 +150,9 @@ def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
 
 
 def test_scale_down_returns_to_the_plan_within_the_planned_envelope():
-    # Same story with the default cap: 450 arrivals in 5 s is within the planned 540, so the
+    # Same story with the cap: 450 arrivals in 5 s is within the planned 540, so the
     # plan (proven for its envelope) is what the rate needs; rho_min alone would keep b at 3.
-    p = policy(up_rate="window")
+    p = policy(up_rate="window", down_cap="plan")
     s = p.initial_state(0.0)
     s, _ = p.step(s, 1.0, (60, 0, 0))
     t, downs = 1.0, []
