@@ -42,7 +42,7 @@ Reading of the paper, and the choices made where it is silent:
   0.49-0.92 in the benchmark plans), so ``ρ_min`` asks ``ceil(k_m ρ_m / ρ_min) > k_m``
   replicas even at the planned workload, and the 5 s peak rate is above the mean for it too:
   under the literal rule a scale-up is never fully undone while the traffic stays at the
-  planned workload. The cap fixes that (2-10% lower mean cost in the benchmark) but then the
+  planned workload. The cap fixes that (1-19% lower mean cost in the benchmark) but then the
   10 s ramp starts from the bare plan and misses 5-7% (docs/tuner.md), so it is not default.
 - **Clock.** Pure: :meth:`TunerPolicy.step` takes the state, the time and the per-window peaks
   and returns the new state and the decision (or ``None``). :class:`Tuner` bundles a policy, its
