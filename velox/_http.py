@@ -8,7 +8,7 @@
     POST /velox/{model}/rollback   {"version": int}                             -> VersionRecord
     GET  /velox/{model}/users/{uid}, /stats, /events
 
-An item ``x`` is any JSON value, or a tensor as ``{"__ndarray__": {"dtype", "shape", "data"}}``
+An item ``x`` is any JSON value, or a tensor as ``{"dtype", "shape", "b64"}`` (the project wire form)
 (base64 raw bytes). Errors are JSON ``{"error": {"type", "message", "field"?, "expected"?}}``:
 422 for malformed input (naming the field), 404 for unknown models, users, items or versions,
 421 for a uid that another frontend's partition owns, 413 for an oversized body, 502 when the

@@ -66,14 +66,13 @@ def test_predict_observe_top_k_round_trip(client: TestClient) -> None:
 
 def test_tensor_items_travel_as_dtype_shape_bytes(client: TestClient) -> None:
     arr = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
-    x = {"__ndarray__": {"dtype": arr.dtype.str, "shape": list(arr.shape),
-                         "data": base64.b64encode(arr.tobytes()).decode()}}
+    x = {"dtype": "float32", "shape": list(arr.shape), "b64": base64.b64encode(arr.tobytes()).decode()}
     r = client.post("/velox/tensors/observe", json={"uid": "u", "x": x, "y": 1.0})
     assert r.status_code == 200, r.text
     r = client.post("/velox/tensors/top_k", json={"uid": "u", "items": [x, [0, 0, 0]], "k": 1})
     assert r.status_code == 200, r.text
     assert r.json()["items"][0]["index"] == 0
-    assert r.json()["items"][0]["item"]["__ndarray__"]["shape"] == [2, 2]  # echoed as a tensor
+    assert r.json()["items"][0]["item"]["shape"] == [2, 2]  # echoed as a tensor
 
 
 def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
@@ -114,7 +113,7 @@ def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
         ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "k": 0}, 422, "k"),
         ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "alpha": "x"}, 422, "alpha"),
         ("/velox/movies/top_k",
-         {"uid": "u0", "items": [1, {"__ndarray__": {"dtype": "<f8", "shape": [3], "data": "AA=="}}]},
+         {"uid": "u0", "items": [1, {"dtype": "float64", "shape": [3], "b64": "AA=="}]},
          422, "items[1].data"),
         ("/velox/movies/rollback", {"version": "2"}, 422, "version"),
         ("/velox/movies/retrain", {"wait": "yes"}, 422, "wait"),

@@ -102,11 +102,11 @@ def test_codec_round_trips_arrays_and_json() -> None:
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
-        ({"__ndarray__": {"dtype": "<f8", "shape": [2], "data": "AAAA"}}, "x.data"),
-        ({"__ndarray__": {"dtype": "nope", "shape": [1], "data": ""}}, "x.dtype"),
-        ({"__ndarray__": {"dtype": "<f8", "shape": [-1], "data": ""}}, "x.shape"),
-        ({"__ndarray__": {"dtype": "|O", "shape": [1], "data": ""}}, "x.dtype"),
-        ({"__ndarray__": [1]}, "x"),
+        ({"dtype": "float64", "shape": [2], "b64": "AAAA"}, "x.data"),
+        ({"dtype": "nope", "shape": [1], "b64": ""}, "x.dtype"),
+        ({"dtype": "float64", "shape": [-1], "b64": ""}, "x.shape"),
+        ({"dtype": "object", "shape": [1], "b64": ""}, "x.dtype"),
+        ({"dtype": "float64", "b64": "", "extra": 1}, "x"),
     ],
 )
 def test_codec_rejects_malformed_tensors(payload: object, field: str) -> None:
