@@ -202,14 +202,21 @@ def switching_replay(
     *,
     interval_s: float = 1.0,
     warm_replicas: int = 1,
+    queue: str = "shared",
+    activation_s: float = 1.0,
     simulate: Callable[..., Any] | None = None,
 ) -> dict[str, Any]:
-    """Replay ``trace`` through the estimator: (a) each fixed option of ``table``; (b) the
-    controller, deciding every ``interval_s`` from the arrivals so far. Under the controller a
-    query goes to the variant active at its arrival; the active variant has the option's
-    replicas, every other variant ``warm_replicas`` (the warm spares, which also drain what
-    was queued before a switch). Effective accuracy = sum over queries that met the deadline
-    of their variant's accuracy / number of queries."""
+    """Replay ``trace``: (a) each fixed option of ``table``; (b) the controller, deciding every
+    ``interval_s`` from the arrivals so far. Effective accuracy = sum over queries that met the
+    deadline of the accuracy of the variant that served them / number of queries.
+
+    ``queue="shared"`` (default; Clipper's single task queue, as in the Model-Switching paper):
+    one FIFO queue; whichever variant is active when a replica frees takes the next batch. On a
+    switch the old variant's replicas finish their batch and stop; the new variant has
+    ``warm_replicas`` replicas at once and the rest of its option's after ``activation_s``.
+    ``queue="per-variant"``: each query stays with the variant active at its arrival (the live
+    ``LiveSwitcher``'s behaviour); each variant's queue is simulated with inferline's estimator,
+    the active variant with the option's replicas and the others with ``warm_replicas``."""
     from inferline.core import DEFAULT_CATALOG, Hardware, HardwareCatalog, ModelConfig, Pipeline
     from inferline.core import simulate as core_simulate
 
@@ -232,9 +239,14 @@ def switching_replay(
         res = sim(pipe, {variant: cfg}, profiles, arr, catalog=catalog, schedule=schedule)
         return np.asarray(res.latencies_s) <= D + 1e-12
 
+    if queue not in ("shared", "per-variant"):
+        raise ValidationError("queue", "'shared' or 'per-variant'", queue)
     fixed = {}
     for o in table.options:
-        ok = met(o.variant, trace, ModelConfig(o.hardware, o.max_batch_size, o.replicas))
+        if queue == "shared":
+            ok, _ = _serve_shared(trace, [(float(trace[0]), o)], profiles, D, 0, 0.0)
+        else:
+            ok = met(o.variant, trace, ModelConfig(o.hardware, o.max_batch_size, o.replicas))
         fixed[f"{o.variant} R{o.replicas}xT{o.threads}"] = {
             "option": o,
             "meet": float(ok.mean()),
@@ -259,6 +271,20 @@ def switching_replay(
         if d.option != active:
             active = d.option
             decisions.append((t, active))
+    if queue == "shared":
+        ok, by = _serve_shared(trace, decisions, profiles, D, warm_replicas, activation_s)
+        acc_of = np.array([table.accuracy.get(v, 0.0) for v in by])
+        used_s = {v: int(np.sum(by == v)) for v in sorted({o.variant for _, o in decisions})}
+        return {
+            "controller": {
+                "effective_accuracy": float(np.sum(acc_of * ok) / trace.size),
+                "meet": float(ok.mean()),
+                "switches": len(decisions) - 1,
+                "queries_per_variant": used_s,
+            },
+            "fixed": fixed,
+            "decisions": [(tt, o.to_dict()) for tt, o in decisions],
+        }
     times = np.array([d[0] for d in decisions])
     which = np.searchsorted(times, trace, side="right") - 1
     total_eff = 0.0
@@ -295,3 +321,59 @@ def switching_replay(
         "fixed": fixed,
         "decisions": [(tt, o.to_dict()) for tt, o in decisions],
     }
+
+
+def _serve_shared(
+    trace: np.ndarray,
+    decisions: Sequence[tuple[float, Any]],
+    profiles: Any,
+    deadline_s: float,
+    warm: int,
+    activation_s: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One FIFO queue served by the active option's replicas (batches of up to its
+    ``max_batch_size``, latency from ``profiles``). Returns (met deadline, variant that served)
+    per query."""
+    import heapq
+    from collections import deque
+
+    n = trace.size
+    met = np.zeros(n, dtype=bool)
+    by = np.empty(n, dtype=object)
+    k = 0
+    opt = decisions[0][1]
+    free = [float(trace[0])] * opt.replicas  # start with the first option fully up
+    heapq.heapify(free)
+    q: deque[int] = deque()
+    i = 0
+    t = float(trace[0])
+    inf = float("inf")
+    while i < n or q:
+        ta = float(trace[i]) if i < n else inf
+        td = float(decisions[k + 1][0]) if k + 1 < len(decisions) else inf
+        ts = max(free[0], t) if (q and free) else inf
+        t = min(ta, td, ts)
+        if t == inf:  # queue left without replicas: never served
+            break
+        if ta <= t:  # arrivals first at one instant
+            while i < n and trace[i] <= t:
+                q.append(i)
+                i += 1
+            continue
+        if td <= t:
+            k += 1
+            opt = decisions[k][1]
+            now = [t] * min(opt.replicas, warm) if warm > 0 else [t] * opt.replicas
+            later = [t + activation_s] * (opt.replicas - len(now))
+            free = now + later  # the old variant's replicas finish their batch and stop
+            heapq.heapify(free)
+            continue
+        heapq.heappop(free)
+        b = min(opt.max_batch_size, len(q))
+        fin = t + profiles.latency(opt.variant, opt.hardware, b)
+        for _ in range(b):
+            j = q.popleft()
+            met[j] = fin - trace[j] <= deadline_s + 1e-12
+            by[j] = opt.variant
+        heapq.heappush(free, fin)
+    return met, by
