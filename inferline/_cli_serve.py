@@ -155,6 +155,10 @@ async def serve_forever(
         from ._selection_routes import make_selection_router
 
         routers.append(make_selection_router)
+    if dep.velox is not None:
+        from ._velox_app import start_velox
+
+        routers.append(await start_velox(svc, dep.velox))
     for path in dep.routers:
         routers.append(import_object(path, "routers[]"))
     app = create_app(svc, token=token, max_body_bytes=max_body_bytes, routers=routers)

@@ -9,13 +9,15 @@ A deployment says what to serve and where; a plan (``inferline.plan/1``) says ho
                          "default_output": null, "input": {"dtype": "float32", "shape": [64]}}},
      "sample_inputs": "inferline.demo.pipeline:sample_inputs",
      "queue": {"max_queue": 1000, "expire_late": false, "max_retries": 1},
-     "routers": ["inferline.velox:make_velox_router"]}
+     "routers": [],
+     "velox": {"store": "velox.sqlite", "models": [...]}}
 
 ``pipeline`` is an import path ``package.module:function`` of an ``async def f(x, ctx)``;
 with ``pipeline_params`` it is a factory called with them that returns that function.
 ``sample_inputs`` names a function returning a list of sample queries (profiling, tracing).
 ``routers`` (optional) name factories ``service -> fastapi.APIRouter`` that ``inferline serve``
-mounts next to the built-in routes (velox, selection feedback, protocol front doors).
+mounts next to the built-in routes (e.g. the protocol front doors); ``velox`` (optional) serves
+personalized models on the deployment's models (see ``inferline._velox_app``).
 """
 
 from __future__ import annotations
@@ -208,6 +210,8 @@ class Deployment:
     queue: QueueSpec = QueueSpec()
     # Import paths of ``service -> fastapi.APIRouter`` factories mounted by ``inferline serve``.
     routers: tuple[str, ...] = ()
+    # Velox personalization served next to the apps (``inferline._velox_app.VeloxSpec``).
+    velox: Any = None
 
     def __post_init__(self) -> None:
         as_str(self.name, "name")
@@ -239,6 +243,8 @@ class Deployment:
             d["sample_inputs"] = self.sample_inputs
         if self.routers:
             d["routers"] = list(self.routers)
+        if self.velox is not None:
+            d["velox"] = self.velox.to_dict()
         return d
 
     @classmethod
@@ -246,7 +252,17 @@ class Deployment:
         m = check_format(d, DEPLOYMENT_FORMAT)
         no_extra_keys(
             m,
-            {"format", "name", "backend", "models", "apps", "sample_inputs", "queue", "routers"},
+            {
+                "format",
+                "name",
+                "backend",
+                "models",
+                "apps",
+                "sample_inputs",
+                "queue",
+                "routers",
+                "velox",
+            },
             "",
         )
         models = tuple(
@@ -268,6 +284,7 @@ class Deployment:
                 as_str(r, f"routers[{i}]")
                 for i, r in enumerate(as_list(m.get("routers", []), "routers"))
             ),
+            velox=_velox_spec(m.get("velox")),
         )
 
     def load_sample_inputs(self) -> list[Any]:
@@ -279,6 +296,14 @@ class Deployment:
         if not xs:
             raise ValidationError("sample_inputs", "a non-empty list of inputs", xs)
         return xs
+
+
+def _velox_spec(d: Any) -> Any:
+    if d is None:
+        return None
+    from ._velox_app import VeloxSpec
+
+    return VeloxSpec.from_dict(d)
 
 
 def load_deployment(path: str) -> Deployment:
