@@ -3,6 +3,7 @@
 import json
 
 import pytest
+
 from inferline.core import (
     DEFAULT_CATALOG,
     HardwareCatalog,

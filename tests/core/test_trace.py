@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from inferline.core import (
     ValidationError,
     gamma_trace,
