@@ -335,15 +335,16 @@ async def start_service(
     backend: Any = None,
     clock: Callable[[], float] = time.perf_counter,
     apps: Sequence[str] | None = None,
+    host: Any = None,
 ) -> Service:
     """Deploy every model (plan's configuration, or one CPU replica with batch 1), create the
     interposed queue and the apps; returns a ready ``Service``. On failure, undoes it all."""
+    from inferline.adapters import PluginHost
     from inferline.queueing import Dispatcher, FixedBatching
 
+    host = host if host is not None else PluginHost.default()
     if backend is None:
-        from inferline.adapters import PluginHost
-
-        backend = PluginHost.default().backend_for(dep.backend)
+        backend = host.backend_for(dep.backend)
     configs = _configs(dep, plan)
     dispatcher = Dispatcher(clock=clock)
     cache = None
@@ -358,10 +359,14 @@ async def start_service(
         models=[m.name for m in dep.models],
         clock=clock,
     )
+    # observers registered through the plugin host hear about deploys, plan changes and scaling
+    svc.plugins = host
     try:
         import asyncio
 
         await asyncio.gather(*(backend.deploy(s, configs[s.name]) for s in dep.models))
+        for s in dep.models:
+            host.notify_config(s.name, None, configs[s.name], backend=dep.backend, reason="deploy")
         for s in dep.models:
             dispatcher.add_model(
                 s.name,
@@ -424,7 +429,9 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
     for name, cfg in configs.items():
         if name not in plan.models:
             continue
-        old = svc.plan.models.get(name) if getattr(svc, "plan", None) is not None else None
+        # without a plan the service runs the deployment's defaults (one CPU replica, batch 1)
+        current = svc.plan if getattr(svc, "plan", None) is not None else None
+        old = current.models.get(name) if current is not None else _configs(dep, None)[name]
         try:
             if old is not None and old.hardware != cfg.hardware:
                 await svc.backend.remove(name)
@@ -435,6 +442,9 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
                 done[name] = f"{cfg.replicas} replicas"
             svc.dispatcher.set_batching(name, FixedBatching(cfg.max_batch_size))
             done[name] += f", max batch {cfg.max_batch_size}"
+            host = getattr(svc, "plugins", None)
+            if host is not None:
+                host.notify_config(name, old, cfg, backend=dep.backend, reason="plan applied")
         except InferlineError as e:
             done[name] = f"failed: {e}"
             log.error("applying plan to %r failed: %s", name, e)

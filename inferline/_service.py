@@ -255,6 +255,8 @@ class Service:
         # Set by ``start_service``: what the service was built from (the admin routes and
         # ``apply_plan`` read them).
         self.plan: Any = None
+        # The plugin host whose observers hear about configuration and scaling changes.
+        self.plugins: Any = None
         self.deployment: Any = None
         self._on_close: list[Callable[[], Awaitable[None]]] = []
         for a in apps:

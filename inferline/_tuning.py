@@ -196,8 +196,13 @@ async def start_live_tuner(
     apps: Iterable[str] | None = None,
 ) -> LiveTuner:
     """Attach a running tuner to a started ``Service`` (``inferline serve`` does this)."""
+    host = getattr(service, "plugins", None)
     tuner = LiveTuner(
-        service.backend, plan, config, clock=getattr(service, "_clock", time.perf_counter)
+        service.backend,
+        plan,
+        config,
+        clock=getattr(service, "_clock", time.perf_counter),
+        observer=host.scaling_observer("tuner") if host is not None else None,
     )
     tuner.attach(service, apps)
     tuner.start()
