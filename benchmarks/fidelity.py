@@ -145,7 +145,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "measured_p99_ms": m99 * 1e3,
                         "measured_p50_ms": meas.percentile(50) * 1e3,
                         "estimated_p50_ms": sim.percentile(50) * 1e3,
-                        "error": (e99 - m99) / m99,
+                        # judged on the estimate the planner itself used (overhead measured once,
+                        # at low load, before planning); the per-point variant is kept as a column
+                        "error": (sim_low.percentile(99) - m99) / m99,
+                        "error_point_hop": (e99 - m99) / m99,
                         "measured_miss_rate": meas.miss_rate(),
                         "errors": int((meas.status != 200).sum()),
                         "queries": meas.n,
@@ -203,9 +206,9 @@ def main() -> int:
     print()
     print("estimator fidelity, digits pipeline on the bundled runtime (this machine)")
     hdr = (
-        f"{'SLO ms':>7}{'q/s':>6}  {'plan':<28}{'$/h':>7}{'hop ms':>7}{'est P99':>9}"
+        f"{'SLO ms':>7}{'q/s':>6}  {'plan':<28}{'$/h':>7}{'est P99':>9}"
         f"{'meas P99':>9}{'error':>8}{'miss':>7}  {'within 15%':<11}{'meets SLO':<10}"
-        f"{'est P99 (low-load hop)':>23}"
+        f"{'point hop ms':>13}{'est P99 (point hop)':>20}"
     )
     print(hdr)
     ok_all = True
@@ -218,15 +221,15 @@ def main() -> int:
         ok_all &= within and meets
         print(
             f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  {_plan_str(r['plan']):<28}"
-            f"{r['cost_per_hour']:>7.3f}{r['hop_overhead_ms']:>7.2f}{r['estimated_p99_ms']:>9.1f}"
+            f"{r['cost_per_hour']:>7.3f}{r['estimated_p99_low_load_hop_ms']:>9.1f}"
             f"{r['measured_p99_ms']:>9.1f}{r['error']:>+8.0%}{r['measured_miss_rate']:>7.2%}  "
             f"{'yes' if within else 'NO':<11}{'yes' if meets else 'NO':<10}"
-            f"{r['estimated_p99_low_load_hop_ms']:>23.1f}"
+            f"{r['hop_overhead_ms']:>13.2f}{r['estimated_p99_ms']:>20.1f}"
         )
     print(
-        "hop ms: per-hop overhead measured at the point's rate on a separate calibration "
-        "trace (the estimate uses it); last column: the estimate with the overhead measured "
-        "once at 15 q/s"
+        "est P99: the estimate the planner used (per-hop overhead measured once at 15 q/s, "
+        "before planning); last two columns: the overhead re-measured at the point's rate on "
+        "a separate calibration trace and the estimate with it"
     )
     print()
     print(
