@@ -71,15 +71,28 @@ class _Base:
     def config(self) -> dict[str, Any]:
         return {"policy": self.name, "models": list(self.models)}
 
-    @staticmethod
-    def _record(
-        state: WeightState, i: int, loss: float
-    ) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    def _counted(
+        self, state: WeightState, feedback: Any, predictions: Mapping[str, Any]
+    ) -> tuple[list[tuple[int, float]], WeightState]:
+        """Each observed model's (index, loss), and ``state`` with counts, total losses and the
+        step counter updated: the bookkeeping every policy shares."""
         counts = list(state.counts)
         tl = list(state.total_loss)
-        counts[i] += 1
-        tl[i] += loss
-        return tuple(counts), tuple(tl)
+        losses = []
+        for m, y in predictions.items():
+            i = state.index(m)
+            loss = self.loss(feedback, y)
+            counts[i] += 1
+            tl[i] += loss
+            losses.append((i, loss))
+        new = replace(state, counts=tuple(counts), total_loss=tuple(tl), steps=state.steps + 1)
+        return losses, new
+
+    def observe(
+        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+    ) -> WeightState:
+        """Reference policies only count: their choice is computed from counts and losses."""
+        return self._counted(state, feedback, predictions)[1]
 
 
 def _renormalized(lw: Sequence[float], floor: float) -> tuple[float, ...]:
@@ -113,16 +126,6 @@ class StaticPolicy(_Base):
 
     def select(self, state: WeightState, x: Any) -> list[str]:
         return list(self.use)
-
-    def observe(
-        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
-    ) -> WeightState:
-        counts, tl = state.counts, state.total_loss
-        for m, y in predictions.items():
-            counts, tl = self._record(
-                replace(state, counts=counts, total_loss=tl), state.index(m), self.loss(feedback, y)
-            )
-        return replace(state, counts=counts, total_loss=tl, steps=state.steps + 1)
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "use": self.use}
@@ -180,19 +183,10 @@ class Exp3(_Base):
             return state
         p = self.probabilities(state)
         lw = list(state.log_weights)
-        counts, tl = state.counts, state.total_loss
-        for m, y in predictions.items():
-            i = state.index(m)
-            loss = self.loss(feedback, y)
+        losses, new = self._counted(state, feedback, predictions)
+        for i, loss in losses:
             lw[i] -= self.eta * loss / p[i]
-            counts, tl = self._record(replace(state, counts=counts, total_loss=tl), i, loss)
-        return replace(
-            state,
-            log_weights=_renormalized(lw, self.weight_floor),
-            counts=counts,
-            total_loss=tl,
-            steps=state.steps + 1,
-        )
+        return replace(new, log_weights=_renormalized(lw, self.weight_floor))
 
     def config(self) -> dict[str, Any]:
         return {
@@ -227,19 +221,10 @@ class Exp4(_Base):
         self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
     ) -> WeightState:
         lw = list(state.log_weights)
-        counts, tl = state.counts, state.total_loss
-        for m, y in predictions.items():
-            i = state.index(m)
-            loss = self.loss(feedback, y)
+        losses, new = self._counted(state, feedback, predictions)
+        for i, loss in losses:
             lw[i] -= self.eta * loss
-            counts, tl = self._record(replace(state, counts=counts, total_loss=tl), i, loss)
-        return replace(
-            state,
-            log_weights=_renormalized(lw, self.weight_floor),
-            counts=counts,
-            total_loss=tl,
-            steps=state.steps + 1,
-        )
+        return replace(new, log_weights=_renormalized(lw, self.weight_floor))
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "eta": self.eta, "weight_floor": self.weight_floor}
@@ -267,16 +252,6 @@ class EpsilonGreedy(_Base):
     def combine(self, state: WeightState, x: Any, predictions: Mapping[str, Any]) -> Combined:
         return Exp3.combine(self, state, x, predictions)  # type: ignore[arg-type]
 
-    def observe(
-        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
-    ) -> WeightState:
-        counts, tl = state.counts, state.total_loss
-        for m, y in predictions.items():
-            counts, tl = self._record(
-                replace(state, counts=counts, total_loss=tl), state.index(m), self.loss(feedback, y)
-            )
-        return replace(state, counts=counts, total_loss=tl, steps=state.steps + 1)
-
     def config(self) -> dict[str, Any]:
         return {**super().config(), "epsilon": self.epsilon}
 
@@ -298,7 +273,6 @@ class UCB1(_Base):
         return [state.models[int(np.argmax(scores))]]
 
     combine = EpsilonGreedy.combine
-    observe = EpsilonGreedy.observe
 
 
 BUILTIN_POLICIES: dict[str, type[_Base]] = {

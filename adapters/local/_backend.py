@@ -20,19 +20,18 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from inferline.adapters._subscribers import ReplicaSubscribers
+from inferline.adapters._subscribers import ModelRegistry, ReplicaSubscribers
 from inferline.core import (
     BackendError,
     ModelConfig,
     ModelSpec,
-    NotFoundError,
     ReplicaHandle,
     ValidationError,
 )
@@ -103,7 +102,7 @@ class _Model:
     retired: list[dict[str, Any]] = field(default_factory=list)
 
 
-class LocalBackend:
+class LocalBackend(ModelRegistry):
     """The bundled runtime. All methods must be called from one asyncio event loop.
 
     Args:
@@ -204,34 +203,9 @@ class LocalBackend:
     def free(self) -> dict[str, int]:
         return self._inv.free()
 
-    def models(self) -> list[str]:
-        return list(self._models)
-
     def replicas(self, model: str) -> list[ReplicaHandle]:
         m = self._get(model)
         return [s.replica for s in m.slots if s.replica is not None and s.replica.state == ACTIVE]
-
-    def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.add(callback)
-
-    def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.remove(callback)
-
-    def _get(self, model: str) -> _Model:
-        try:
-            return self._models[model]
-        except KeyError:
-            raise NotFoundError("model", model, sorted(self._models)) from None
-
-    def _notify(self, model: str) -> None:
-        active = self.replicas(model) if model in self._models else []
-        self._subscribers.notify(model, active)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendError(self._url, "backend is closed")
-
-    # -- deploy / scale / remove ------------------------------------------------------------
 
     async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
         """Start ``config.replicas`` replicas of ``spec`` on ``config.hardware``; returns once

@@ -34,7 +34,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from inferline.adapters._subscribers import ReplicaSubscribers
+from inferline.adapters._subscribers import ModelRegistry, ReplicaSubscribers
 from inferline.core import (
     BackendError,
     CapacityError,
@@ -50,7 +50,6 @@ from inferline.core import (
     ModelSpec,
     NotFoundError,
     ReplicaError,
-    ReplicaHandle,
     ValidationError,
 )
 
@@ -186,7 +185,7 @@ class _Managed:
     adopted: bool = False
 
 
-class TFServingBackend:
+class TFServingBackend(ModelRegistry):
     """TF Serving servers as an inferline backend.
 
     Args:
@@ -375,33 +374,6 @@ class TFServingBackend:
             if ep not in busy:
                 out[ep.hardware] += 1
         return out
-
-    def models(self) -> list[str]:
-        return list(self._models)
-
-    def replicas(self, model: str) -> list[ReplicaHandle]:
-        return [h for h in self._get(model).handles if h.alive]
-
-    def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.add(callback)
-
-    def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.remove(callback)
-
-    def _get(self, model: str) -> _Managed:
-        try:
-            return self._models[model]
-        except KeyError:
-            raise NotFoundError("model", model, sorted(self._models)) from None
-
-    def _notify(self, model: str) -> None:
-        m = self._models.get(model)
-        active: list[ReplicaHandle] = [h for h in m.handles if h.alive] if m else []
-        self._subscribers.notify(model, active)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendError(self._url, "backend is closed")
 
     def _lock(self, ep: Endpoint) -> asyncio.Lock:
         if ep.lock is None:

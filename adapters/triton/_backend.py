@@ -22,14 +22,14 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import numpy as np
 
-from inferline.adapters._subscribers import ReplicaSubscribers
+from inferline.adapters._subscribers import ModelRegistry, ReplicaSubscribers
 from inferline.core import (
     BackendError,
     CapacityError,
@@ -37,7 +37,6 @@ from inferline.core import (
     ModelSpec,
     NotFoundError,
     ReplicaError,
-    ReplicaHandle,
     ValidationError,
 )
 
@@ -177,7 +176,7 @@ class _Managed:
     last_stats_t: float | None = None
 
 
-class TritonBackend:
+class TritonBackend(ModelRegistry):
     """A Triton Inference Server in explicit model-control mode, as an inferline backend.
 
     Args:
@@ -280,33 +279,6 @@ class TritonBackend:
     def free(self) -> dict[str, int]:
         used = self._used()
         return {k: max(0, v - used.get(k, 0)) for k, v in self.inventory().items()}
-
-    def models(self) -> list[str]:
-        return list(self._models)
-
-    def replicas(self, model: str) -> list[ReplicaHandle]:
-        return [h for h in self._get(model).handles if h.alive]
-
-    def subscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.add(callback)
-
-    def unsubscribe(self, callback: Callable[[str, list[ReplicaHandle]], None]) -> None:
-        self._subscribers.remove(callback)
-
-    def _get(self, model: str) -> _Managed:
-        try:
-            return self._models[model]
-        except KeyError:
-            raise NotFoundError("model", model, sorted(self._models)) from None
-
-    def _notify(self, model: str) -> None:
-        m = self._models.get(model)
-        active: list[ReplicaHandle] = [h for h in m.handles if h.alive] if m else []
-        self._subscribers.notify(model, active)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise BackendError(self._url, "backend is closed")
 
     def _control_lock(self) -> asyncio.Lock:
         loop = asyncio.get_running_loop()
