@@ -100,8 +100,11 @@ def load_movielens(limit: int | None = None) -> Ratings:
     df = df.sort_values(["timestamp", "rownames"], kind="stable")
     if limit is not None:
         df = df.iloc[:limit]
-    return Ratings([str(u) for u in df["userId"]], [int(i) for i in df["movieId"]],
-                   df["rating"].to_numpy(dtype=np.float64))
+    return Ratings(
+        [str(u) for u in df["userId"]],
+        [int(i) for i in df["movieId"]],
+        df["rating"].to_numpy(dtype=np.float64),
+    )
 
 
 def rmse(pred: Sequence[float] | np.ndarray, y: np.ndarray) -> float:
@@ -110,8 +113,9 @@ def rmse(pred: Sequence[float] | np.ndarray, y: np.ndarray) -> float:
 
 
 def fit_features(r: Ratings, *, k: int, lam: float, iters: int, seed: int) -> MFResult:
-    return train_mf(r.users, r.items, r.y, k=k, lam=lam, iters=iters,
-                    rng=np.random.default_rng(seed))
+    return train_mf(
+        r.users, r.items, r.y, k=k, lam=lam, iters=iters, rng=np.random.default_rng(seed)
+    )
 
 
 def _table(mf: MFResult) -> FeatureTable:
@@ -125,18 +129,26 @@ def frozen_predictions(mf: MFResult, r: Ratings) -> np.ndarray:
     w = mf.user_weights()
     index = {u: j for j, u in enumerate(mf.user_ids)}
     avg = w.mean(axis=0)
-    return np.array([(w[index[u]] if u in index else avg) @ table.lookup(i)
-                     for u, i in zip(r.users, r.items, strict=True)])
+    return np.array(
+        [
+            (w[index[u]] if u in index else avg) @ table.lookup(i)
+            for u, i in zip(r.users, r.items, strict=True)
+        ]
+    )
 
 
-def full_retrain_predictions(train: Ratings, test: Ratings, *, chunks: int, k: int, lam: float,
-                             iters: int, seed: int) -> np.ndarray:
+def full_retrain_predictions(
+    train: Ratings, test: Ratings, *, chunks: int, k: int, lam: float, iters: int, seed: int
+) -> np.ndarray:
     """Refit MF on everything seen at the start of each chunk; predict the chunk frozen."""
     bounds = np.linspace(0, len(test), chunks + 1).astype(int)
     out = []
     for a, b in itertools.pairwise(bounds):
-        seen = Ratings(train.users + test.users[:a], train.items + test.items[:a],
-                       np.concatenate([train.y, test.y[:a]]))
+        seen = Ratings(
+            train.users + test.users[:a],
+            train.items + test.items[:a],
+            np.concatenate([train.y, test.y[:a]]),
+        )
         mf = fit_features(seen, k=k, lam=lam, iters=iters, seed=seed)
         out.append(frozen_predictions(mf, test.slice(a, b)))
     return np.concatenate(out)
@@ -149,16 +161,29 @@ def _velox_model(mf: MFResult, train: Ratings, *, lam: float, iters: int, seed: 
     for u, i in zip(train.users, train.items, strict=True):
         feats.setdefault(u, []).append(table.lookup(i))
     return TableModel(
-        "movielens", table,
+        "movielens",
+        table,
         user_weights={u: w[j] for j, u in enumerate(mf.user_ids)},
         user_features={u: np.array(v) for u, v in feats.items()},
-        k=mf.dim - 2, mf_lambda=lam, mf_iters=iters, seed=seed,
+        k=mf.dim - 2,
+        mf_lambda=lam,
+        mf_iters=iters,
+        seed=seed,
     )
 
 
-async def online_predictions(mf: MFResult, train: Ratings, test: Ratings, *, ridge_lambda: float,
-                             mf_lambda: float, iters: int, seed: int, retrain_chunks: int = 0,
-                             heldout: Ratings | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+async def online_predictions(
+    mf: MFResult,
+    train: Ratings,
+    test: Ratings,
+    *,
+    ridge_lambda: float,
+    mf_lambda: float,
+    iters: int,
+    seed: int,
+    retrain_chunks: int = 0,
+    heldout: Ratings | None = None,
+) -> tuple[np.ndarray, dict[str, Any]]:
     """Stream ``test`` through a VeloxService: each rating is predicted, then observed.
 
     The first half is bulk-loaded into the observation log (it is version 1's training data),
@@ -168,13 +193,25 @@ async def online_predictions(mf: MFResult, train: Ratings, test: Ratings, *, rid
     """
     with tempfile.TemporaryDirectory(prefix="velox-bench-") as tmp:
         store = SQLiteStore(Path(tmp) / "velox.sqlite")
-        store.append_many("movielens", [(u, i, y, 1, None, 0.0) for u, i, y in
-                                        zip(train.users, train.items, train.y, strict=True)])
+        store.append_many(
+            "movielens",
+            [
+                (u, i, y, 1, None, 0.0)
+                for u, i, y in zip(train.users, train.items, train.y, strict=True)
+            ],
+        )
         svc = VeloxService(store)
-        cfg = VeloxConfig(ridge_lambda=ridge_lambda, checkpoint_every=10_000,
-                          staleness=StalenessConfig(auto_retrain=False))
+        cfg = VeloxConfig(
+            ridge_lambda=ridge_lambda,
+            checkpoint_every=10_000,
+            staleness=StalenessConfig(auto_retrain=False),
+        )
         await svc.register(_velox_model(mf, train, lam=mf_lambda, iters=iters, seed=seed), cfg)
-        bounds = set(np.linspace(0, len(test), retrain_chunks + 1).astype(int)[1:-1]) if retrain_chunks else set()
+        bounds = (
+            set(np.linspace(0, len(test), retrain_chunks + 1).astype(int)[1:-1])
+            if retrain_chunks
+            else set()
+        )
         pred = np.empty(len(test))
         t0 = time.perf_counter()
         retrain_s = 0.0
@@ -186,20 +223,38 @@ async def online_predictions(mf: MFResult, train: Ratings, test: Ratings, *, rid
             res = await svc.observe("movielens", u, i, float(y))
             pred[j] = res.y_hat  # the prediction made before learning from this rating
         elapsed = time.perf_counter() - t0 - retrain_s
-        info: dict[str, Any] = {"observe_us": elapsed / max(len(test), 1) * 1e6,
-                                "retrain_s": retrain_s, "version": svc.current_version("movielens")}
+        info: dict[str, Any] = {
+            "observe_us": elapsed / max(len(test), 1) * 1e6,
+            "retrain_s": retrain_s,
+            "version": svc.current_version("movielens"),
+        }
         if heldout is not None:
-            info["heldout"] = np.array([(await svc.predict("movielens", u, i)).score
-                                        for u, i in zip(heldout.users, heldout.items, strict=True)])
+            info["heldout"] = np.array(
+                [
+                    (await svc.predict("movielens", u, i)).score
+                    for u, i in zip(heldout.users, heldout.items, strict=True)
+                ]
+            )
         await svc.close()
         store.close()
     return pred, info
 
 
-async def bandit_check(mf: MFResult, train: Ratings, test: Ratings, *, alphas: Sequence[float],
-                       n_users: int, rounds: int, gap: float, ridge_lambda: float,
-                       seed: int, candidates: int = 1000, noise: float = 0.5,
-                       min_ratings: int = 100) -> dict[float, dict[str, float]]:
+async def bandit_check(
+    mf: MFResult,
+    train: Ratings,
+    test: Ratings,
+    *,
+    alphas: Sequence[float],
+    n_users: int,
+    rounds: int,
+    gap: float,
+    ridge_lambda: float,
+    seed: int,
+    candidates: int = 1000,
+    noise: float = 0.5,
+    min_ratings: int = 100,
+) -> dict[float, dict[str, float]]:
     """Interactions a new user needs before top_k has learned their preferences, per alpha."""
     table = _table(mf)
     counts: dict[int, int] = {}
@@ -215,19 +270,29 @@ async def bandit_check(mf: MFResult, train: Ratings, test: Ratings, *, alphas: S
     for j, u in enumerate(test.users):
         if u not in seen:
             per_user.setdefault(u, []).append(j)
-    heavy = sorted((u for u, js in per_user.items() if len(js) >= min_ratings),
-                   key=lambda u: (-len(per_user[u]), u))[:n_users]
+    heavy = sorted(
+        (u for u, js in per_user.items() if len(js) >= min_ratings),
+        key=lambda u: (-len(per_user[u]), u),
+    )[:n_users]
     truths = {}
     for u in heavy:
         js = per_user[u]
         x = np.array([table.lookup(test.items[j]) for j in js])
         truths[u] = ridge_solve(x, test.y[js], 5.0, avg)
-    model = TableModel("bandit", table, user_weights={u: w_all[j] for j, u in enumerate(mf.user_ids)})
+    model = TableModel(
+        "bandit", table, user_weights={u: w_all[j] for j, u in enumerate(mf.user_ids)}
+    )
     out: dict[float, dict[str, float]] = {}
     for alpha in alphas:
         svc = VeloxService(prediction_cache_size=0)
-        await svc.register(model, VeloxConfig(ridge_lambda=ridge_lambda, alpha=alpha,
-                                               staleness=StalenessConfig(auto_retrain=False)))
+        await svc.register(
+            model,
+            VeloxConfig(
+                ridge_lambda=ridge_lambda,
+                alpha=alpha,
+                staleness=StalenessConfig(auto_retrain=False),
+            ),
+        )
         reach, prec, start_corr = [], [], []
         for n, u in enumerate(heavy):
             rng = np.random.default_rng([seed, n])
@@ -256,17 +321,26 @@ async def bandit_check(mf: MFResult, train: Ratings, test: Ratings, *, alphas: S
                 w = np.asarray(svc.user("bandit", uid)["weights"])
             reach.append(hit)
         await svc.close()
-        out[alpha] = {"median_interactions": float(np.median(reach)),
-                      "mean_interactions": float(np.mean(reach)),
-                      "reached": float(np.mean(np.array(reach) < rounds)),
-                      "precision_at_50": float(np.mean(prec)) if prec else math.nan,
-                      "start_corr": float(np.mean(start_corr)) if start_corr else math.nan,
-                      "users": float(len(heavy))}
+        out[alpha] = {
+            "median_interactions": float(np.median(reach)),
+            "mean_interactions": float(np.mean(reach)),
+            "reached": float(np.mean(np.array(reach) < rounds)),
+            "precision_at_50": float(np.mean(prec)) if prec else math.nan,
+            "start_corr": float(np.mean(start_corr)) if start_corr else math.nan,
+            "users": float(len(heavy)),
+        }
     return out
 
 
-async def observe_latency(*, d: int = 50, users: int = 50, per_user: int = 100, items: int = 1000,
-                          repeats: int = 7, seed: int = 0) -> dict[str, float]:
+async def observe_latency(
+    *,
+    d: int = 50,
+    users: int = 50,
+    per_user: int = 100,
+    items: int = 1000,
+    repeats: int = 7,
+    seed: int = 0,
+) -> dict[str, float]:
     """Microseconds per observation: Velox vs refitting the normal equations from scratch."""
     rng = np.random.default_rng(seed)
     table = FeatureTable(list(range(items)), rng.normal(size=(items, d)) / math.sqrt(d))
@@ -278,8 +352,14 @@ async def observe_latency(*, d: int = 50, users: int = 50, per_user: int = 100, 
 
     with tempfile.TemporaryDirectory(prefix="velox-bench-") as tmp:
         svc = VeloxService(SQLiteStore(Path(tmp) / "velox.sqlite"))
-        await svc.register(TableModel("lat", table), VeloxConfig(
-            ridge_lambda=lam, checkpoint_every=10**9, staleness=StalenessConfig(auto_retrain=False)))
+        await svc.register(
+            TableModel("lat", table),
+            VeloxConfig(
+                ridge_lambda=lam,
+                checkpoint_every=10**9,
+                staleness=StalenessConfig(auto_retrain=False),
+            ),
+        )
         await svc.top_k("lat", "warmup", list(range(items)), 1)  # fill the feature cache
         times = np.empty(len(stream))
         for j, ((u, i), y) in enumerate(zip(stream, ys, strict=True)):
@@ -302,8 +382,10 @@ async def observe_latency(*, d: int = 50, users: int = 50, per_user: int = 100, 
                 models[u].update(f, y, 200)
                 upd.append(clock() - t)
         hist_items = [[i for (uu, i) in stream if uu == u] for u in range(users)]
-        hist_y = [np.array([y for (uu, _), y in zip(stream, ys, strict=True) if uu == u])
-                  for u in range(users)]
+        hist_y = [
+            np.array([y for (uu, _), y in zip(stream, ys, strict=True) if uu == u])
+            for u in range(users)
+        ]
         prebuilt = [np.array([table.lookup(i) for i in hist_items[u]]) for u in range(users)]
         cache = svc.feature_cache
         refit, gather = [], []
@@ -327,13 +409,16 @@ async def observe_latency(*, d: int = 50, users: int = 50, per_user: int = 100, 
     return out
 
 
-async def top_k_latency(*, d: int = 50, items: int = 1000, calls: int = 300, alpha: float = 1.0,
-                        seed: int = 0) -> dict[str, float]:
+async def top_k_latency(
+    *, d: int = 50, items: int = 1000, calls: int = 300, alpha: float = 1.0, seed: int = 0
+) -> dict[str, float]:
     """Milliseconds per top_k over ``items`` candidates with every feature cached."""
     rng = np.random.default_rng(seed)
     table = FeatureTable(list(range(items)), rng.normal(size=(items, d)) / math.sqrt(d))
     svc = VeloxService()
-    await svc.register(TableModel("topk", table), VeloxConfig(staleness=StalenessConfig(auto_retrain=False)))
+    await svc.register(
+        TableModel("topk", table), VeloxConfig(staleness=StalenessConfig(auto_retrain=False))
+    )
     for i in range(100):
         await svc.observe("topk", "u", i % items, float(rng.normal()))
     cands = list(range(items))
@@ -348,7 +433,9 @@ async def top_k_latency(*, d: int = 50, items: int = 1000, calls: int = 300, alp
         out[f"alpha={a:g} p50_ms"] = float(np.median(times) * 1e3)
         out[f"alpha={a:g} mean_ms"] = float(times.mean() * 1e3)
         out[f"alpha={a:g} p99_ms"] = float(np.percentile(times, 99) * 1e3)
-    out["feature_cache_hit_rate"] = svc.feature_cache.hits / max(svc.feature_cache.hits + svc.feature_cache.misses, 1)
+    out["feature_cache_hit_rate"] = svc.feature_cache.hits / max(
+        svc.feature_cache.hits + svc.feature_cache.misses, 1
+    )
     await svc.close()
     return out
 
@@ -362,52 +449,100 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     t = time.perf_counter()
     mf = fit_features(train, **mf_kw)
     fit_s = time.perf_counter() - t
-    res: dict[str, Any] = {"ratings": len(data), "train": len(train), "test": len(test),
-                           "d": mf.dim, "fit_s": fit_s}
+    res: dict[str, Any] = {
+        "ratings": len(data),
+        "train": len(train),
+        "test": len(test),
+        "d": mf.dim,
+        "fit_s": fit_s,
+    }
     static = frozen_predictions(mf, test)
-    online, info = await online_predictions(mf, train, test, ridge_lambda=args.ridge_lambda,
-                                            mf_lambda=args.mf_lambda, iters=args.iters, seed=args.seed)
+    online, info = await online_predictions(
+        mf,
+        train,
+        test,
+        ridge_lambda=args.ridge_lambda,
+        mf_lambda=args.mf_lambda,
+        iters=args.iters,
+        seed=args.seed,
+    )
     t = time.perf_counter()
     full = full_retrain_predictions(train, test, chunks=args.chunks, **mf_kw)
     full_s = time.perf_counter() - t
-    both, info2 = await online_predictions(mf, train, test, ridge_lambda=args.ridge_lambda,
-                                           mf_lambda=args.mf_lambda, iters=args.iters, seed=args.seed,
-                                           retrain_chunks=args.chunks)
+    both, info2 = await online_predictions(
+        mf,
+        train,
+        test,
+        ridge_lambda=args.ridge_lambda,
+        mf_lambda=args.mf_lambda,
+        iters=args.iters,
+        seed=args.seed,
+        retrain_chunks=args.chunks,
+    )
     seen_users = set(mf.user_ids)
     old = np.array([u in seen_users for u in test.users])
     res["accuracy"] = {
-        name: {"rmse": rmse(p, test.y), "rmse_known_users": rmse(p[old], test.y[old]),
-               "rmse_new_users": rmse(p[~old], test.y[~old])}
-        for name, p in (("no online updates", static), ("Velox online updates", online),
-                        (f"full retraining ({args.chunks} refits)", full),
-                        (f"Velox online + retrain ({args.chunks} points)", both))
+        name: {
+            "rmse": rmse(p, test.y),
+            "rmse_known_users": rmse(p[old], test.y[old]),
+            "rmse_new_users": rmse(p[~old], test.y[~old]),
+        }
+        for name, p in (
+            ("no online updates", static),
+            ("Velox online updates", online),
+            (f"full retraining ({args.chunks} refits)", full),
+            (f"Velox online + retrain ({args.chunks} points)", both),
+        )
     }
     res["known_user_share"] = float(old.mean())
     # The Velox paper's setup: learn online from the first part of the stream, then compare
     # held-out error with a full retrain on everything before the held-out part.
     cut = int(len(test) * args.heldout_after)
     streamed, held = test.slice(0, cut), test.slice(cut, len(test))
-    _, info3 = await online_predictions(mf, train, streamed, ridge_lambda=args.ridge_lambda,
-                                        mf_lambda=args.mf_lambda, iters=args.iters, seed=args.seed,
-                                        heldout=held)
-    seen = Ratings(train.users + streamed.users, train.items + streamed.items,
-                   np.concatenate([train.y, streamed.y]))
+    _, info3 = await online_predictions(
+        mf,
+        train,
+        streamed,
+        ridge_lambda=args.ridge_lambda,
+        mf_lambda=args.mf_lambda,
+        iters=args.iters,
+        seed=args.seed,
+        heldout=held,
+    )
+    seen = Ratings(
+        train.users + streamed.users,
+        train.items + streamed.items,
+        np.concatenate([train.y, streamed.y]),
+    )
     known = np.array([u in set(seen.users) for u in held.users])
     res["heldout"] = {
-        name: {"rmse": rmse(p, held.y), "rmse_known_users": rmse(p[known], held.y[known]),
-               "rmse_new_users": rmse(p[~known], held.y[~known])}
-        for name, p in (("no online updates", frozen_predictions(mf, held)),
-                        ("Velox online updates", info3["heldout"]),
-                        ("full retraining", frozen_predictions(fit_features(seen, **mf_kw), held)))
+        name: {
+            "rmse": rmse(p, held.y),
+            "rmse_known_users": rmse(p[known], held.y[known]),
+            "rmse_new_users": rmse(p[~known], held.y[~known]),
+        }
+        for name, p in (
+            ("no online updates", frozen_predictions(mf, held)),
+            ("Velox online updates", info3["heldout"]),
+            ("full retraining", frozen_predictions(fit_features(seen, **mf_kw), held)),
+        )
     }
     res["heldout_known_share"] = float(known.mean())
     res["heldout_sizes"] = (len(streamed), len(held))
     res["online_observe_us"] = info["observe_us"]
     res["full_retrain_s"] = full_s
     res["service_retrain_s"] = info2["retrain_s"]
-    res["bandit"] = await bandit_check(mf, train, test, alphas=args.alphas, n_users=args.bandit_users,
-                                       rounds=args.rounds, gap=args.gap,
-                                       ridge_lambda=args.ridge_lambda, seed=args.seed)
+    res["bandit"] = await bandit_check(
+        mf,
+        train,
+        test,
+        alphas=args.alphas,
+        n_users=args.bandit_users,
+        rounds=args.rounds,
+        gap=args.gap,
+        ridge_lambda=args.ridge_lambda,
+        seed=args.seed,
+    )
     res["observe"] = await observe_latency(users=args.lat_users)
     res["top_k"] = await top_k_latency(calls=args.topk_calls)
     res["total_s"] = time.perf_counter() - t_all
@@ -418,49 +553,73 @@ def report(res: dict[str, Any], args: argparse.Namespace, argv: Sequence[str]) -
     lines = []
     acc = res["accuracy"]
     base = acc["no online updates"]["rmse"]
-    lines.append(f"MovieLens (dslabs): {res['ratings']} ratings in time order, first {res['train']} "
-                 f"train MF features (d = {res['d']}), next {res['test']} streamed "
-                 f"(predict, then observe); {res['known_user_share']:.0%} of streamed ratings are by "
-                 f"users seen in the first half")
+    lines.append(
+        f"MovieLens (dslabs): {res['ratings']} ratings in time order, first {res['train']} "
+        f"train MF features (d = {res['d']}), next {res['test']} streamed "
+        f"(predict, then observe); {res['known_user_share']:.0%} of streamed ratings are by "
+        f"users seen in the first half"
+    )
     lines.append("")
-    lines.append(f"| {'method':<36} | {'RMSE':>6} | {'known users':>11} | {'new users':>9} | {'gain vs none':>12} |")
+    lines.append(
+        f"| {'method':<36} | {'RMSE':>6} | {'known users':>11} | {'new users':>9} | {'gain vs none':>12} |"
+    )
     lines.append(f"|{'-' * 38}|{'-' * 8}|{'-' * 13}|{'-' * 11}|{'-' * 14}|")
     for name, r in acc.items():
-        lines.append(f"| {name:<36} | {r['rmse']:6.4f} | {r['rmse_known_users']:11.4f} | "
-                     f"{r['rmse_new_users']:9.4f} | {(base - r['rmse']) / base:12.1%} |")
-    lines.append(f"(full retraining: {res['full_retrain_s']:.1f} s of MF fits; the service's own "
-                 f"background retrains: {res['service_retrain_s']:.1f} s)")
+        lines.append(
+            f"| {name:<36} | {r['rmse']:6.4f} | {r['rmse_known_users']:11.4f} | "
+            f"{r['rmse_new_users']:9.4f} | {(base - r['rmse']) / base:12.1%} |"
+        )
+    lines.append(
+        f"(full retraining: {res['full_retrain_s']:.1f} s of MF fits; the service's own "
+        f"background retrains: {res['service_retrain_s']:.1f} s)"
+    )
     lines.append("")
     h = res["heldout"]
     n_s, n_h = res["heldout_sizes"]
-    lines.append(f"Held out (Velox paper setup): learn from the next {n_s} ratings, predict the last "
-                 f"{n_h} without learning from them; {res['heldout_known_share']:.0%} of those are by "
-                 "users with earlier ratings")
+    lines.append(
+        f"Held out (Velox paper setup): learn from the next {n_s} ratings, predict the last "
+        f"{n_h} without learning from them; {res['heldout_known_share']:.0%} of those are by "
+        "users with earlier ratings"
+    )
     lines.append("")
-    lines.append(f"| {'method':<36} | {'RMSE':>6} | {'known users':>11} | {'new users':>9} | {'gain vs none':>12} |")
+    lines.append(
+        f"| {'method':<36} | {'RMSE':>6} | {'known users':>11} | {'new users':>9} | {'gain vs none':>12} |"
+    )
     lines.append(f"|{'-' * 38}|{'-' * 8}|{'-' * 13}|{'-' * 11}|{'-' * 14}|")
     hb = h["no online updates"]
     for name, r in h.items():
-        lines.append(f"| {name:<36} | {r['rmse']:6.4f} | {r['rmse_known_users']:11.4f} | "
-                     f"{r['rmse_new_users']:9.4f} | {(hb['rmse'] - r['rmse']) / hb['rmse']:12.1%} |")
+        lines.append(
+            f"| {name:<36} | {r['rmse']:6.4f} | {r['rmse_known_users']:11.4f} | "
+            f"{r['rmse_new_users']:9.4f} | {(hb['rmse'] - r['rmse']) / hb['rmse']:12.1%} |"
+        )
     for col, label in (("rmse", "all"), ("rmse_known_users", "known users")):
-        b0, on, full = (h[n][col] for n in ("no online updates", "Velox online updates", "full retraining"))
+        b0, on, full = (
+            h[n][col] for n in ("no online updates", "Velox online updates", "full retraining")
+        )
         if b0 > full:
-            lines.append(f"Velox online updates recover {(b0 - on) / (b0 - full):.0%} of the gain of "
-                         f"full retraining ({label})")
+            lines.append(
+                f"Velox online updates recover {(b0 - on) / (b0 - full):.0%} of the gain of "
+                f"full retraining ({label})"
+            )
     lines.append("")
     b = res["bandit"]
     users = int(next(iter(b.values()))["users"]) if b else 0
-    lines.append(f"Bandit: {users} simulated new users (real heavy raters' preferences), top_k(k=1) over "
-                 f"1,000 movies, {args.rounds} rounds; interactions until corr(learned, true) closes "
-                 f"{args.gap:.0%} of its gap to 1 (start: the average user's, corr "
-                 f"{next(iter(b.values()))['start_corr'] if b else math.nan:.3f})")
+    lines.append(
+        f"Bandit: {users} simulated new users (real heavy raters' preferences), top_k(k=1) over "
+        f"1,000 movies, {args.rounds} rounds; interactions until corr(learned, true) closes "
+        f"{args.gap:.0%} of its gap to 1 (start: the average user's, corr "
+        f"{next(iter(b.values()))['start_corr'] if b else math.nan:.3f})"
+    )
     lines.append("")
-    lines.append(f"| {'alpha':>5} | {'median interactions':>19} | {'mean':>6} | {'reached':>7} | {'precision@50 after 50':>21} |")
+    lines.append(
+        f"| {'alpha':>5} | {'median interactions':>19} | {'mean':>6} | {'reached':>7} | {'precision@50 after 50':>21} |"
+    )
     lines.append(f"|{'-' * 7}|{'-' * 21}|{'-' * 8}|{'-' * 9}|{'-' * 23}|")
     for a, r in b.items():
-        lines.append(f"| {a:5g} | {r['median_interactions']:19.0f} | {r['mean_interactions']:6.1f} | "
-                     f"{r['reached']:7.0%} | {r['precision_at_50']:21.3f} |")
+        lines.append(
+            f"| {a:5g} | {r['median_interactions']:19.0f} | {r['mean_interactions']:6.1f} | "
+            f"{r['reached']:7.0%} | {r['precision_at_50']:21.3f} |"
+        )
     lines.append("")
     o = res["observe"]
     lines.append("observe at d = 50, 100 observations per user (one BLAS thread):")
@@ -472,25 +631,39 @@ def report(res: dict[str, Any], args: argparse.Namespace, argv: Sequence[str]) -
         ("  same, mean", "update_mean_us"),
         ("refit normal equations from scratch, n = 100, F in memory, median", "refit_us"),
         ("  same, mean", "refit_mean_us"),
-        ("refit from scratch, n = 100, F gathered from the feature cache, median", "refit_gather_us"),
-        ("VeloxService.observe end to end, median (cache hit, WAL append, update)", "service_observe_p50_us"),
+        (
+            "refit from scratch, n = 100, F gathered from the feature cache, median",
+            "refit_gather_us",
+        ),
+        (
+            "VeloxService.observe end to end, median (cache hit, WAL append, update)",
+            "service_observe_p50_us",
+        ),
         ("VeloxService.observe end to end, mean", "service_observe_mean_us"),
         ("VeloxService.observe end to end, p99", "service_observe_p99_us"),
     ):
         lines.append(f"| {label:<72} | {o[key]:9.1f} |")
-    lines.append(f"ratio refit / update (medians): {o['ratio_refit']:.1f}x (F in memory), "
-                 f"{o['ratio_refit_gather']:.1f}x (F gathered); observe throughput on one core "
-                 f"{1e6 / o['service_observe_p50_us']:,.0f}/s at the median latency, "
-                 f"{1e6 / o['service_observe_mean_us']:,.0f}/s at the mean")
+    lines.append(
+        f"ratio refit / update (medians): {o['ratio_refit']:.1f}x (F in memory), "
+        f"{o['ratio_refit_gather']:.1f}x (F gathered); observe throughput on one core "
+        f"{1e6 / o['service_observe_p50_us']:,.0f}/s at the median latency, "
+        f"{1e6 / o['service_observe_mean_us']:,.0f}/s at the mean"
+    )
     lines.append("")
     t = res["top_k"]
-    lines.append(f"top_k over 1,000 items, d = 50, features cached (hit rate {t['feature_cache_hit_rate']:.1%}): "
-                 + ", ".join(f"{k.replace('_ms', '')} {v:.3f} ms" for k, v in t.items() if k.endswith("_ms")))
-    lines.append("note: latencies are wall-clock on this machine; other load on a shared machine inflates "
-                 "means and tails (the median rows are the robust ones)")
+    lines.append(
+        f"top_k over 1,000 items, d = 50, features cached (hit rate {t['feature_cache_hit_rate']:.1%}): "
+        + ", ".join(f"{k.replace('_ms', '')} {v:.3f} ms" for k, v in t.items() if k.endswith("_ms"))
+    )
+    lines.append(
+        "note: latencies are wall-clock on this machine; other load on a shared machine inflates "
+        "means and tails (the median rows are the robust ones)"
+    )
     lines.append("")
-    lines.append(f"total {res['total_s']:.1f} s on {platform.machine()} / Python {platform.python_version()}, "
-                 f"{os.cpu_count()} CPUs visible")
+    lines.append(
+        f"total {res['total_s']:.1f} s on {platform.machine()} / Python {platform.python_version()}, "
+        f"{os.cpu_count()} CPUs visible"
+    )
     lines.append("reproduce: .venv/bin/python benchmarks/velox.py " + " ".join(argv))
     return "\n".join(lines)
 
@@ -505,13 +678,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--mf-lambda", type=float, default=0.1)
     p.add_argument("--ridge-lambda", type=float, default=10.0)
     p.add_argument("--chunks", type=int, default=5)
-    p.add_argument("--heldout-after", type=float, default=0.7,
-                   help="held-out table: learn from this fraction of the stream, predict the rest")
+    p.add_argument(
+        "--heldout-after",
+        type=float,
+        default=0.7,
+        help="held-out table: learn from this fraction of the stream, predict the rest",
+    )
     p.add_argument("--alphas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0])
     p.add_argument("--bandit-users", type=int, default=12)
     p.add_argument("--rounds", type=int, default=150)
-    p.add_argument("--gap", type=float, default=0.5,
-                   help="bandit target: close this fraction of the correlation gap to 1")
+    p.add_argument(
+        "--gap",
+        type=float,
+        default=0.5,
+        help="bandit target: close this fraction of the correlation gap to 1",
+    )
     p.add_argument("--lat-users", type=int, default=50)
     p.add_argument("--topk-calls", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)

@@ -32,8 +32,9 @@ from ._estimator import (
 )
 from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatalog
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
+from ._ladder import LADDER_FACTORS, pin_hardware, plan_ladder, with_ladder
 from ._pipeline import PIPELINE_FORMAT, Pipeline
-from ._plan import PLAN_FORMAT, ModelConfig, Plan, TunerInputs, TunerModel
+from ._plan import PLAN_FORMAT, LadderStep, ModelConfig, Plan, TunerInputs, TunerModel
 from ._planner import Planner, plan_inferline
 from ._planning import (
     PlannerOptions,
@@ -103,6 +104,7 @@ from .protocols import Backend, ModelSpec, ReplicaHandle
 __all__ = [
     "DEFAULT_CATALOG",
     "HARDWARE_FORMAT",
+    "LADDER_FACTORS",
     "MAX_ENVELOPE_WINDOW_S",
     "PIPELINE_FORMAT",
     "PLAN_FORMAT",
@@ -126,6 +128,7 @@ __all__ = [
     "InfeasibleError",
     "InferLineController",
     "InferlineError",
+    "LadderStep",
     "ModelConfig",
     "ModelSimStats",
     "ModelSpec",
@@ -183,11 +186,13 @@ __all__ = [
     "mean_rate",
     "packing_factor",
     "peak_rate",
+    "pin_hardware",
     "pipeline_accuracy",
     "pipeline_unit",
     "plan_cg_mean",
     "plan_cg_peak",
     "plan_inferline",
+    "plan_ladder",
     "plan_with_variants",
     "rescale_to_rate",
     "save",
@@ -202,4 +207,5 @@ __all__ = [
     "value_from_json",
     "value_to_json",
     "varying_trace",
+    "with_ladder",
 ]

@@ -185,7 +185,9 @@ class Controller(Protocol):
 
     ``new_arrivals`` are the pipeline arrivals since the previous call (``[prev, now)``); the
     state reflects every event strictly before ``now_s``. Return desired absolute replica
-    counts (only the models to change) or None.
+    counts (only the models to change) or None. A value may also be a ``ModelConfig`` on the
+    configured hardware: its ``max_batch_size`` applies to the next batch the model forms
+    (at once; batches in service finish as they are), its ``replicas`` as a count.
     """
 
     interval_s: float
@@ -253,6 +255,7 @@ def _prepare(
     profiles: Profiles,
     options: EstimatorOptions,
     catalog: HardwareCatalog,
+    resizable: bool = False,
 ) -> _Prep:
     order = pipeline.topological_order
     pos = {m: j for j, m in enumerate(order)}
@@ -293,11 +296,16 @@ def _prepare(
         maxb[j] = c.max_batch_size
         replicas[j] = c.replicas
         price[j] = catalog.cost(c.hardware)
-    B = int(maxb.max())
+    # A controller may change batch sizes: tables then go up to the largest profiled batch.
+    top = [
+        profiles.max_batch(m, configs[m].hardware) if resizable else int(maxb[j])
+        for j, m in enumerate(order)
+    ]
+    B = int(max(top))
     table = np.zeros((M, B + 1), dtype=np.float64)
     for j, m in enumerate(order):
         hw = configs[m].hardware
-        table[j, : maxb[j] + 1] = _latency_table(profiles, m, hw, int(maxb[j]))
+        table[j, : top[j] + 1] = _latency_table(profiles, m, hw, int(top[j]))
     waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
@@ -368,7 +376,7 @@ def _new_state(
 ) -> K.KState:
     N = arr.shape[0]
     M = len(p.order)
-    B = int(p.maxb.max())
+    B = int(p.table.shape[1] - 1)  # a controller may raise batch sizes up to the table's
     NM = N * M
     visf = np.ascontiguousarray(vis).reshape(-1)
     use_wait = bool(np.any(p.waitv > 0))
@@ -395,7 +403,7 @@ def _new_state(
         ch_ptr=p.ch_ptr,
         ch_idx=p.ch_idx,
         is_root=p.is_root,
-        maxb=p.maxb,
+        maxb=p.maxb.copy(),
         table=p.table,
         waitv=p.waitv,
         rem=rem.reshape(-1).copy(),
@@ -519,7 +527,7 @@ def simulate(
       replica; they run as one compiled segment.
     """
     arr = _check_arrivals(arrivals)
-    prep = _prepare(pipeline, configs, profiles, options, catalog)
+    prep = _prepare(pipeline, configs, profiles, options, catalog, controller is not None)
     order = prep.order
     pos = {m: j for j, m in enumerate(order)}
     sched = _check_schedule(schedule, pos)
@@ -544,7 +552,7 @@ def simulate(
     if not sched and controller is None:
         K.run(S, np.inf)
     else:
-        S = _drive(S, arr, order, pos, sched, controller, interval, delay)
+        S = _drive(S, arr, order, pos, sched, controller, interval, delay, prep, configs)
     return _result(S, prep, arr, vis)
 
 
@@ -575,6 +583,8 @@ def _drive(
     controller: Controller | None,
     interval: float,
     delay: float,
+    prep: _Prep | None = None,
+    configs: Mapping[str, ModelConfig] | None = None,
 ) -> K.KState:
     """Run in segments between schedule entries and controller calls."""
     t0 = float(arr[0]) if arr.size else 0.0
@@ -611,6 +621,8 @@ def _drive(
                         raise ValidationError(
                             "controller.observe()", f"model names from {list(order)!r}", name
                         )
+                    if isinstance(n, ModelConfig):
+                        n = _resize(S, prep, configs, pos[name], name, n)
                     if isinstance(n, np.integer):
                         n = int(n)
                     n = as_int(n, f"controller.observe()[{name!r}]", minimum=0)
@@ -620,6 +632,31 @@ def _drive(
                     K.apply_scale(S, pos[name], n, T, delay)
             if nxt == math.inf and not changed and j >= len(sched):
                 return S  # starved (no replicas) and the controller does not react
+
+
+def _resize(
+    S: K.KState,
+    prep: _Prep | None,
+    configs: Mapping[str, ModelConfig] | None,
+    j: int,
+    name: str,
+    c: ModelConfig,
+) -> int:
+    """A controller's ``ModelConfig`` for a model: its batch size applies to the next batch
+    formed (batches in service finish as they are); returns the replica count to apply."""
+    assert prep is not None and configs is not None
+    where = f"controller.observe()[{name!r}]"
+    if c.hardware != configs[name].hardware:
+        raise ValidationError(
+            f"{where}.hardware", f"the configured hardware {configs[name].hardware!r}", c.hardware
+        )
+    top = prep.table.shape[1] - 1
+    if c.max_batch_size > top or prep.table[j, c.max_batch_size] <= 0.0:
+        raise ValidationError(
+            f"{where}.max_batch_size", "at most the largest profiled batch size", c.max_batch_size
+        )
+    S.maxb[j] = c.max_batch_size
+    return c.replicas
 
 
 def _result(S: K.KState, p: _Prep, arr: np.ndarray, vis: np.ndarray) -> SimResult:

@@ -17,9 +17,9 @@ from ._validate import (
     no_extra_keys,
     req,
 )
-from .errors import NotFoundError
+from .errors import NotFoundError, ValidationError
 
-__all__ = ["PLAN_FORMAT", "ModelConfig", "Plan", "TunerInputs", "TunerModel"]
+__all__ = ["PLAN_FORMAT", "LadderStep", "ModelConfig", "Plan", "TunerInputs", "TunerModel"]
 
 PLAN_FORMAT = "inferline.plan/1"
 
@@ -91,6 +91,42 @@ class TunerModel:
 
 
 @dataclass(frozen=True)
+class LadderStep:
+    """A re-plan of the planned hardware for a higher arrival rate (the tuner's ladder).
+
+    The planner run again on the planning trace compressed in time to ``rate_qps``, with each
+    model pinned to its planned hardware: a configuration the estimator proved for that rate
+    that differs from the plan only in batch sizes and replica counts, which the tuner can change
+    on a live deployment (a batch size at once, a replica after its activation time).
+    """
+
+    rate_qps: float
+    models: Mapping[str, ModelConfig]
+    cost_per_hour: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rate_qps": self.rate_qps,
+            "cost_per_hour": self.cost_per_hour,
+            "models": {k: v.to_dict() for k, v in self.models.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> LadderStep:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"rate_qps", "cost_per_hour", "models"}, where)
+        models = {
+            as_str(k, f"{where}.models"): ModelConfig.from_dict(v, f"{where}.models.{k}")
+            for k, v in as_mapping(req(m, "models", where), f"{where}.models").items()
+        }
+        return cls(
+            as_float(req(m, "rate_qps", where), f"{where}.rate_qps", positive=True),
+            models,
+            as_float(m.get("cost_per_hour", 0.0), f"{where}.cost_per_hour", nonneg=True),
+        )
+
+
+@dataclass(frozen=True)
 class TunerInputs:
     """The traffic envelope of the planning trace and per-model slack figures."""
 
@@ -99,9 +135,12 @@ class TunerInputs:
     envelope: tuple[tuple[float, int], ...]
     mean_rate_qps: float
     models: Mapping[str, TunerModel] = field(default_factory=dict)
+    # re-plans for higher rates on the planned hardware, by increasing rate (may be empty)
+    ladder: tuple[LadderStep, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "envelope", tuple((float(w), int(n)) for w, n in self.envelope))
+        object.__setattr__(self, "ladder", tuple(sorted(self.ladder, key=lambda s: s.rate_qps)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,12 +148,13 @@ class TunerInputs:
             "envelope": [[w, n] for w, n in self.envelope],
             "mean_rate_qps": self.mean_rate_qps,
             "models": {k: v.to_dict() for k, v in self.models.items()},
+            **({"ladder": [s.to_dict() for s in self.ladder]} if self.ladder else {}),
         }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "tuner") -> TunerInputs:
         m = as_mapping(d, where)
-        no_extra_keys(m, {"service_time_s", "envelope", "mean_rate_qps", "models"}, where)
+        no_extra_keys(m, {"service_time_s", "envelope", "mean_rate_qps", "models", "ladder"}, where)
         env = []
         for i, e in enumerate(as_list(req(m, "envelope", where), f"{where}.envelope")):
             e = as_list(e, f"{where}.envelope[{i}]")
@@ -133,6 +173,10 @@ class TunerInputs:
             tuple(env),
             as_float(req(m, "mean_rate_qps", where), f"{where}.mean_rate_qps", nonneg=True),
             models,
+            tuple(
+                LadderStep.from_dict(s, f"{where}.ladder[{i}]")
+                for i, s in enumerate(as_list(m.get("ladder", []), f"{where}.ladder"))
+            ),
         )
 
 
@@ -199,6 +243,8 @@ class Plan:
             for k, v in as_mapping(req(m, "models", ""), "models").items()
         }
         tuner = TunerInputs.from_dict(m["tuner"]) if m.get("tuner") is not None else None
+        if tuner is not None:
+            _check_ladder(tuner, models)
         return cls(
             pipeline=as_str(req(m, "pipeline", ""), "pipeline"),
             slo_s=as_float(req(m, "slo_s", ""), "slo_s", positive=True),
@@ -211,3 +257,20 @@ class Plan:
             strategy=as_str(m.get("strategy", "inferline"), "strategy"),
             tuner=tuner,
         )
+
+
+def _check_ladder(tuner: TunerInputs, models: Mapping[str, ModelConfig]) -> None:
+    """A ladder step configures exactly the plan's models on the plan's hardware."""
+    for i, step in enumerate(tuner.ladder):
+        where = f"tuner.ladder[{i}].models"
+        if set(step.models) != set(models):
+            raise ValidationError(
+                where, f"exactly the plan's models {sorted(models)!r}", sorted(step.models)
+            )
+        for k, c in step.models.items():
+            if c.hardware != models[k].hardware:
+                raise ValidationError(
+                    f"{where}.{k}.hardware",
+                    f"the plan's hardware {models[k].hardware!r}",
+                    c.hardware,
+                )

@@ -44,6 +44,19 @@ Reading of the paper, and the choices made where it is silent:
   under the literal rule a scale-up is never fully undone while the traffic stays at the
   planned workload. The cap fixes that (1-19% lower mean cost in the benchmark) but then the
   10 s ramp starts from the bare plan and misses 5-7% (docs/tuner.md), so it is not default.
+- **Ladder** (``reconfigure="ladder"``, the default when the plan has one; an extension).
+  The paper's tuner changes replica counts only; the plan's ``tuner.ladder``
+  (:mod:`inferline.core._ladder`) holds re-plans of the planned hardware for higher rates, and
+  the tuner provisions a rate with the first step proven for it: batch sizes change with the
+  replicas (a batch size at once, so a scale-up never shrinks one). Scale-down picks the step
+  for the largest rate of the horizon (and of recent exceeding rates) and moves a model to it
+  when that saves a replica; ``rho_min`` is not applied on top (the steps are estimator-proven
+  configurations, not the proportional rule it makes conservative). ``lookahead_s`` (10 s)
+  provisions a rising rate where it will be when new replicas serve: the rise of the
+  ``down_window_s`` rate over the last window, extrapolated. Replica-only scaling
+  (``reconfigure="replicas"``) is the paper's tuner; ``down_rate="window"`` with it is the
+  paper's literal scale-down (the default ``down_rate`` is ``"scaled"``: the 5 s peak over the
+  planned envelope, so traffic at the planned workload asks for the plan).
 - **Clock.** Pure: :meth:`TunerPolicy.step` takes the state, the time and the per-window peaks
   and returns the new state and the decision (or ``None``). :class:`Tuner` bundles a policy, its
   online envelope and its state for a caller that feeds arrival times and a clock.
@@ -63,7 +76,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._envelope import MAX_ENVELOPE_WINDOW_S, OnlineEnvelope
-from ._plan import Plan, TunerInputs
+from ._plan import ModelConfig, Plan, TunerInputs
 from ._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys, req
 from .errors import ValidationError
 
@@ -83,6 +96,7 @@ Floor = Literal["plan", "one"]
 UpRate = Literal["window", "scaled", "curve"]
 DownRho = Literal["min", "model"]
 DownCap = Literal["plan", "none"]
+Reconfigure = Literal["ladder", "replicas"]
 
 
 def _ceil(x: float) -> int:
@@ -101,13 +115,20 @@ class TunerConfig:
     resolution_s: float | None = 0.001  # arrival times snapped to this grid (bounds memory)
     floor: Floor = "plan"
     up_rate: UpRate = "scaled"  # "window" is the paper's literal rule (see _rate)
-    down_rate: UpRate = "window"
+    down_rate: UpRate = "scaled"  # "window" is the paper's literal rule (see _down_rate)
     down_rho: DownRho = "min"
     keep_horizon_s: float = 30.0  # exceeding rates remembered against scale-down (0: none)
     margin_sigmas: float = 0.0  # trigger only above planned + margin * sqrt(planned)
     # Scale-down: the rate's need is capped at the plan while the largest down_window_s count of
     # the horizon is within the planned envelope ("plan"), or not ("none", the literal rule).
     down_cap: DownCap = "none"
+    # "ladder": configurations from the plan's ladder (batch sizes and replicas, see
+    # core/_ladder.py) when it has one; "replicas": the paper's replica-only scaling.
+    reconfigure: Reconfigure = "ladder"
+    # Ladder: provision for the rate expected this far ahead (the rise of the down_window_s
+    # rate over the last down_window_s, extrapolated); new replicas serve only after their
+    # activation time, so a rising rate must be met where it will be, not where it was.
+    lookahead_s: float = 10.0
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -127,8 +148,11 @@ class TunerConfig:
             raise ValidationError("down_rho", "'min' or 'model'", self.down_rho)
         as_float(self.keep_horizon_s, "keep_horizon_s", nonneg=True)
         as_float(self.margin_sigmas, "margin_sigmas", nonneg=True)
+        as_float(self.lookahead_s, "lookahead_s", nonneg=True)
         if self.down_cap not in ("plan", "none"):
             raise ValidationError("down_cap", "'plan' or 'none'", self.down_cap)
+        if self.reconfigure not in ("ladder", "replicas"):
+            raise ValidationError("reconfigure", "'ladder' or 'replicas'", self.reconfigure)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -145,6 +169,8 @@ class TunerConfig:
             "keep_horizon_s": self.keep_horizon_s,
             "margin_sigmas": self.margin_sigmas,
             "down_cap": self.down_cap,
+            "reconfigure": self.reconfigure,
+            "lookahead_s": self.lookahead_s,
         }
 
     @classmethod
@@ -153,7 +179,7 @@ class TunerConfig:
         keys = {f for f in cls.__dataclass_fields__}
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
-        strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap"}
+        strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap", "reconfigure"}
         for k in keys - strs - {"resolution_s"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
@@ -177,6 +203,8 @@ class TunerDecision:
     window_s: float  # the window whose rate drove the decision
     rate_qps: float  # that rate
     action: Literal["up", "down"] = "up"
+    # the new max batch size of every model when the tuner manages them (ladder), else empty
+    batch: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -186,12 +214,15 @@ class TunerDecision:
             "window_s": self.window_s,
             "rate_qps": self.rate_qps,
             "action": self.action,
+            "batch": dict(self.batch),
         }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "decision") -> TunerDecision:
         m = as_mapping(d, where)
-        no_extra_keys(m, {"time_s", "replicas", "reason", "window_s", "rate_qps", "action"}, where)
+        no_extra_keys(
+            m, {"time_s", "replicas", "reason", "window_s", "rate_qps", "action", "batch"}, where
+        )
         action = as_str(m.get("action", "up"), f"{where}.action")
         if action not in ("up", "down"):
             raise ValidationError(f"{where}.action", "'up' or 'down'", action)
@@ -205,6 +236,7 @@ class TunerDecision:
             window_s=as_float(req(m, "window_s", where), f"{where}.window_s", nonneg=True),
             rate_qps=as_float(req(m, "rate_qps", where), f"{where}.rate_qps", nonneg=True),
             action=action,  # type: ignore[arg-type]
+            batch=_counts(m.get("batch", {}), f"{where}.batch", 1),
         )
 
 
@@ -222,6 +254,10 @@ class TunerState:
     last_change_s: float
     down_peaks: tuple[tuple[float, float], ...] = ()
     up_peaks: tuple[tuple[float, float], ...] = ()
+    batch: Mapping[str, int] = field(default_factory=dict)  # current max batch sizes (ladder)
+    # (time_s, count) of the down_window_s window at each tick of the last down_window_s
+    trend: tuple[tuple[float, float], ...] = ()
+    started_s: float | None = None  # when the tuner started watching (its windows fill up)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -229,12 +265,24 @@ class TunerState:
             "last_change_s": self.last_change_s,
             "down_peaks": [list(h) for h in self.down_peaks],
             "up_peaks": [list(h) for h in self.up_peaks],
+            "batch": dict(self.batch),
+            "trend": [list(h) for h in self.trend],
+            "started_s": self.started_s,
         }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "tuner_state") -> TunerState:
         m = as_mapping(d, where)
-        no_extra_keys(m, {"replicas", "last_change_s", "down_peaks", "up_peaks"}, where)
+        keys = {
+            "replicas",
+            "last_change_s",
+            "down_peaks",
+            "up_peaks",
+            "batch",
+            "trend",
+            "started_s",
+        }
+        no_extra_keys(m, keys, where)
 
         def peaks(key: str) -> tuple[tuple[float, float], ...]:
             out = []
@@ -258,7 +306,21 @@ class TunerState:
             last_change_s=as_float(req(m, "last_change_s", where), f"{where}.last_change_s"),
             down_peaks=peaks("down_peaks"),
             up_peaks=peaks("up_peaks"),
+            batch=_counts(m.get("batch", {}), f"{where}.batch", 1),
+            trend=peaks("trend"),
+            started_s=(
+                as_float(m["started_s"], f"{where}.started_s")
+                if m.get("started_s") is not None
+                else None
+            ),
         )
+
+
+def _counts(d: Any, where: str, minimum: int) -> dict[str, int]:
+    return {
+        as_str(k, where): as_int(v, f"{where}.{k}", minimum=minimum)
+        for k, v in as_mapping(d, where).items()
+    }
 
 
 def _push(
@@ -285,7 +347,10 @@ class TunerPolicy:
         inputs: TunerInputs,
         planned: Mapping[str, int],
         config: TunerConfig = TunerConfig(),
+        planned_batch: Mapping[str, int] | None = None,
     ) -> None:
+        """``planned_batch``: the plan's max batch sizes, needed to use ``inputs.ladder``
+        (without them the tuner scales replicas only)."""
         if not inputs.envelope:
             raise ValidationError("tuner.envelope", "at least one (window_s, count)", [])
         missing = sorted(set(planned) - set(inputs.models))
@@ -322,15 +387,64 @@ class TunerPolicy:
             self._capacity[m] = cap
             self._delay[m] = max(float(np.max(a_env / cap - w_env)), float(w_env.min()))
         self._w_env = w_env
+        # Ladder (config.reconfigure="ladder"): step 0 is the plan, then the re-plans by rate.
+        self.planned_batch = {m: int(b) for m, b in (planned_batch or {}).items()}
+        self._steps: list[tuple[float, dict[str, int], dict[str, int]]] | None = None
+        if config.reconfigure == "ladder" and inputs.ladder and planned_batch is not None:
+            missing = sorted(set(self.planned) - set(self.planned_batch))
+            if missing:
+                raise ValidationError("planned_batch", f"a batch size for {missing!r}", [])
+            self._steps = [(inputs.mean_rate_qps, dict(self.planned), dict(self.planned_batch))]
+            for st in inputs.ladder:
+                if set(st.models) != set(self.planned):
+                    raise ValidationError(
+                        "tuner.ladder", f"steps for exactly {sorted(self.planned)!r}", st.rate_qps
+                    )
+                self._steps.append(
+                    (
+                        st.rate_qps,
+                        {m: c.replicas for m, c in st.models.items()},
+                        {m: c.max_batch_size for m, c in st.models.items()},
+                    )
+                )
+
+    @property
+    def uses_ladder(self) -> bool:
+        return self._steps is not None
 
     @classmethod
     def from_plan(cls, plan: Plan, config: TunerConfig = TunerConfig()) -> TunerPolicy:
         if plan.tuner is None:
             raise ValidationError("plan.tuner", "tuner inputs (re-run the planner)", None)
-        return cls(plan.tuner, {m: c.replicas for m, c in plan.models.items()}, config)
+        return cls(
+            plan.tuner,
+            {m: c.replicas for m, c in plan.models.items()},
+            config,
+            {m: c.max_batch_size for m, c in plan.models.items()},
+        )
 
     def initial_state(self, now_s: float = 0.0) -> TunerState:
-        return TunerState(dict(self.planned), float(now_s), ())
+        batch = dict(self.planned_batch) if self._steps is not None else {}
+        return TunerState(dict(self.planned), float(now_s), (), (), batch, (), float(now_s))
+
+    def target(self, rate_qps: float) -> tuple[dict[str, int], dict[str, int], int]:
+        """Ladder: the configuration provisioned for ``rate_qps`` and its step index.
+
+        The first step (by rate) whose rate is at least ``rate_qps``; above the top step, its
+        counts scaled by the rate ratio (the paper's rule with the top step as the plan);
+        below the plan with ``floor="one"``, the plan's counts scaled down the same way."""
+        assert self._steps is not None
+        for i, (r, k, b) in enumerate(self._steps):
+            if rate_qps <= r * (1 + _EPS):
+                if i == 0 and self.config.floor == "one":
+                    return {m: max(1, _ceil(n * rate_qps / r)) for m, n in k.items()}, b, 0
+                return dict(k), dict(b), i
+        r, k, b = self._steps[-1]
+        return {m: _ceil(n * rate_qps / r) for m, n in k.items()}, dict(b), len(self._steps) - 1
+
+    def _step_text(self, i: int) -> str:
+        assert self._steps is not None
+        return "the plan" if i == 0 else f"ladder step {i} ({self._steps[i][0]:.1f} q/s)"
 
     def need(self, rate_qps: float, rho: float | None = None) -> dict[str, int]:
         """Replicas each model needs for ``rate_qps``: ``ceil(λ s_m / (μ_m ρ))``."""
@@ -416,6 +530,11 @@ class TunerPolicy:
         up_peaks = _push(state.up_peaks, now_s, up_rate, cfg.keep_horizon_s)
         cur = dict(state.replicas)
 
+        if self._steps is not None:
+            return _ladder_step(
+                self, state, now_s, up_rate, up_window, up_count, up_planned, down_peaks, up_peaks
+            )
+
         if up_rate > 0:
             need = self.need(up_rate) if per_model is None else self.need_each(per_model)
             new = {m: max(cur[m], need[m]) for m in cur}
@@ -427,7 +546,13 @@ class TunerPolicy:
                     f"{_diff(cur, new)}"
                 )
                 decision = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up")
-                return TunerState(new, float(now_s), down_peaks, up_peaks), decision
+                return replace(
+                    state,
+                    replicas=new,
+                    last_change_s=float(now_s),
+                    down_peaks=down_peaks,
+                    up_peaks=up_peaks,
+                ), decision
 
         if now_s - state.last_change_s >= cfg.stabilization_delay_s:
             down_count = int(down_peaks[0][1])
@@ -458,9 +583,144 @@ class TunerPolicy:
                 decision = TunerDecision(
                     float(now_s), new, reason, cfg.down_window_s, down_rate, "down"
                 )
-                return TunerState(new, float(now_s), down_peaks, up_peaks), decision
+                return replace(
+                    state,
+                    replicas=new,
+                    last_change_s=float(now_s),
+                    down_peaks=down_peaks,
+                    up_peaks=up_peaks,
+                ), decision
 
         return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
+
+
+def _ladder_step(
+    self: TunerPolicy,
+    state: TunerState,
+    now_s: float,
+    up_rate: float,
+    up_window: float,
+    up_count: int,
+    up_planned: int,
+    down_peaks: tuple[tuple[float, float], ...],
+    up_peaks: tuple[tuple[float, float], ...],
+) -> tuple[TunerState, TunerDecision | None]:
+    """:meth:`TunerPolicy.step` with a ladder: same triggers, configurations from the ladder.
+
+    Scale-up: every model gets at least the target's replicas and batch size (a batch size
+    applies at once, so never shrink one while replicas are pending). Scale-down (after the
+    stabilization delay): the target for the largest rate of the horizon (and of the recent
+    exceeding rates) replaces a model's configuration when it needs no more replicas than the
+    model has; the ladder's configurations are estimator-proven for their rate, so the
+    paper's extra conservatism (``rho_min``) is not applied on top.
+    """
+    cfg = self.config
+    cur = dict(state.replicas)
+    cur_b = dict(state.batch) or dict(self.planned_batch)
+    w5 = cfg.down_window_s
+    trend = state.trend
+    # the window counts ramp up from zero while the tuner's first window fills: no trend yet
+    warm = state.started_s is None or now_s >= state.started_s + w5
+    if cfg.lookahead_s > 0 and warm:
+        recent = tuple(h for h in trend if h[0] >= now_s - 2 * w5 - 1e-9)
+        trend = (*recent, (float(now_s), float(down_peaks[-1][1])))
+    state = replace(state, trend=trend)
+    rise = _rise(trend, now_s, w5) if cfg.lookahead_s > 0 else 0.0
+    if up_rate > 0 and rise > 0:
+        # at most doubling: a step change of the rate is a steep rise for one window only
+        up_rate += min(rise * cfg.lookahead_s, up_rate)
+    if up_rate > 0:
+        k, b, i = self.target(up_rate)
+        new = {m: max(cur[m], k[m]) for m in cur}
+        new_b = {m: max(cur_b[m], b[m]) for m in cur}
+        if new != cur or new_b != cur_b:
+            ahead = (
+                f" (rising {rise:.1f} q/s per s, {cfg.lookahead_s:g} s ahead)" if rise > 0 else ""
+            )
+            reason = (
+                f"scale up: {up_count} arrivals in a {up_window:g} s window "
+                f"({up_count / up_window:.1f} q/s) > planned {up_planned} "
+                f"({up_planned / up_window:.1f} q/s); provisioning for {up_rate:.1f} q/s"
+                f"{ahead} with {self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
+            )
+            d = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up", new_b)
+            return replace(
+                state,
+                replicas=new,
+                last_change_s=float(now_s),
+                down_peaks=down_peaks,
+                up_peaks=up_peaks,
+                batch=new_b,
+            ), d
+    if now_s - state.last_change_s >= cfg.stabilization_delay_s:
+        down_count = int(down_peaks[0][1])
+        down_rate = self._down_rate(down_count)
+        recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 else 0.0
+        # still rising: provision ahead as a scale-up would (no scale-down within a ramp)
+        rate = max(down_rate + min(rise * cfg.lookahead_s, down_rate), recent_up)
+        k, b, i = self.target(rate)
+        new, new_b = dict(cur), dict(cur_b)
+        for m in cur:
+            if k[m] < cur[m]:
+                new[m], new_b[m] = k[m], b[m]
+            elif k[m] == cur[m]:
+                # back at the plan (proven for this traffic) take its batch size; elsewhere a
+                # smaller batch saves nothing and would only lower the model's capacity
+                new_b[m] = b[m] if i == 0 else max(cur_b[m], b[m])
+            elif i == 0:
+                # fewer replicas at a larger batch than the plan: add the plan's replicas,
+                # keep the batch until they serve (the next decision takes the plan's)
+                new[m], new_b[m] = k[m], max(cur_b[m], b[m])
+        if new != cur or new_b != cur_b:
+            why = (
+                f"max rate over the last {cfg.down_horizon_s:g} s in {cfg.down_window_s:g} s "
+                f"windows is {down_rate:.1f} q/s"
+            )
+            if rise > 0:
+                why += f", rising {rise:.1f} q/s per s ({cfg.lookahead_s:g} s ahead)"
+            if recent_up > down_rate:
+                why += f", an exceeding window asked {recent_up:.1f} q/s"
+            reason = (
+                f"scale down: {why}, stable for {now_s - state.last_change_s:.1f} s; "
+                f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
+            )
+            d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, "down", new_b)
+            return replace(
+                state,
+                replicas=new,
+                last_change_s=float(now_s),
+                down_peaks=down_peaks,
+                up_peaks=up_peaks,
+                batch=new_b,
+            ), d
+    return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
+
+
+def _rise(trend: Sequence[tuple[float, float]], now_s: float, w: float) -> float:
+    """How fast the ``w``-window rate rises, per second: the smaller of its rise over the last
+    ``w`` and over the last ``2 w`` (two estimates that agree on a ramp; taking the smaller
+    keeps a burst, which lifts one window's count for one window's time, from reading as a
+    rise). 0 until ``2 w`` of history exist or when the rate is not rising."""
+    if not trend or now_s - trend[0][0] < 2 * w * 0.99:
+        return 0.0
+    now_n = trend[-1][1]
+    mid = next((n for t, n in trend if t >= now_s - w - 1e-9), now_n)
+    short = (now_n - mid) / w / w
+    long = (now_n - trend[0][1]) / w / (now_s - trend[0][0])
+    return max(0.0, min(short, long))
+
+
+def _diff_config(
+    old: Mapping[str, int],
+    new: Mapping[str, int],
+    old_b: Mapping[str, int],
+    new_b: Mapping[str, int],
+) -> str:
+    parts = []
+    for m in new:
+        if new[m] != old[m] or new_b[m] != old_b[m]:
+            parts.append(f"{m} {old[m]}x b{old_b[m]}->{new[m]}x b{new_b[m]}")
+    return ", ".join(parts)
 
 
 def _rho_text(mode: str, rho_min: float) -> str:
@@ -527,6 +787,7 @@ class InferLineController:
     ) -> None:
         self.interval_s = config.interval_s
         self.tuner = Tuner.from_plan(plan, config, start_s)
+        self._hardware = {m: c.hardware for m, c in plan.models.items()}
 
     @property
     def decisions(self) -> list[TunerDecision]:
@@ -534,7 +795,12 @@ class InferLineController:
 
     def observe(
         self, now_s: float, new_arrivals: npt.NDArray[np.float64], state: Any = None
-    ) -> dict[str, int] | None:
+    ) -> dict[str, Any] | None:
+        """Replica counts, or ``ModelConfig`` values when the tuner manages batch sizes."""
         self.tuner.record(new_arrivals)
         d = self.tuner.tick(now_s)
-        return dict(d.replicas) if d is not None else None
+        if d is None:
+            return None
+        if not d.batch:
+            return dict(d.replicas)
+        return {m: ModelConfig(self._hardware[m], d.batch[m], n) for m, n in d.replicas.items()}

@@ -15,7 +15,7 @@ import argparse
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,24 @@ def _plan(args: argparse.Namespace) -> int:
             options=options,
             progress=progress,
         )
+        if args.strategy == "inferline" and not args.no_ladder:
+            from inferline.core import plan_ladder
+
+            def step_done(f: float, step: Any) -> None:
+                what = f"${step.cost_per_hour:.3f}/h" if step is not None else "infeasible"
+                bar.update(task, description=f"tuner ladder: {f:g}x the sample's rate {what}")
+
+            steps = plan_ladder(
+                pipeline,
+                profiles,
+                trace,
+                plan,
+                catalog=catalog,
+                options=options,
+                progress=step_done,
+            )
+            assert plan.tuner is not None
+            plan = replace(plan, tuner=replace(plan.tuner, ladder=steps))
     elapsed = time.monotonic() - t0
     save(plan, args.output)
     print(
@@ -112,6 +130,13 @@ def _plan(args: argparse.Namespace) -> int:
         f"{plan.estimated_latency_s:.4f} s (SLO {plan.slo_s:g} s), planned in {elapsed:.1f} s"
     )
     _print_configs(pipeline, plan, catalog)
+    if plan.tuner is not None and plan.tuner.ladder:
+        print(
+            "tuner ladder (same hardware, batch x replicas): "
+            + "; ".join(
+                f"{st.rate_qps:.1f} q/s ${st.cost_per_hour:.3f}/h" for st in plan.tuner.ladder
+            )
+        )
     return 0
 
 
@@ -285,6 +310,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "--paper-only",
         action="store_true",
         help="InferLine's Algorithms 1-2 only (no escape from local optima, no slack polish)",
+    )
+    p.add_argument(
+        "--no-ladder",
+        action="store_true",
+        help="skip the tuner's ladder (re-plans of the planned hardware at higher rates, "
+        "so the tuner can change batch sizes as well as replicas; docs/tuner.md)",
     )
     p.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
     p.set_defaults(func=_plan)

@@ -449,4 +449,13 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
             done[name] = f"failed: {e}"
             log.error("applying plan to %r failed: %s", name, e)
     svc.plan = plan
+    live = getattr(svc, "live_tuner", None)
+    if live is not None:
+        if plan.tuner is not None:
+            live.replan(plan)
+            done["tuner"] = "follows the new plan"
+        else:
+            await live.stop()
+            svc.live_tuner = None
+            done["tuner"] = "stopped: the new plan has no tuner inputs"
     return done

@@ -255,6 +255,7 @@ class Service:
         # Set by ``start_service``: what the service was built from (the admin routes and
         # ``apply_plan`` read them).
         self.plan: Any = None
+        self.live_tuner: Any = None  # a LiveTuner when `inferline serve` runs one
         # The plugin host whose observers hear about configuration and scaling changes.
         self.plugins: Any = None
         self.deployment: Any = None

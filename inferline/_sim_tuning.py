@@ -52,6 +52,26 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
         "paper) or the planned rate scaled by the excess (scaled)",
     )
     g.add_argument(
+        "--tuner-reconfigure",
+        choices=("ladder", "replicas"),
+        default=_DEFAULT.reconfigure,
+        help="InferLine: batch sizes and replicas from the plan's ladder when it has one "
+        "(ladder), or replica counts only, the paper's tuner (replicas)",
+    )
+    g.add_argument(
+        "--lookahead-s",
+        type=float,
+        default=_DEFAULT.lookahead_s,
+        help="InferLine with a ladder: provision a rising rate this far ahead (0: off)",
+    )
+    g.add_argument(
+        "--down-cap",
+        choices=("none", "plan"),
+        default=_DEFAULT.down_cap,
+        help="InferLine, replicas only: cap scale-down at the plan while traffic is within "
+        "the planned envelope",
+    )
+    g.add_argument(
         "--stabilization-s",
         type=float,
         default=_DEFAULT.stabilization_delay_s,
@@ -72,7 +92,13 @@ def make_tuner_controller(args: argparse.Namespace, ctx: Any) -> Any:
     ctl: Any = None
     start = float(ctx.trace[0]) if ctx.trace.size else 0.0
     if tuner == "inferline":
-        cfg = TunerConfig(stabilization_delay_s=args.stabilization_s, up_rate=args.tuner_up_rate)
+        cfg = TunerConfig(
+            stabilization_delay_s=args.stabilization_s,
+            up_rate=args.tuner_up_rate,
+            reconfigure=args.tuner_reconfigure,
+            lookahead_s=args.lookahead_s,
+            down_cap=args.down_cap,
+        )
         ctl = InferLineController(ctx.plan, cfg, start_s=start)
     elif tuner == "autoscale":
         unit, _ = pipeline_unit(ctx.plan.models)

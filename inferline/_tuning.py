@@ -56,10 +56,14 @@ class LiveTuner:
         clock: Callable[[], float] = time.perf_counter,
         registry: Any = None,
         observer: Callable[..., Any] | None = None,
+        dispatcher: Any = None,
     ) -> None:
         """``observer(model, before, after, time_s=, reason=)`` is called for every model a
-        decision changes (``PluginHost.scaling_observer("tuner")`` fits)."""
+        decision changes (``PluginHost.scaling_observer("tuner")`` fits). ``dispatcher``: the
+        queue whose max batch sizes follow the decisions of a tuner with a ladder (without
+        one, only replica counts change)."""
         self.backend = backend
+        self.dispatcher = dispatcher
         self._observer = observer
         self.plan = plan
         self.config = config
@@ -73,6 +77,15 @@ class LiveTuner:
         self._task: asyncio.Task[None] | None = None
         self.applied: list[AppliedDecision] = []
         self._metrics = _TunerMetrics(self, registry) if registry is not None else None
+
+    def replan(self, plan: Plan) -> None:
+        """Follow a new plan (``PUT /admin/plan``): its envelope, ladder and counts replace the
+        old ones; targets not yet applied are dropped (the plan was just applied)."""
+        self.policy = TunerPolicy.from_plan(plan, self.config)
+        self.plan = plan
+        self.tuner = Tuner(self.policy, start_s=self._clock())
+        self._targets = {}
+        log.info("tuner follows the new plan: planned counts %s", self.policy.planned)
 
     # -- feeding ---------------------------------------------------------------------------
     def record(self, t: float | None = None) -> None:
@@ -133,8 +146,23 @@ class LiveTuner:
             log.info("tuner %s at %.3f s: %s", d.action, d.time_s, d.reason, extra={"decision": d})
             if self._metrics is not None:
                 self._metrics.decided(d)
+            self._apply_batch(d)
             self._apply(d)
         return d
+
+    def _apply_batch(self, d: TunerDecision) -> None:
+        """Batch sizes change at once (the next batch formed): a scale-up raises them before
+        its replicas start, which is capacity available now."""
+        if not d.batch or self.dispatcher is None:
+            return
+        for m, b in d.batch.items():
+            try:
+                policy = self.dispatcher.batching(m)
+                if policy.max_batch_size == b:
+                    continue
+                self.dispatcher.set_batching(m, _with_max_batch(policy, b))
+            except (InferlineError, TypeError, ValueError) as e:
+                log.error("tuner could not set %r max batch size %d: %s", m, b, e)
 
     async def _loop(self) -> None:
         interval = self.config.interval_s
@@ -180,6 +208,20 @@ class LiveTuner:
                 self._metrics.applied(err is None)
 
 
+def _with_max_batch(policy: Any, b: int) -> Any:
+    """The same batching policy with another max batch size (dataclass policies), or fixed
+    batching for a policy that adapts its own size."""
+    import dataclasses
+
+    from inferline.queueing import FixedBatching
+
+    if dataclasses.is_dataclass(policy) and any(
+        f.name == "max_batch_size" for f in dataclasses.fields(policy)
+    ):
+        return dataclasses.replace(policy, max_batch_size=b)
+    return FixedBatching(b)
+
+
 def _recording(handler: Any, record: Callable[[], None]) -> Any:
     async def handler_recording_arrivals(x: Any, slo: float) -> Any:
         record()
@@ -203,14 +245,19 @@ async def start_live_tuner(
         config,
         clock=getattr(service, "_clock", time.perf_counter),
         observer=host.scaling_observer("tuner") if host is not None else None,
+        dispatcher=getattr(service, "dispatcher", None),
     )
     tuner.attach(service, apps)
     tuner.start()
+    service.live_tuner = tuner  # PUT /admin/plan hands it the new plan
     log.info(
-        "tuner started: windows %s s, planned arrivals %s, stabilization %.0f s",
+        "tuner started: windows %s s, planned arrivals %s, stabilization %.0f s, %s",
         [round(w, 3) for w in tuner.policy.windows],
         [n for _, n in plan.tuner.envelope] if plan.tuner else [],
         config.stabilization_delay_s,
+        f"ladder of {len(plan.tuner.ladder)} steps (batch sizes and replicas)"
+        if tuner.policy.uses_ladder and plan.tuner
+        else "replica counts only",
     )
     return tuner
 
@@ -254,8 +301,16 @@ class _TunerMetrics:
         self._last = Info(
             "inferline_tuner_last_decision", "The last tuner decision", registry=registry
         )
+        self._batch = Gauge(
+            "inferline_tuner_target_max_batch_size",
+            "Max batch size the tuner wants per model (a tuner with a ladder)",
+            ["model"],
+            registry=registry,
+        )
         for m, n in live.replicas.items():
             self._target.labels(m).set(n)
+        for m, b in live.tuner.state.batch.items():
+            self._batch.labels(m).set(b)
 
         class _Envelope(Collector):
             def collect(self) -> Iterator[Any]:
@@ -291,6 +346,8 @@ class _TunerMetrics:
         self._decisions.labels(d.action).inc()
         for m, n in d.replicas.items():
             self._target.labels(m).set(n)
+        for m, b in d.batch.items():
+            self._batch.labels(m).set(b)
         self._rate.set(d.rate_qps)
         self._window.set(d.window_s)
         self._last.info(

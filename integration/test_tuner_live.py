@@ -188,3 +188,52 @@ def test_decisions_reach_the_scaling_observer_and_backend():
     assert d is not None and d.action == "up"
     assert calls == [("m", d.replicas["m"])]
     assert seen == [(("m", 1, d.replicas["m"]), {"time_s": 0.25, "reason": d.reason})]
+
+
+def test_ladder_decisions_change_batch_sizes_and_a_new_plan_reaches_the_tuner():
+    """On the bundled runtime: a tuner with a ladder sets the queue's max batch size with the
+    replicas, and ``PUT /admin/plan`` (``apply_plan``) hands the running tuner the new plan."""
+    from dataclasses import replace
+
+    from inferline._deploy import apply_plan
+    from inferline.core import LadderStep
+
+    dep = Deployment.from_dict(sleep_deployment(base_s=BATCH_S, slo_ms=SLO_S * 1e3))
+    base = _plan()
+    step = LadderStep(4 * PLANNED_QPS, {"m": ModelConfig("cpu", 4, 2)}, 0.0)
+    plan = replace(base, tuner=replace(base.tuner, ladder=(step,)))
+    cfg = TunerConfig(interval_s=0.05, lookahead_s=0.0)
+
+    async def main():
+        svc = await start_service(dep, plan)
+        try:
+            live = await start_live_tuner(svc, plan, cfg)
+            await live.stop()  # ticks by hand from here (same clock as the service)
+            assert live.policy.uses_ladder and svc.live_tuner is live
+            assert svc.dispatcher.batching("m").max_batch_size == 1
+            now = live._clock()
+            for i in range(30):  # 30 arrivals in 0.15 s: far above the planned envelope
+                live.record(now - 0.15 + 0.005 * i)
+            d = live.tick(now + 0.01)
+            batch_now = svc.dispatcher.batching("m").max_batch_size
+            deadline = time.perf_counter() + 30.0
+            while len(svc.backend.replicas("m")) < d.replicas["m"]:
+                assert time.perf_counter() < deadline, "replicas never started"
+                await asyncio.sleep(0.05)
+            p = await svc.predict("app", np.asarray([1.0], dtype=np.float32))
+            metrics = svc.metrics.render().decode()
+            assert 'inferline_tuner_target_max_batch_size{model="m"} 4.0' in metrics
+            # a new plan: the running tuner follows its counts and envelope
+            new = replace(plan, models={"m": ModelConfig("cpu", 2, 2)})
+            result = await apply_plan(svc, new)
+            return d, batch_now, p, result, live
+        finally:
+            await svc.close()
+
+    d, batch_now, p, result, live = asyncio.run(main())
+    assert d is not None and d.action == "up" and d.batch == {"m": 4}
+    assert d.replicas["m"] >= 2
+    assert batch_now == 4  # applied at once, before the replica started
+    assert p.latency_s < SLO_S
+    assert result["tuner"] == "follows the new plan"
+    assert live.policy.planned == {"m": 2} and live.policy.planned_batch == {"m": 2}

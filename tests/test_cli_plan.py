@@ -87,6 +87,13 @@ def test_plan_then_simulate_json(files, capsys):
     plan = load_plan(files["plan"])
     assert plan.strategy == "inferline" and plan.slo_s == 0.1 and plan.tuner is not None
     assert plan.estimated_latency_s <= 0.1
+    # the tuner's ladder: re-plans of the planned hardware for higher rates (on by default)
+    assert plan.tuner.ladder and "tuner ladder" in out
+    assert all(
+        c.hardware == plan.models[m].hardware
+        for st in plan.tuner.ladder
+        for m, c in st.models.items()
+    )
 
     assert main(_sim_args(files, "--json")) == 0
     out = capsys.readouterr().out
@@ -111,8 +118,9 @@ def test_plan_then_simulate_json(files, capsys):
 
 
 def test_simulate_table_and_percentile_key(files, capsys):
-    assert main(_plan_args(files, "--slo-s", "0.15", "--percentile", "95")) == 0
-    capsys.readouterr()
+    assert main(_plan_args(files, "--slo-s", "0.15", "--percentile", "95", "--no-ladder")) == 0
+    assert "tuner ladder" not in capsys.readouterr().out
+    assert load_plan(files["plan"]).tuner.ladder == ()
     assert main(_sim_args(files)) == 0
     out = capsys.readouterr().out
     assert "P95 latency" in out and "SLO miss rate" in out and "utilization" in out

@@ -126,7 +126,7 @@ def test_curve_rule_fits_a_service_rate_within_the_planned_delay():
 
 
 def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
-    p = policy(up_rate="window")  # the literal rule (down_cap="none", the default)
+    p = policy(up_rate="window", down_rate="window")  # the literal rule (down_cap="none")
     s = p.initial_state(0.0)
     s, d = p.step(s, 1.0, (60, 0, 0))  # 600 q/s burst -> a 24, b 12
     assert d is not None and d.replicas == {"a": 24, "b": 12}

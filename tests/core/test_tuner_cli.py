@@ -73,6 +73,20 @@ def test_simulate_with_and_without_tuners(files, capsys):
         str(tmp_path / "d.json"),
     )
     auto = _run(capsys, tmp_path, paths, "--tuner", "autoscale")
+    replicas = _run(
+        capsys,
+        tmp_path,
+        paths,
+        "--tuner",
+        "inferline",
+        "--tuner-reconfigure",
+        "replicas",
+        "--lookahead-s",
+        "0",
+        "--down-cap",
+        "plan",
+    )
+    assert replicas["slo_miss_rate"] < none["slo_miss_rate"]
     # 250 q/s on one 100 q/s replica diverges without a tuner
     assert none["slo_miss_rate"] > 0.4 and none["cost_per_hour"] == pytest.approx(0.0665)
     assert tuned["slo_miss_rate"] < 0.5 * none["slo_miss_rate"]  # 5 s activation: a 5x step hurts

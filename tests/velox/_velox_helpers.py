@@ -10,7 +10,9 @@ from inferline.velox import FeatureTable, TableModel
 DIM = 6
 
 
-def make_table(n_items: int = 40, dim: int = DIM, seed: int = 0, unknown: str = "error") -> FeatureTable:
+def make_table(
+    n_items: int = 40, dim: int = DIM, seed: int = 0, unknown: str = "error"
+) -> FeatureTable:
     rng = np.random.default_rng(seed)
     return FeatureTable(list(range(n_items)), rng.normal(size=(n_items, dim)), unknown)
 

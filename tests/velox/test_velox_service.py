@@ -131,7 +131,9 @@ def test_reject_mode_unknown_user_and_unknown_names() -> None:
         (lambda s: s.rollback("m", "1"), "version"),
     ],
 )
-def test_bad_input_names_the_field(call: Callable[[VeloxService], Awaitable[Any]], field: str) -> None:
+def test_bad_input_names_the_field(
+    call: Callable[[VeloxService], Awaitable[Any]], field: str
+) -> None:
     async def main() -> None:
         svc = VeloxService()
         await svc.register(make_model())
@@ -244,7 +246,9 @@ def test_feature_function_failure_and_bad_output() -> None:
 # ------------------------------------------------------------------ retrain, versions, rollback
 
 
-def _rated(table: FeatureTable, n_users: int, per_user: int, seed: int) -> list[tuple[str, int, float]]:
+def _rated(
+    table: FeatureTable, n_users: int, per_user: int, seed: int
+) -> list[tuple[str, int, float]]:
     rng = np.random.default_rng(seed)
     out = []
     for u in range(n_users):
@@ -275,7 +279,10 @@ def test_retrain_bumps_version_switches_atomically_and_rollback_restores() -> No
         after = await svc.predict("m", "u1", 3)
         assert after.version == 2 and after.score != before
         versions = svc.versions("m")
-        assert [(v.version, v.parent, v.reason) for v in versions] == [(1, None, "initial"), (2, 1, "nightly")]
+        assert [(v.version, v.parent, v.reason) for v in versions] == [
+            (1, None, "initial"),
+            (2, 1, "nightly"),
+        ]
         assert versions[1].base_seq == 120 and versions[1].info["observations"] == 120
         # Observations after the retrain continue on version 2 ...
         res = await svc.observe("m", "u1", 3, 1.0)
@@ -320,8 +327,11 @@ def test_staleness_triggers_a_recorded_retrain() -> None:
         # The world drifts: the same users start rating by a different rule, so the loss rises.
         table = make_table(n_items=30)
         svc = VeloxService()
-        cfg = VeloxConfig(staleness=StalenessConfig(fast_halflife=10, slow_halflife=100,
-                                                    threshold=0.5, min_observations=60))
+        cfg = VeloxConfig(
+            staleness=StalenessConfig(
+                fast_halflife=10, slow_halflife=100, threshold=0.5, min_observations=60
+            )
+        )
         await svc.register(TableModel("m", table, mf_iters=2), cfg)
         rng = np.random.default_rng(5)
         w_old = rng.normal(size=DIM)

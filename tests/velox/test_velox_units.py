@@ -35,14 +35,27 @@ from inferline.velox import (
 def test_config_round_trip_defaults_and_custom() -> None:
     for cfg in (
         VeloxConfig(),
-        VeloxConfig(ridge_lambda=0.5, alpha=1.5, refactor_every=7, new_users="reject",
-                    partitions=4, owned_partitions=(3, 1), checkpoint_every=3,
-                    staleness=StalenessConfig(fast_halflife=5, slow_halflife=50, threshold=0.1,
-                                              min_observations=0, auto_retrain=False)),
+        VeloxConfig(
+            ridge_lambda=0.5,
+            alpha=1.5,
+            refactor_every=7,
+            new_users="reject",
+            partitions=4,
+            owned_partitions=(3, 1),
+            checkpoint_every=3,
+            staleness=StalenessConfig(
+                fast_halflife=5,
+                slow_halflife=50,
+                threshold=0.1,
+                min_observations=0,
+                auto_retrain=False,
+            ),
+        ),
     ):
         d = cfg.to_dict()
         assert VeloxConfig.from_dict(d) == cfg
         import json
+
         assert VeloxConfig.from_dict(json.loads(json.dumps(d))) == cfg
     assert VeloxConfig(partitions=4, owned_partitions=(3, 1, 1)).owned_partitions == (1, 3)
 
@@ -188,8 +201,9 @@ def test_staleness_fires_once_on_rising_loss_not_on_noise() -> None:
     assert not any(v.stale for v in flat)
     assert max(v.trend for v in flat[1000:]) < 0.3 * 0.85  # margin below the threshold
     # The loss doubles over 2,000 observations: flagged once, within 1,600 observations.
-    rising = [det.update("u1", float((1 + min(i, 2000) / 2000) * rng.normal() ** 2))
-              for i in range(4000)]
+    rising = [
+        det.update("u1", float((1 + min(i, 2000) / 2000) * rng.normal() ** 2)) for i in range(4000)
+    ]
     fired = [i for i, v in enumerate(rising) if v.stale]
     assert len(fired) == 1 and 500 < fired[0] < 1600
     assert not det.armed
@@ -243,6 +257,9 @@ def test_train_mf_fits_low_rank_ratings() -> None:
     pred = mf.predict(np.array([ui[u] for u in users]), np.array([ii[i] for i in items]))
     assert np.sqrt(np.mean((pred - y) ** 2)) < 0.15
     # The Velox form reproduces the MF prediction exactly: w_u . f_i.
-    velox = np.sum(mf.user_weights()[[ui[u] for u in users]] * mf.item_features()[[ii[i] for i in items]], axis=1)
+    velox = np.sum(
+        mf.user_weights()[[ui[u] for u in users]] * mf.item_features()[[ii[i] for i in items]],
+        axis=1,
+    )
     np.testing.assert_allclose(velox, pred, atol=1e-9)
     assert mf.dim == k + 2

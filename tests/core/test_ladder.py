@@ -1,0 +1,283 @@
+"""The tuner's ladder: re-plans on the planned hardware, their format, and the tuner using them
+(batch sizes change with replicas, in the estimator's loop and as pure decisions)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from inferline.core import (
+    EstimatorOptions,
+    InferLineController,
+    LadderStep,
+    ModelConfig,
+    Pipeline,
+    Plan,
+    PlannerOptions,
+    Profiles,
+    TunerConfig,
+    TunerInputs,
+    TunerModel,
+    TunerPolicy,
+    TunerState,
+    ValidationError,
+    gamma_trace,
+    pin_hardware,
+    plan_inferline,
+    plan_ladder,
+    simulate,
+    simulate_plan,
+    varying_trace,
+    with_ladder,
+)
+
+
+def _setup():
+    """Two stages: a CPU model that does not batch, a GPU model that batches well (its
+    throughput grows with the batch size, so a re-plan for a higher rate picks larger ones)."""
+    pipe = Pipeline.linear("two", ["pre", "net"])
+    prof = Profiles.from_latencies(
+        {
+            "pre": {"cpu": {b: 0.004 * b for b in (1, 2, 4)}},
+            "net": {
+                "gpu-k80": {b: 0.02 + 0.004 * b for b in (1, 2, 4, 8, 16, 32)},
+                "gpu-v100": {b: 0.008 + 0.0015 * b for b in (1, 2, 4, 8, 16, 32)},
+            },
+        }
+    )
+    trace = gamma_trace(100.0, 1.0, 60.0, np.random.default_rng(3))
+    return pipe, prof, trace
+
+
+@pytest.fixture(scope="module")
+def planned():
+    pipe, prof, trace = _setup()
+    plan = plan_inferline(pipe, prof, trace, 0.15)
+    return pipe, prof, trace, with_ladder(pipe, prof, trace, plan)
+
+
+def test_steps_are_re_plans_on_the_planned_hardware_proven_for_their_rate(planned):
+    pipe, prof, trace, plan = planned
+    steps = plan.tuner.ladder
+    assert len(steps) >= 3
+    rates = [s.rate_qps for s in steps]
+    assert rates == sorted(rates) and rates[0] > plan.tuner.mean_rate_qps
+    costs = [s.cost_per_hour for s in steps]
+    assert costs == sorted(costs)  # a dearer step below a cheaper one is dropped
+    for s in steps:
+        assert {m: c.hardware for m, c in s.models.items()} == {
+            m: c.hardware for m, c in plan.models.items()
+        }
+        # proven: the estimator meets the SLO on the sample compressed to the step's rate
+        f = s.rate_qps / plan.tuner.mean_rate_qps
+        compressed = trace[0] + (trace - trace[0]) / f
+        r = simulate(pipe, s.models, prof, compressed)
+        assert r.percentile(99) <= plan.slo_s
+    # more rate than the plan's configuration can serve: more capacity in the top step
+    top = steps[-1].models
+    assert sum(c.replicas for c in top.values()) > sum(c.replicas for c in plan.models.values())
+
+
+def test_ladder_round_trips_in_the_plan_file_and_is_checked(planned):
+    _, _, _, plan = planned
+    assert Plan.from_dict(plan.to_dict()) == plan
+    d = plan.to_dict()
+    d["tuner"]["ladder"][0]["models"]["net"]["hardware"] = "gpu-v100"
+    with pytest.raises(ValidationError) as e:
+        Plan.from_dict(d)
+    assert "tuner.ladder[0].models.net.hardware" in str(e.value)
+    d = plan.to_dict()
+    del d["tuner"]["ladder"][0]["models"]["pre"]
+    with pytest.raises(ValidationError) as e:
+        Plan.from_dict(d)
+    assert "tuner.ladder[0].models" in str(e.value)
+    # plans written before the ladder existed still load (no "ladder" key)
+    d = plan.to_dict()
+    del d["tuner"]["ladder"]
+    assert Plan.from_dict(d).tuner.ladder == ()
+
+
+def test_pin_hardware_and_bad_inputs(planned):
+    pipe, prof, trace, plan = planned
+    pinned = pin_hardware(prof, plan)
+    assert pinned.hardware_for("net") == [plan.models["net"].hardware]
+    with pytest.raises(ValidationError):
+        plan_ladder(pipe, prof, trace, plan, factors=(0.5, 2.0))
+    with pytest.raises(ValidationError):
+        plan_ladder(pipe, prof, trace, replace(plan, tuner=None))
+    seen = []
+    plan_ladder(
+        pipe,
+        prof,
+        trace,
+        plan,
+        factors=(1.5, 1000.0),
+        options=PlannerOptions(max_replicas=20),
+        progress=lambda f, s: seen.append((f, s)),
+    )
+    assert seen[0][0] == 1.5 and seen[0][1] is not None
+    assert seen[-1] == (1000.0, None)  # infeasible within 20 replicas: the ladder stops
+
+
+# -- the policy with a ladder (pure) -----------------------------------------------------------
+ENV = ((0.1, 30), (1.0, 120), (5.0, 540))
+INPUTS = TunerInputs(
+    service_time_s=0.1,
+    envelope=ENV,
+    mean_rate_qps=100.0,
+    models={"a": TunerModel(1.0, 50.0, 0.5), "b": TunerModel(1.0, 40.0, 0.625)},
+    ladder=(
+        LadderStep(150.0, {"a": ModelConfig("cpu", 4, 5), "b": ModelConfig("cpu", 8, 3)}, 8.0),
+        LadderStep(200.0, {"a": ModelConfig("cpu", 8, 5), "b": ModelConfig("cpu", 2, 6)}, 11.0),
+    ),
+)
+PLANNED = {"a": 4, "b": 4}
+BATCH = {"a": 2, "b": 2}
+
+
+def policy(**kw):
+    return TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=0.0, **kw), BATCH)
+
+
+def test_target_is_the_first_step_with_enough_rate_then_scales_the_top_one():
+    p = policy()
+    assert p.uses_ladder
+    assert p.target(100.0) == (PLANNED, BATCH, 0)
+    assert p.target(120.0) == ({"a": 5, "b": 3}, {"a": 4, "b": 8}, 1)
+    assert p.target(200.0)[2] == 2
+    k, b, i = p.target(300.0)  # beyond the top: its counts x 1.5
+    assert (k, b, i) == ({"a": 8, "b": 9}, {"a": 8, "b": 2}, 2)
+    assert policy(floor="one").target(50.0)[0] == {"a": 2, "b": 2}
+    # no ladder (or replicas asked for): the paper's replica rule
+    assert not TunerPolicy(INPUTS, PLANNED, TunerConfig(reconfigure="replicas"), BATCH).uses_ladder
+    assert not TunerPolicy(INPUTS, PLANNED, TunerConfig()).uses_ladder
+
+
+def test_scale_up_never_shrinks_a_batch_or_a_count_then_scale_down_settles_on_a_step():
+    p = policy()
+    s = p.initial_state(0.0)
+    assert s.batch == BATCH
+    # 1 s window at 180 q/s (planned 120): scaled rate 150 -> step 1
+    s, d = p.step(s, 1.0, (0, 180, 0))
+    assert d is not None and d.action == "up"
+    assert d.replicas == {"a": 5, "b": 4}  # b keeps its 4 (step 1 has 3 at batch 8)
+    assert d.batch == {"a": 4, "b": 8}
+    assert "ladder step 1 (150.0 q/s)" in d.reason and "b 4x b2->4x b8" in d.reason
+    # calm: back to the plan after the delay and once the burst left the keep horizon
+    t, downs = 1.0, []
+    while t < 80.0:
+        t = round(t + 0.1, 10)
+        s, d = p.step(s, t, (10, 90, 450))
+        if d is not None:
+            downs.append(d)
+    assert downs and downs[-1].replicas == PLANNED and downs[-1].batch == BATCH
+    assert "the plan" in downs[-1].reason
+    assert TunerState.from_dict(s.to_dict()) == s
+
+
+def test_scale_down_to_a_step_keeps_a_larger_batch_when_no_replica_is_saved():
+    p = policy(stabilization_delay_s=1.0, keep_horizon_s=0.0)
+    s = TunerState({"a": 8, "b": 6}, 0.0, batch={"a": 8, "b": 8})
+    # 5 s windows at 180 q/s (planned 540 / 5 s = 108 q/s at 100 q/s): scaled 166.7 -> step 2
+    s, d = p.step(s, 2.0, (0, 0, 900))
+    assert d is not None and d.action == "down"
+    assert d.replicas == {"a": 5, "b": 6}
+    assert d.batch == {"a": 8, "b": 8}  # b: 6 replicas either way, its batch 8 stays
+
+
+def test_lookahead_provisions_a_rising_rate_ahead():
+    p = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
+    s = p.initial_state(0.0)
+    t = 0.0
+    # the 5 s count rises 3 per tick (0.1 s), 6 q/s per s, inside the planned envelope; the
+    # trend is read once the first 5 s window has filled and 10 s of it exist
+    for i in range(155):
+        t = round(t + 0.1, 10)
+        s, d = p.step(s, t, (0, 100, 60 + 3 * i))
+        assert d is None
+    s, d = p.step(s, 15.6, (0, 121, 540))  # just above the plan at 1 s: 100.8 q/s now
+    assert d is not None and "rising" in d.reason and "10 s ahead" in d.reason
+    assert d.rate_qps > 150.0  # 100.8 + about 6 q/s per s x 10 s
+    assert d.replicas == {"a": 5, "b": 6} and "ladder step 2" in d.reason
+    # the same excess without the rise: step 1 only
+    flat = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
+    s = flat.initial_state(0.0)
+    for i in range(55):
+        s, d = flat.step(s, round(0.1 * (i + 1), 10), (0, 100, 500))
+    s, d = flat.step(s, 5.6, (0, 121, 500))
+    assert d is not None and "rising" not in d.reason and d.rate_qps < 101.0
+
+
+def test_a_burst_is_not_a_rise_but_a_ramp_is():
+    from inferline.core._tuner import _rise
+
+    ticks = [round(0.1 * i, 10) for i in range(101)]  # 10 s of 5 s-window counts
+    ramp = tuple((t, 500.0 + 30.0 * t) for t in ticks)  # the 5 s rate rises 6 q/s per s
+    assert _rise(ramp, 10.0, 5.0) == pytest.approx(6.0)
+    # a burst lifts the count for the 5 s it stays in the window: the short rise sees it, the
+    # rise over 10 s (whose base is before the burst) too, but once it left the window neither
+    burst = tuple((t, 500.0 + (300.0 if 6.0 <= t < 11.0 else 0.0)) for t in ticks)
+    assert _rise(burst, 10.0, 5.0) > 0.0
+    after = tuple((t + 3.0, 500.0 + (300.0 if 3.0 <= t < 8.0 else 0.0)) for t in ticks)
+    assert _rise(after, 13.0, 5.0) == 0.0
+    # a burst that came and went within the last 5 s never reads as a rise
+    short = tuple((t, 500.0 + (300.0 if 1.0 <= t < 3.0 else 0.0)) for t in ticks)
+    assert _rise(short, 10.0, 5.0) == 0.0
+    assert _rise(ramp[:40], 3.9, 5.0) == 0.0  # less than 2 windows of history
+
+
+# -- in the estimator's loop -------------------------------------------------------------------
+def test_estimator_applies_batch_sizes_a_controller_returns(planned):
+    pipe, prof, _, plan = planned
+
+    class Resize:
+        interval_s = 1.0
+
+        def __init__(self, batch: int) -> None:
+            self.batch = batch
+
+        def observe(self, now_s, new_arrivals, state):
+            if now_s < 1.5:
+                c = plan.models["net"]
+                return {"net": ModelConfig(c.hardware, self.batch, c.replicas)}
+            return None
+
+    trace = gamma_trace(150.0, 1.0, 30.0, np.random.default_rng(1))
+    base = simulate_plan(pipe, plan, prof, trace)
+    big = simulate_plan(pipe, plan, prof, trace, controller=Resize(32))
+    assert big.models["net"].mean_batch_size > base.models["net"].mean_batch_size
+    with pytest.raises(ValidationError) as e:
+        simulate_plan(pipe, plan, prof, trace, controller=Resize(64))
+    assert "max_batch_size" in str(e.value)
+
+    class WrongHardware(Resize):
+        def observe(self, now_s, new_arrivals, state):
+            return {"net": ModelConfig("cpu", 1, 1)}
+
+    with pytest.raises(ValidationError) as e:
+        simulate_plan(pipe, plan, prof, trace, controller=WrongHardware(1))
+    assert "hardware" in str(e.value)
+
+
+def test_ladder_tuner_follows_a_rate_surge_cheaper_than_replica_scaling(planned):
+    pipe, prof, _, plan = planned
+    rng = np.random.default_rng(11)
+    live = varying_trace(
+        [(100.0, 1.0, 40.0), (220.0, 1.0, 80.0), (100.0, 1.0, 80.0)], rng, transition_s=30.0
+    )
+    opts = EstimatorOptions(activation_delay_s=2.0)
+    start = float(live[0])
+    ladder = InferLineController(plan, TunerConfig(), start_s=start)
+    r = simulate_plan(pipe, plan, prof, live, options=opts, controller=ladder)
+    assert r.miss_rate(plan.slo_s) <= 0.01
+    assert ladder.decisions and all(d.batch for d in ladder.decisions)
+    replicas = InferLineController(
+        plan, TunerConfig(reconfigure="replicas", down_rate="window"), start_s=start
+    )
+    rr = simulate_plan(pipe, plan, prof, live, options=opts, controller=replicas)
+    assert all(not d.batch for d in replicas.decisions)
+    assert r.cost_per_hour <= rr.cost_per_hour
+    bare = simulate_plan(pipe, plan, prof, live, options=opts)
+    assert bare.miss_rate(plan.slo_s) > 0.05  # the surge needs the tuner
