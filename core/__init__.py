@@ -32,7 +32,7 @@ from ._estimator import (
 )
 from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatalog
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
-from ._ladder import LADDER_FACTORS, pin_hardware, plan_ladder, with_ladder
+from ._ladder import LADDER_FACTORS, capacity_factor, pin_hardware, plan_ladder, with_ladder
 from ._pipeline import PIPELINE_FORMAT, Pipeline
 from ._plan import PLAN_FORMAT, LadderStep, ModelConfig, Plan, TunerInputs, TunerModel
 from ._planner import Planner, plan_inferline
@@ -162,6 +162,7 @@ __all__ = [
     "VariantPlan",
     "VariantSpec",
     "VariantTuner",
+    "capacity_factor",
     "coarse_grained_configs",
     "decode_error",
     "decode_value",

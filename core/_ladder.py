@@ -13,25 +13,28 @@ replicas of another kind on a model whose replicas are all of one kind (the back
 and the estimator work per model); batch size and replica count are what the tuner can change
 on a live deployment. Each step is a configuration the estimator proved for its rate.
 
-The tuner (``TunerConfig(reconfigure="ladder")``) provisions a rate ``λ`` with the cheapest step
-whose rate is at least ``λ``, and above the top step scales the top step's counts by
-``λ / rate_top``: the paper's rule with the top step as the plan.
+Each step's rate is the highest its configuration is proven for (bisection with the
+estimator on the compressed trace), the plan included, so a configuration is used up to its
+capacity. The tuner (``TunerConfig(reconfigure="ladder")``) provisions a rate ``λ`` with the
+cheapest step whose rate is at least ``λ``, and above the top step scales the top step's
+counts by ``λ / rate_top``: the paper's rule with the top step as the plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from ._estimator import simulate
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
-from ._plan import LadderStep, Plan
+from ._plan import LadderStep, ModelConfig, Plan
 from ._planning import PlannerOptions
 from ._profiles import Profiles
 from .errors import InfeasibleError, ValidationError
 
-__all__ = ["LADDER_FACTORS", "pin_hardware", "plan_ladder", "with_ladder"]
+__all__ = ["LADDER_FACTORS", "capacity_factor", "pin_hardware", "plan_ladder", "with_ladder"]
 
 # Rate factors over the planning trace's mean; finer near 1 where most excursions are.
 LADDER_FACTORS: tuple[float, ...] = (1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
@@ -45,6 +48,56 @@ def pin_hardware(profiles: Profiles, plan: Plan) -> Profiles:
             raise ValidationError(f"plan.models.{m}.hardware", "a profiled hardware", c.hardware)
         out[m] = {c.hardware: profiles.models[m][c.hardware]}
     return Profiles(out)
+
+
+def _feasible(
+    pipeline: Pipeline,
+    configs: Mapping[str, ModelConfig],
+    profiles: Profiles,
+    trace: np.ndarray,
+    factor: float,
+    plan: Plan,
+    catalog: HardwareCatalog,
+    options: PlannerOptions,
+) -> bool:
+    """The planner's test: the percentile latency on the trace compressed by ``factor``."""
+    compressed = trace[0] + (trace - trace[0]) / factor
+    r = simulate(
+        pipeline, configs, profiles, compressed, options=options.estimator, catalog=catalog
+    )
+    return bool(r.percentile(plan.percentile) <= plan.slo_s)
+
+
+def capacity_factor(
+    pipeline: Pipeline,
+    configs: Mapping[str, ModelConfig],
+    profiles: Profiles,
+    trace: np.ndarray,
+    plan: Plan,
+    *,
+    lo: float = 1.0,
+    hi: float = 2.0,
+    iterations: int = 7,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    options: PlannerOptions | None = None,
+) -> float:
+    """The largest rate factor (bisection within ``[lo, hi]``, ``lo`` assumed feasible) at
+    which ``configs`` still meet the plan's SLO on the trace compressed by that factor.
+
+    A re-plan is the cheapest configuration for its rate, but integer replica counts leave it
+    slack: it usually serves more. The tuner uses each configuration up to this proven rate
+    instead of stepping up at every factor of the ladder."""
+    opts = options or PlannerOptions()
+    t = np.asarray(trace, dtype=np.float64)
+    if _feasible(pipeline, configs, profiles, t, hi, plan, catalog, opts):
+        return hi
+    for _ in range(iterations):
+        mid = 0.5 * (lo + hi)
+        if _feasible(pipeline, configs, profiles, t, mid, plan, catalog, opts):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def plan_ladder(
@@ -61,10 +114,11 @@ def plan_ladder(
     """Re-plan ``plan`` for the rates ``factors x`` the trace's mean, hardware pinned.
 
     Stops at the first infeasible factor (the pinned hardware cannot serve that rate within
-    the SLO at any batch size and the replica cap). A step that costs more than a later one is
-    dropped (the later, cheaper configuration serves the lower rate too), and so is one whose
-    configuration the next step repeats or that equals the plan.
-    ``progress(factor, step_or_None)`` is called after each factor.
+    the SLO at any batch size and the replica cap). Each step's ``rate_qps`` is then the
+    highest rate its configuration is proven for (:func:`capacity_factor`), and the plan
+    itself becomes a step when it serves more than its planning rate. Steps are kept only if
+    no step proven for at least their rate costs as little (so the first step with enough rate
+    is the cheapest). ``progress(factor, step_or_None)`` is called after each factor.
     """
     from ._planner import plan_inferline  # the planner imports this module's users
 
@@ -76,9 +130,10 @@ def plan_ladder(
     t = np.asarray(trace, dtype=np.float64)
     if t.size < 2:
         raise ValidationError("trace", "at least 2 arrivals", int(t.size))
+    opts = options or PlannerOptions()
     pinned = pin_hardware(profiles, plan)
     base = plan.tuner.mean_rate_qps
-    steps: list[LadderStep] = []
+    found: list[tuple[float, Mapping[str, ModelConfig], float]] = []
     for f in fs:
         compressed = t[0] + (t - t[0]) / f
         try:
@@ -89,26 +144,38 @@ def plan_ladder(
                 plan.slo_s,
                 percentile=plan.percentile,
                 catalog=catalog,
-                options=options,
+                options=opts,
             )
         except InfeasibleError:
             if progress is not None:
                 progress(f, None)
             break
-        step = LadderStep(rate_qps=base * f, models=dict(p.models), cost_per_hour=p.cost_per_hour)
-        steps.append(step)
+        found.append((f, dict(p.models), p.cost_per_hour))
         if progress is not None:
-            progress(f, step)
-    keep: list[LadderStep] = []
-    for i, s in enumerate(steps):
-        later = steps[i + 1 :]
-        if any(s.cost_per_hour > o.cost_per_hour + 1e-9 for o in later):
-            continue  # a cheaper configuration is proven for a higher rate
-        if later and later[0].models == s.models:
-            continue  # the same configuration is proven for the next rate up
-        if s.models != plan.models:
-            keep.append(s)
-    return tuple(keep)
+            progress(f, LadderStep(base * f, dict(p.models), p.cost_per_hour))
+    cands: list[LadderStep] = []
+    for f, models, cost in [(1.0, dict(plan.models), plan.cost_per_hour), *found]:
+        cap = capacity_factor(
+            pipeline, models, profiles, t, plan, lo=f, hi=2.0 * f, catalog=catalog, options=opts
+        )
+        if cap > 1.0:
+            cands.append(LadderStep(base * cap, models, cost))
+    keep = [
+        s
+        for s in cands
+        if not any(
+            o is not s
+            and o.rate_qps >= s.rate_qps
+            and o.cost_per_hour <= s.cost_per_hour
+            and (o.rate_qps > s.rate_qps or o.cost_per_hour < s.cost_per_hour)
+            for o in cands
+        )
+    ]
+    out: list[LadderStep] = []
+    for s in sorted(keep, key=lambda s: s.rate_qps):
+        if not out or s.rate_qps > out[-1].rate_qps:
+            out.append(s)
+    return tuple(out)
 
 
 def with_ladder(

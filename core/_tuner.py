@@ -129,6 +129,10 @@ class TunerConfig:
     # rate over the last down_window_s, extrapolated); new replicas serve only after their
     # activation time, so a rising rate must be met where it will be, not where it was.
     lookahead_s: float = 10.0
+    # Ladder: provision (1 + headroom) x the rate (steps are proven up to their capacity, so
+    # a configuration chosen for exactly the measured rate has no room for what the
+    # measurement lags behind; the paper's rho plays this part for replica-only scaling)
+    headroom: float = 0.15
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -149,6 +153,7 @@ class TunerConfig:
         as_float(self.keep_horizon_s, "keep_horizon_s", nonneg=True)
         as_float(self.margin_sigmas, "margin_sigmas", nonneg=True)
         as_float(self.lookahead_s, "lookahead_s", nonneg=True)
+        as_float(self.headroom, "headroom", nonneg=True)
         if self.down_cap not in ("plan", "none"):
             raise ValidationError("down_cap", "'plan' or 'none'", self.down_cap)
         if self.reconfigure not in ("ladder", "replicas"):
@@ -171,6 +176,7 @@ class TunerConfig:
             "down_cap": self.down_cap,
             "reconfigure": self.reconfigure,
             "lookahead_s": self.lookahead_s,
+            "headroom": self.headroom,
         }
 
     @classmethod
@@ -425,7 +431,7 @@ class TunerPolicy:
 
     def initial_state(self, now_s: float = 0.0) -> TunerState:
         batch = dict(self.planned_batch) if self._steps is not None else {}
-        return TunerState(dict(self.planned), float(now_s), (), (), batch, (), float(now_s))
+        return TunerState(dict(self.planned), float(now_s), batch=batch, started_s=float(now_s))
 
     def target(self, rate_qps: float) -> tuple[dict[str, int], dict[str, int], int]:
         """Ladder: the configuration provisioned for ``rate_qps`` and its step index.
@@ -438,6 +444,8 @@ class TunerPolicy:
             if rate_qps <= r * (1 + _EPS):
                 if i == 0 and self.config.floor == "one":
                     return {m: max(1, _ceil(n * rate_qps / r)) for m, n in k.items()}, b, 0
+                if k == self.planned and b == self.planned_batch:
+                    i = 0  # the plan itself, used up to its proven capacity
                 return dict(k), dict(b), i
         r, k, b = self._steps[-1]
         return {m: _ceil(n * rate_qps / r) for m, n in k.items()}, dict(b), len(self._steps) - 1
@@ -629,8 +637,9 @@ def _ladder_step(
     if up_rate > 0 and rise > 0:
         # at most doubling: a step change of the rate is a steep rise for one window only
         up_rate += min(rise * cfg.lookahead_s, up_rate)
+    h = 1.0 + cfg.headroom
     if up_rate > 0:
-        k, b, i = self.target(up_rate)
+        k, b, i = self.target(up_rate * h)
         new = {m: max(cur[m], k[m]) for m in cur}
         new_b = {m: max(cur_b[m], b[m]) for m in cur}
         if new != cur or new_b != cur_b:
@@ -658,7 +667,7 @@ def _ladder_step(
         recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 else 0.0
         # still rising: provision ahead as a scale-up would (no scale-down within a ramp)
         rate = max(down_rate + min(rise * cfg.lookahead_s, down_rate), recent_up)
-        k, b, i = self.target(rate)
+        k, b, i = self.target(rate * h)
         new, new_b = dict(cur), dict(cur_b)
         for m in cur:
             if k[m] < cur[m]:

@@ -23,6 +23,7 @@ from inferline.core import (
     TunerPolicy,
     TunerState,
     ValidationError,
+    capacity_factor,
     gamma_trace,
     pin_hardware,
     plan_inferline,
@@ -78,6 +79,23 @@ def test_steps_are_re_plans_on_the_planned_hardware_proven_for_their_rate(planne
     # more rate than the plan's configuration can serve: more capacity in the top step
     top = steps[-1].models
     assert sum(c.replicas for c in top.values()) > sum(c.replicas for c in plan.models.values())
+
+
+def test_capacity_is_the_highest_proven_rate_factor(planned):
+    pipe, prof, trace, plan = planned
+    f = capacity_factor(pipe, plan.models, prof, trace, plan, lo=1.0, hi=4.0, iterations=8)
+    assert 1.0 <= f < 4.0
+
+    def p99(factor):
+        compressed = trace[0] + (trace - trace[0]) / factor
+        return simulate(pipe, plan.models, prof, compressed).percentile(99)
+
+    assert p99(f) <= plan.slo_s
+    step = 3.0 / 2**8  # the bisection's resolution on [1, 4]
+    assert p99(f + 2 * step) > plan.slo_s  # infeasible just above
+    # each step's rate is its configuration's capacity: feasible there (checked above for all)
+    # and the first step is never the plan at its planning rate
+    assert plan.tuner.ladder[0].rate_qps > plan.tuner.mean_rate_qps
 
 
 def test_ladder_round_trips_in_the_plan_file_and_is_checked(planned):
@@ -138,6 +156,7 @@ BATCH = {"a": 2, "b": 2}
 
 
 def policy(**kw):
+    kw.setdefault("headroom", 0.0)
     return TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=0.0, **kw), BATCH)
 
 
@@ -175,6 +194,18 @@ def test_scale_up_never_shrinks_a_batch_or_a_count_then_scale_down_settles_on_a_
     assert downs and downs[-1].replicas == PLANNED and downs[-1].batch == BATCH
     assert "the plan" in downs[-1].reason
     assert TunerState.from_dict(s.to_dict()) == s
+
+
+def test_headroom_provisions_more_than_the_measured_rate():
+    p = policy(headroom=0.2)
+    s = p.initial_state(0.0)
+    # 1 s window at 156 (planned 120): scaled rate 130; x 1.2 = 156 -> step 2 (200 q/s)
+    s, d = p.step(s, 1.0, (0, 156, 0))
+    assert d is not None and d.rate_qps == pytest.approx(130.0)
+    assert "ladder step 2 (200.0 q/s)" in d.reason
+    # without headroom the same window asks step 1 (150 q/s)
+    s, d = policy().step(policy().initial_state(0.0), 1.0, (0, 156, 0))
+    assert "ladder step 1 (150.0 q/s)" in d.reason
 
 
 def test_scale_down_to_a_step_keeps_a_larger_batch_when_no_replica_is_saved():
