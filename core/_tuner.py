@@ -47,8 +47,10 @@ Reading of the paper, and the choices made where it is silent:
 - **Ladder** (``reconfigure="ladder"``, the default when the plan has one; an extension).
   The paper's tuner changes replica counts only; the plan's ``tuner.ladder``
   (:mod:`inferline.core._ladder`) holds re-plans of the planned hardware for higher rates, and
-  the tuner provisions a rate with the first step proven for it: batch sizes change with the
-  replicas (a batch size at once, so a scale-up never shrinks one). Scale-down picks the step
+  the tuner provisions ``(1 + headroom)`` times a rate with the first step proven for it
+  (``headroom`` 0.15: the measured rate lags and jumps within an activation time; the plan's
+  ``rho`` plays this part for replica-only scaling): batch sizes change with the replicas (a
+  batch size at once, so a scale-up never shrinks one). Scale-down picks the step
   for the largest rate of the horizon (and of recent exceeding rates) and moves a model to it
   when that saves a replica; ``rho_min`` is not applied on top (the steps are estimator-proven
   configurations, not the proportional rule it makes conservative). ``lookahead_s`` (10 s)
