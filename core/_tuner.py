@@ -655,14 +655,7 @@ def _ladder_step(
                 f"{ahead} with {self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
             d = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up", new_b)
-            return replace(
-                state,
-                replicas=new,
-                last_change_s=float(now_s),
-                down_peaks=down_peaks,
-                up_peaks=up_peaks,
-                batch=new_b,
-            ), d
+            return _moved(state, now_s, new, new_b, down_peaks, up_peaks), d
     if now_s - state.last_change_s >= cfg.stabilization_delay_s:
         down_count = int(down_peaks[0][1])
         down_rate = self._down_rate(down_count)
@@ -696,15 +689,27 @@ def _ladder_step(
                 f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
             d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, "down", new_b)
-            return replace(
-                state,
-                replicas=new,
-                last_change_s=float(now_s),
-                down_peaks=down_peaks,
-                up_peaks=up_peaks,
-                batch=new_b,
-            ), d
+            return _moved(state, now_s, new, new_b, down_peaks, up_peaks), d
     return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
+
+
+def _moved(
+    state: TunerState,
+    now_s: float,
+    replicas: dict[str, int],
+    batch: dict[str, int],
+    down_peaks: tuple[tuple[float, float], ...],
+    up_peaks: tuple[tuple[float, float], ...],
+) -> TunerState:
+    """The state after a ladder decision (the change restarts the stabilization delay)."""
+    return replace(
+        state,
+        replicas=replicas,
+        last_change_s=float(now_s),
+        down_peaks=down_peaks,
+        up_peaks=up_peaks,
+        batch=batch,
+    )
 
 
 def _rise(trend: Sequence[tuple[float, float]], now_s: float, w: float) -> float:

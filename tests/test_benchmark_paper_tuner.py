@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import paper_tuner  # noqa: E402
+from benchmarks import paper_tuner
 
 
 def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
