@@ -457,28 +457,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "fit_s": fit_s,
     }
     static = frozen_predictions(mf, test)
-    online, info = await online_predictions(
-        mf,
-        train,
-        test,
-        ridge_lambda=args.ridge_lambda,
-        mf_lambda=args.mf_lambda,
-        iters=args.iters,
-        seed=args.seed,
-    )
+    online_kw: dict[str, Any] = {
+        "ridge_lambda": args.ridge_lambda,
+        "mf_lambda": args.mf_lambda,
+        "iters": args.iters,
+        "seed": args.seed,
+    }
+    online, info = await online_predictions(mf, train, test, **online_kw)
     t = time.perf_counter()
     full = full_retrain_predictions(train, test, chunks=args.chunks, **mf_kw)
     full_s = time.perf_counter() - t
-    both, info2 = await online_predictions(
-        mf,
-        train,
-        test,
-        ridge_lambda=args.ridge_lambda,
-        mf_lambda=args.mf_lambda,
-        iters=args.iters,
-        seed=args.seed,
-        retrain_chunks=args.chunks,
-    )
+    both, info2 = await online_predictions(mf, train, test, retrain_chunks=args.chunks, **online_kw)
     seen_users = set(mf.user_ids)
     old = np.array([u in seen_users for u in test.users])
     res["accuracy"] = {

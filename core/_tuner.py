@@ -556,13 +556,7 @@ class TunerPolicy:
                     f"{_diff(cur, new)}"
                 )
                 decision = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up")
-                return replace(
-                    state,
-                    replicas=new,
-                    last_change_s=float(now_s),
-                    down_peaks=down_peaks,
-                    up_peaks=up_peaks,
-                ), decision
+                return _moved(state, now_s, new, down_peaks, up_peaks), decision
 
         if now_s - state.last_change_s >= cfg.stabilization_delay_s:
             down_count = int(down_peaks[0][1])
@@ -593,13 +587,7 @@ class TunerPolicy:
                 decision = TunerDecision(
                     float(now_s), new, reason, cfg.down_window_s, down_rate, "down"
                 )
-                return replace(
-                    state,
-                    replicas=new,
-                    last_change_s=float(now_s),
-                    down_peaks=down_peaks,
-                    up_peaks=up_peaks,
-                ), decision
+                return _moved(state, now_s, new, down_peaks, up_peaks), decision
 
         return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
 
@@ -655,7 +643,7 @@ def _ladder_step(
                 f"{ahead} with {self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
             d = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up", new_b)
-            return _moved(state, now_s, new, new_b, down_peaks, up_peaks), d
+            return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     if now_s - state.last_change_s >= cfg.stabilization_delay_s:
         down_count = int(down_peaks[0][1])
         down_rate = self._down_rate(down_count)
@@ -689,7 +677,7 @@ def _ladder_step(
                 f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
             d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, "down", new_b)
-            return _moved(state, now_s, new, new_b, down_peaks, up_peaks), d
+            return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
 
 
@@ -697,18 +685,19 @@ def _moved(
     state: TunerState,
     now_s: float,
     replicas: dict[str, int],
-    batch: dict[str, int],
     down_peaks: tuple[tuple[float, float], ...],
     up_peaks: tuple[tuple[float, float], ...],
+    batch: dict[str, int] | None = None,
 ) -> TunerState:
-    """The state after a ladder decision (the change restarts the stabilization delay)."""
+    """The state after a decision: the change restarts the stabilization delay; ``batch``
+    only with a ladder (replica-only scaling keeps the state's)."""
     return replace(
         state,
         replicas=replicas,
         last_change_s=float(now_s),
         down_peaks=down_peaks,
         up_peaks=up_peaks,
-        batch=batch,
+        batch=state.batch if batch is None else batch,
     )
 
 
