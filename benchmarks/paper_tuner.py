@@ -27,7 +27,11 @@ Trace attribution: Azure LLM inference trace 2023, Azure Public Dataset
 (github.com/Azure/AzurePublicDataset), CC-BY 4.0; Patel et al., "Splitwise: Efficient
 generative LLM inference using phase splitting", ISCA 2024.
 
-Run: ``.venv/bin/python benchmarks/paper_tuner.py [--quick] [--up-rate window|scaled]``
+Every case runs with several random seeds (``--seeds``, default 0 1 2: one draw of a gamma
+trace decides a lot, e.g. whether a false trigger in the calm phase leaves the tuner above the
+plan when a 10 s ramp starts), and the targets are counted over case x seed.
+
+Run: ``.venv/bin/python benchmarks/paper_tuner.py [--quick] [--seeds 0 1 2]``
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ class Clairvoyant:
 class Row:
     pipeline: str
     case: str
+    seed: int = 0
     results: dict[str, tuple[float, float]] = field(default_factory=dict)  # miss, cost
     peaks: dict[str, float] = field(default_factory=dict)  # highest cost rate
     decisions: dict[str, int] = field(default_factory=dict)
@@ -242,10 +247,14 @@ def run_case(
     autoscale_wait_s: float,
     activation_s: float,
     plots: Path | None,
+    seed: int = 0,
+    sweep: tuple[float, ...] = (),
 ) -> Row:
+    """Every column of the table for one case; ``sweep``: extra tuner runs with these
+    headrooms (labels ``h=<value>``, on the same plan)."""
     opts = EstimatorOptions(activation_delay_s=activation_s)
     popts = PlannerOptions()
-    row = Row(pipeline.name, case.name)
+    row = Row(pipeline.name, case.name, seed)
 
     def measure(label: str, plan: Plan, controller: object = None) -> None:
         r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=controller)
@@ -260,7 +269,7 @@ def run_case(
                 plot_timeline(
                     r,
                     slo_s,
-                    plots / f"{pipeline.name}_{case.name}_{label}.png",
+                    plots / f"{pipeline.name}_{case.name}_s{seed}_{label}.png",
                     decisions=controller.decisions,  # type: ignore[attr-defined]
                     title=f"{pipeline.name} / {case.name} / {label} ({case.note})",
                 )
@@ -273,6 +282,9 @@ def run_case(
     row.ladder_steps = len(plan.tuner.ladder)
     start = float(case.live[0])
     measure("tuner", plan, InferLineController(plan, tuner_cfg, start_s=start))
+    for h in sweep:
+        cfg_h = replace(tuner_cfg, headroom=h)
+        measure(f"h={h:g}", plan, InferLineController(plan, cfg_h, start_s=start))
     repl_cfg = replace(tuner_cfg, reconfigure="replicas", down_rate="window")
     measure("replicas", plan, InferLineController(plan, repl_cfg, start_s=start))
     paper_cfg = replace(repl_cfg, up_rate="window")
@@ -308,16 +320,16 @@ LABELS = ("tuner", "replicas", "paper-rule", "plan", "oracle", "autoscale", "il+
 
 
 def print_table(rows: list[Row]) -> None:
-    head = f"{'pipeline':<17} {'case':<15}" + "".join(f" {lab:>17}" for lab in LABELS)
+    head = f"{'pipeline':<17} {'case':<15} {'seed':>4}" + "".join(f" {lab:>17}" for lab in LABELS)
     head += f" {'tuner peak $/h':>15}"
     print(head)
-    print(f"{'':<33}" + "".join(f" {'miss %   mean $/h':>17}" for _ in LABELS))
+    print(f"{'':<38}" + "".join(f" {'miss %   mean $/h':>17}" for _ in LABELS))
     print("-" * len(head))
     for r in rows:
         cells = "".join(
             f" {r.results[lab][0] * 100:>7.2f} {r.results[lab][1]:>9.3f}" for lab in LABELS
         )
-        print(f"{r.pipeline:<17} {r.case:<15}{cells} {r.peaks['tuner']:>15.3f}")
+        print(f"{r.pipeline:<17} {r.case:<15} {r.seed:>4}{cells} {r.peaks['tuner']:>15.3f}")
 
 
 def check_targets(rows: list[Row], label: str = "tuner") -> list[str]:
@@ -325,7 +337,7 @@ def check_targets(rows: list[Row], label: str = "tuner") -> list[str]:
     for r in rows:
         tm, tc = r.results[label]
         _, oc = r.results["oracle"]
-        where = f"{r.pipeline}/{r.case}"
+        where = f"{r.pipeline}/{r.case} (seed {r.seed})"
         if tm > 0.01:
             problems.append(f"{where}: {label} miss rate {tm:.2%} > 1%")
         am = r.results["autoscale"][0]  # the issue's baseline: CG plan + AutoScale
@@ -351,7 +363,14 @@ def tally(rows: list[Row], label: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, shorter cases (about a minute)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1, 2],
+        help="random seeds of the synthetic traces and the real traces' gamma arrivals; every "
+        "case runs once per seed (the tally counts case x seed)",
+    )
     ap.add_argument(
         "--sample-s",
         type=float,
@@ -366,6 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reconfigure", choices=("ladder", "replicas"), default="ladder")
     ap.add_argument("--margin-sigmas", type=float, default=TunerConfig().margin_sigmas)
     ap.add_argument("--headroom", type=float, default=TunerConfig().headroom)
+    ap.add_argument(
+        "--headroom-sweep",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also run the tuner with these headrooms on the same plans and tally each",
+    )
     ap.add_argument("--down-rho", choices=("min", "model"), default="min")
     ap.add_argument("--down-cap", choices=("plan", "none"), default="none")
     ap.add_argument("--keep-horizon-s", type=float, default=30.0)
@@ -389,35 +415,42 @@ def main(argv: list[str] | None = None) -> int:
         margin_sigmas=args.margin_sigmas,
         headroom=args.headroom,
     )
-    cases = synthetic_cases(args.seed, args.quick, args.sample_s)
-    if not args.no_real:
-        cases += real_cases(args.seed, args.quick)
-    if args.cases:
-        cases = [c for c in cases if c.name in args.cases]
+    by_seed: dict[int, list[Case]] = {}
+    for seed in args.seeds:
+        cases = synthetic_cases(seed, args.quick, args.sample_s)
+        if not args.no_real:
+            cases += real_cases(seed, args.quick)
+        if args.cases:
+            cases = [c for c in cases if c.name in args.cases]
+        by_seed[seed] = cases
     rows = []
     t0 = time.perf_counter()
     for name in args.pipelines:
         builder: Callable[[], tuple[Pipeline, Profiles]] = PIPELINES[name]
         pipeline, profiles = builder()
-        for case in cases:
-            t = time.perf_counter()
-            rows.append(
-                run_case(
-                    pipeline,
-                    profiles,
-                    SETUPS[name],
-                    case,
-                    cfg,
-                    args.autoscale_wait_s,
-                    args.activation_s,
-                    args.plots,
+        for seed, cases in by_seed.items():
+            for case in cases:
+                t = time.perf_counter()
+                rows.append(
+                    run_case(
+                        pipeline,
+                        profiles,
+                        SETUPS[name],
+                        case,
+                        cfg,
+                        args.autoscale_wait_s,
+                        args.activation_s,
+                        args.plots,
+                        seed,
+                        tuple(args.headroom_sweep),
+                    )
                 )
-            )
-            print(
-                f"# {name} {case.name} ({case.note}, {case.live.size} queries) "
-                f"{time.perf_counter() - t:.1f} s",
-                file=sys.stderr,
-            )
+                print(
+                    f"# {name} {case.name} seed {seed} ({case.note}, {case.live.size} queries) "
+                    f"{time.perf_counter() - t:.1f} s",
+                    file=sys.stderr,
+                )
+    cases = by_seed[args.seeds[0]]
     print(
         f"InferLine tuner vs baselines in the estimator: activation {args.activation_s:g} s, "
         f"SLO {SETUPS}\n"
@@ -433,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         "  plan: InferLine planner on the case's sample; oracle: the same planner on the whole "
         "live trace; no tuner for either"
     )
+    print(f"  seeds {' '.join(map(str, args.seeds))}; the first seed's traces:")
     for case in cases:
         dur = float(case.live[-1] - case.live[0])
         print(f"  {case.name:<15} live {dur:6.0f} s, {case.live.size:6d} queries: {case.note}")
@@ -443,14 +477,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in rows:
         if r.ladder_steps:
-            print(f"  ladder {r.pipeline}/{r.case}: {r.ladder_steps} steps in {r.ladder_s:.1f} s")
+            print(
+                f"  ladder {r.pipeline}/{r.case} seed {r.seed}: {r.ladder_steps} steps in "
+                f"{r.ladder_s:.1f} s"
+            )
     print(
         "the price of the activation time (rate cases): a controller that knows the change and "
         "switches to the peak's ladder step the moment the rise starts still misses"
     )
     for r in rows:
         if r.clairvoyant is not None:
-            print(f"  {r.pipeline}/{r.case}: {r.clairvoyant * 100:.2f}%")
+            print(f"  {r.pipeline}/{r.case} seed {r.seed}: {r.clairvoyant * 100:.2f}%")
     for label in ("tuner", "replicas", "paper-rule"):
         for title, sel in (
             ("the paper's cases", [r for r in rows if not r.case.endswith("-raw")]),
@@ -470,9 +507,18 @@ def main(argv: list[str] | None = None) -> int:
                     tm, am = r.results["tuner"][0], r.results["il+autoscale"][0]
                     if am > 0 and tm * 10 > am:
                         print(
-                            f"  (info) {r.pipeline}/{r.case}: tuner miss {tm:.3%} not 10x below "
-                            f"il+autoscale {am:.3%}"
+                            f"  (info) {r.pipeline}/{r.case} (seed {r.seed}): tuner miss "
+                            f"{tm:.3%} not 10x below il+autoscale {am:.3%}"
                         )
+    if args.headroom_sweep:
+        print("\nheadroom sweep (same plans; the tuner's other settings as above):")
+        for h in args.headroom_sweep:
+            for title, sel in (
+                ("the paper's cases", [r for r in rows if not r.case.endswith("-raw")]),
+                ("raw-trace cases", [r for r in rows if r.case.endswith("-raw")]),
+            ):
+                if sel:
+                    print(f"  headroom {h:g}, {title}: {tally(sel, f'h={h:g}')}")
     print(
         "\nAzure traces: Azure LLM inference trace 2023 (Azure Public Dataset, CC-BY 4.0); "
         "Patel et al., Splitwise, ISCA 2024."
@@ -485,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
                     {
                         "pipeline": r.pipeline,
                         "case": r.case,
+                        "seed": r.seed,
                         "results": r.results,
                         "peak_cost_per_hour": r.peaks,
                         "decisions": r.decisions,

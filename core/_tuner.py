@@ -50,10 +50,14 @@ Reading of the paper, and the choices made where it is silent:
   the tuner provisions ``(1 + headroom)`` times a rate with the first step proven for it
   (``headroom`` 0.15: the measured rate lags and jumps within an activation time; the plan's
   ``rho`` plays this part for replica-only scaling): batch sizes change with the replicas (a
-  batch size at once, so a scale-up never shrinks one). Scale-down picks the step
-  for the largest rate of the horizon (and of recent exceeding rates) and moves a model to it
-  when that saves a replica; ``rho_min`` is not applied on top (the steps are estimator-proven
-  configurations, not the proportional rule it makes conservative). ``lookahead_s`` (10 s)
+  batch size at once, so a scale-up never shrinks one). Scale-down picks the step for the
+  largest count of every window up to ``down_horizon_s`` over that horizon, each read as the
+  planned rate scaled by its excess (the scale-up rule), and moves a model to it when that
+  saves a replica. So the tuner goes back to the plan only once the last 30 s fit the plan's
+  envelope with the headroom at every time scale, not only at 5 s (the paper's scale-down
+  window; an earlier version used it alone, plus the exceeding rates of the last 30 s).
+  ``rho_min`` is not applied on top (the steps are estimator-proven configurations, not the
+  proportional rule it makes conservative). ``lookahead_s`` (10 s)
   provisions a rising rate where it will be when new replicas serve: the rise of the
   ``down_window_s`` rate over the last window, extrapolated. Replica-only scaling
   (``reconfigure="replicas"``) is the paper's tuner; ``down_rate="window"`` with it is the
@@ -119,7 +123,9 @@ class TunerConfig:
     up_rate: UpRate = "scaled"  # "window" is the paper's literal rule (see _rate)
     down_rate: UpRate = "scaled"  # "window" is the paper's literal rule (see _down_rate)
     down_rho: DownRho = "min"
-    keep_horizon_s: float = 30.0  # exceeding rates remembered against scale-down (0: none)
+    # exceeding rates remembered against scale-down (0: none); replica-only scaling (a ladder
+    # remembers every window's counts over down_horizon_s instead)
+    keep_horizon_s: float = 30.0
     margin_sigmas: float = 0.0  # trigger only above planned + margin * sqrt(planned)
     # Scale-down: the rate's need is capped at the plan while the largest down_window_s count of
     # the horizon is within the planned envelope ("plan"), or not ("none", the literal rule).
@@ -266,6 +272,8 @@ class TunerState:
     # (time_s, count) of the down_window_s window at each tick of the last down_window_s
     trend: tuple[tuple[float, float], ...] = ()
     started_s: float | None = None  # when the tuner started watching (its windows fill up)
+    # Ladder: per planning window, the skyline of its counts over the last down_horizon_s
+    recent: tuple[tuple[tuple[float, float], ...], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -276,6 +284,7 @@ class TunerState:
             "batch": dict(self.batch),
             "trend": [list(h) for h in self.trend],
             "started_s": self.started_s,
+            "recent": [[list(h) for h in r] for r in self.recent],
         }
 
     @classmethod
@@ -289,22 +298,23 @@ class TunerState:
             "batch",
             "trend",
             "started_s",
+            "recent",
         }
         no_extra_keys(m, keys, where)
 
-        def peaks(key: str) -> tuple[tuple[float, float], ...]:
+        def pairs(d: Any, at: str) -> tuple[tuple[float, float], ...]:
             out = []
-            for i, h in enumerate(as_list(m.get(key, []), f"{where}.{key}")):
-                h = as_list(h, f"{where}.{key}[{i}]")
+            for i, h in enumerate(as_list(d, at)):
+                h = as_list(h, f"{at}[{i}]")
                 if len(h) != 2:
-                    raise ValidationError(f"{where}.{key}[{i}]", "a pair [time_s, value]", h)
+                    raise ValidationError(f"{at}[{i}]", "a pair [time_s, value]", h)
                 out.append(
-                    (
-                        as_float(h[0], f"{where}.{key}[{i}][0]"),
-                        as_float(h[1], f"{where}.{key}[{i}][1]", nonneg=True),
-                    )
+                    (as_float(h[0], f"{at}[{i}][0]"), as_float(h[1], f"{at}[{i}][1]", nonneg=True))
                 )
             return tuple(out)
+
+        def peaks(key: str) -> tuple[tuple[float, float], ...]:
+            return pairs(m.get(key, []), f"{where}.{key}")
 
         return cls(
             replicas={
@@ -320,6 +330,10 @@ class TunerState:
                 as_float(m["started_s"], f"{where}.started_s")
                 if m.get("started_s") is not None
                 else None
+            ),
+            recent=tuple(
+                pairs(r, f"{where}.recent[{i}]")
+                for i, r in enumerate(as_list(m.get("recent", []), f"{where}.recent"))
             ),
         )
 
@@ -542,7 +556,13 @@ class TunerPolicy:
 
         if self._steps is not None:
             return _ladder_step(
-                self, state, now_s, up_rate, up_window, up_count, up_planned, down_peaks, up_peaks
+                self,
+                state,
+                now_s,
+                (up_rate, up_window, up_count, up_planned),
+                peaks,
+                down_peaks,
+                up_peaks,
             )
 
         if up_rate > 0:
@@ -596,10 +616,8 @@ def _ladder_step(
     self: TunerPolicy,
     state: TunerState,
     now_s: float,
-    up_rate: float,
-    up_window: float,
-    up_count: int,
-    up_planned: int,
+    up: tuple[float, float, int, int],
+    peaks: Sequence[int],
     down_peaks: tuple[tuple[float, float], ...],
     up_peaks: tuple[tuple[float, float], ...],
 ) -> tuple[TunerState, TunerDecision | None]:
@@ -607,22 +625,28 @@ def _ladder_step(
 
     Scale-up: every model gets at least the target's replicas and batch size (a batch size
     applies at once, so never shrink one while replicas are pending). Scale-down (after the
-    stabilization delay): the target for the largest rate of the horizon (and of the recent
-    exceeding rates) replaces a model's configuration when it needs no more replicas than the
-    model has; the ladder's configurations are estimator-proven for their rate, so the
+    stabilization delay): the target for the largest count of every window up to the horizon
+    over the horizon (each as the planned rate scaled by its excess) replaces a model's
+    configuration when it needs no more replicas than the model has; the ladder's configurations are estimator-proven for their rate, so the
     paper's extra conservatism (``rho_min``) is not applied on top.
     """
     cfg = self.config
+    up_rate, up_window, up_count, up_planned = up
     cur = dict(state.replicas)
     cur_b = dict(state.batch) or dict(self.planned_batch)
+    recent = state.recent or tuple(() for _ in range(self._n_env))
+    recent = tuple(
+        _push(r, now_s, float(n), cfg.down_horizon_s)
+        for r, n in zip(recent, peaks[: self._n_env], strict=True)
+    )
     w5 = cfg.down_window_s
     trend = state.trend
     # the window counts ramp up from zero while the tuner's first window fills: no trend yet
     warm = state.started_s is None or now_s >= state.started_s + w5
     if cfg.lookahead_s > 0 and warm:
-        recent = tuple(h for h in trend if h[0] >= now_s - 2 * w5 - 1e-9)
-        trend = (*recent, (float(now_s), float(down_peaks[-1][1])))
-    state = replace(state, trend=trend)
+        kept = tuple(h for h in trend if h[0] >= now_s - 2 * w5 - 1e-9)
+        trend = (*kept, (float(now_s), float(down_peaks[-1][1])))
+    state = replace(state, trend=trend, recent=recent)
     rise = _rise(trend, now_s, w5) if cfg.lookahead_s > 0 else 0.0
     if up_rate > 0 and rise > 0:
         # at most doubling: a step change of the rate is a steep rise for one window only
@@ -645,11 +669,18 @@ def _ladder_step(
             d = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up", new_b)
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     if now_s - state.last_change_s >= cfg.stabilization_delay_s:
-        down_count = int(down_peaks[0][1])
-        down_rate = self._down_rate(down_count)
-        recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 else 0.0
+        # the largest count of every window up to the horizon over the horizon, as the planned
+        # rate scaled by its excess (the scale-up rule): the bursts of the last 30 s count as
+        # well as its rate, so a scale-down is not undone by the next burst
+        ratios = [
+            r[0][1] / max(n, 1)
+            for r, n, w in zip(recent, self._planned_counts, self.windows, strict=False)
+            if w <= cfg.down_horizon_s * (1 + _EPS)
+        ]
+        j = int(np.argmax(ratios))
+        down_rate = self.inputs.mean_rate_qps * ratios[j]
         # still rising: provision ahead as a scale-up would (no scale-down within a ramp)
-        rate = max(down_rate + min(rise * cfg.lookahead_s, down_rate), recent_up)
+        rate = down_rate + min(rise * cfg.lookahead_s, down_rate)
         k, b, i = self.target(rate * h)
         new, new_b = dict(cur), dict(cur_b)
         for m in cur:
@@ -664,14 +695,13 @@ def _ladder_step(
                 # keep the batch until they serve (the next decision takes the plan's)
                 new[m], new_b[m] = k[m], max(cur_b[m], b[m])
         if new != cur or new_b != cur_b:
+            w = self.windows[j]
             why = (
-                f"max rate over the last {cfg.down_horizon_s:g} s in {cfg.down_window_s:g} s "
-                f"windows is {down_rate:.1f} q/s"
+                f"the largest count of the last {cfg.down_horizon_s:g} s in {w:g} s windows "
+                f"stands for {down_rate:.1f} q/s"
             )
             if rise > 0:
                 why += f", rising {rise:.1f} q/s per s ({cfg.lookahead_s:g} s ahead)"
-            if recent_up > down_rate:
-                why += f", an exceeding window asked {recent_up:.1f} q/s"
             reason = (
                 f"scale down: {why}, stable for {now_s - state.last_change_s:.1f} s; "
                 f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"

@@ -13,7 +13,8 @@ from benchmarks import paper_tuner
 
 def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
     out = tmp_path / "rows.json"
-    argv = ["--quick", "--pipelines", "image-processing", "--no-real", "--cases", "rate-tau60"]
+    argv = ["--quick", "--seeds", "0", "--pipelines", "image-processing", "--no-real"]
+    argv += ["--cases", "rate-tau60"]
     assert paper_tuner.main([*argv, "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "image-processing  rate-tau60" in text
@@ -21,6 +22,7 @@ def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
     assert "switches to the peak's ladder step" in text
     rows = json.loads(out.read_text())
     assert rows[0]["ladder_steps"] >= 1 and rows[0]["clairvoyant_miss"] is not None
+    assert len(rows) == 1 and rows[0]["seed"] == 0
     res = rows[0]["results"]
     assert set(res) == set(paper_tuner.LABELS)
     # the plan alone cannot follow the rise; the tuner does, and under the replica-only cost

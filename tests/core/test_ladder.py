@@ -218,6 +218,29 @@ def test_scale_down_to_a_step_keeps_a_larger_batch_when_no_replica_is_saved():
     assert d.batch == {"a": 8, "b": 8}  # b: 6 replicas either way, its batch 8 stays
 
 
+def test_scale_down_covers_the_bursts_of_the_horizon_not_only_its_5s_rate():
+    p = policy(stabilization_delay_s=1.0, headroom=0.2)
+    s = TunerState({"a": 8, "b": 6}, -10.0, batch={"a": 8, "b": 8})
+    # a 0.1 s burst of 29 (planned 30: 96.7 q/s as a scaled rate, x 1.2 = 116 q/s) and the 5 s
+    # rate well below the plan (400 of 540: 74 q/s): the burst asks for step 1 (150 q/s), where
+    # the 5 s rate alone would have gone back to the plan
+    s, d = p.step(s, 0.1, (29, 0, 400))
+    assert d is not None and d.action == "down"
+    assert d.replicas == {"a": 5, "b": 3} and "0.1 s windows" in d.reason
+    t = 0.1
+    while t < 29.9:
+        t = round(t + 0.1, 10)
+        s, d = p.step(s, t, (20, 90, 400))
+        assert d is None  # the burst is remembered for 30 s
+    while t < 40.0:
+        t = round(t + 0.1, 10)
+        s, d = p.step(s, t, (20, 90, 400))
+        if d is not None:
+            break
+    assert d is not None and d.replicas == PLANNED and 30.0 <= t <= 30.5
+    assert TunerState.from_dict(s.to_dict()) == s
+
+
 def test_lookahead_provisions_a_rising_rate_ahead():
     p = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
     s = p.initial_state(0.0)
