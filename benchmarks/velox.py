@@ -488,16 +488,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     # held-out error with a full retrain on everything before the held-out part.
     cut = int(len(test) * args.heldout_after)
     streamed, held = test.slice(0, cut), test.slice(cut, len(test))
-    _, info3 = await online_predictions(
-        mf,
-        train,
-        streamed,
-        ridge_lambda=args.ridge_lambda,
-        mf_lambda=args.mf_lambda,
-        iters=args.iters,
-        seed=args.seed,
-        heldout=held,
-    )
+    _, info3 = await online_predictions(mf, train, streamed, heldout=held, **online_kw)
     seen = Ratings(
         train.users + streamed.users,
         train.items + streamed.items,

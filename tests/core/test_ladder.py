@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from _tuner_ticks import run_ticks
 
 from inferline.core import (
     EstimatorOptions,
@@ -185,12 +186,7 @@ def test_scale_up_never_shrinks_a_batch_or_a_count_then_scale_down_settles_on_a_
     assert d.batch == {"a": 4, "b": 8}
     assert "ladder step 1 (150.0 q/s)" in d.reason and "b 4x b2->4x b8" in d.reason
     # calm: back to the plan after the delay and once the burst left the keep horizon
-    t, downs = 1.0, []
-    while t < 80.0:
-        t = round(t + 0.1, 10)
-        s, d = p.step(s, t, (10, 90, 450))
-        if d is not None:
-            downs.append(d)
+    s, downs = run_ticks(p, s, 1.0, 80.0, (10, 90, 450))
     assert downs and downs[-1].replicas == PLANNED and downs[-1].batch == BATCH
     assert "the plan" in downs[-1].reason
     assert TunerState.from_dict(s.to_dict()) == s
@@ -227,30 +223,19 @@ def test_scale_down_covers_the_bursts_of_the_horizon_not_only_its_5s_rate():
     s, d = p.step(s, 0.1, (29, 0, 400))
     assert d is not None and d.action == "down"
     assert d.replicas == {"a": 5, "b": 3} and "0.1 s windows" in d.reason
-    t = 0.1
-    while t < 29.9:
-        t = round(t + 0.1, 10)
-        s, d = p.step(s, t, (20, 90, 400))
-        assert d is None  # the burst is remembered for 30 s
-    while t < 40.0:
-        t = round(t + 0.1, 10)
-        s, d = p.step(s, t, (20, 90, 400))
-        if d is not None:
-            break
-    assert d is not None and d.replicas == PLANNED and 30.0 <= t <= 30.5
+    s, ds = run_ticks(p, s, 0.1, 29.9, (20, 90, 400))
+    assert ds == []  # the burst is remembered for 30 s
+    s, ds = run_ticks(p, s, 29.9, 40.0, (20, 90, 400))
+    assert ds[0].replicas == PLANNED and 30.0 <= ds[0].time_s <= 30.5
     assert TunerState.from_dict(s.to_dict()) == s
 
 
 def test_lookahead_provisions_a_rising_rate_ahead():
     p = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
-    s = p.initial_state(0.0)
-    t = 0.0
     # the 5 s count rises 3 per tick (0.1 s), 6 q/s per s, inside the planned envelope; the
     # trend is read once the first 5 s window has filled and 10 s of it exist
-    for i in range(155):
-        t = round(t + 0.1, 10)
-        s, d = p.step(s, t, (0, 100, 60 + 3 * i))
-        assert d is None
+    s, ds = run_ticks(p, p.initial_state(0.0), 0.0, 15.5, lambda i: (0, 100, 60 + 3 * i))
+    assert ds == []
     s, d = p.step(s, 15.6, (0, 121, 540))  # just above the plan at 1 s: 100.8 q/s now
     assert d is not None and "rising" in d.reason and "10 s ahead" in d.reason
     assert d.rate_qps > 150.0  # 100.8 + about 6 q/s per s x 10 s
@@ -258,8 +243,7 @@ def test_lookahead_provisions_a_rising_rate_ahead():
     # the same excess without the rise: step 1 only
     flat = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
     s = flat.initial_state(0.0)
-    for i in range(55):
-        s, d = flat.step(s, round(0.1 * (i + 1), 10), (0, 100, 500))
+    s, _ = run_ticks(flat, s, 0.0, 5.5, (0, 100, 500))
     s, d = flat.step(s, 5.6, (0, 121, 500))
     assert d is not None and "rising" not in d.reason and d.rate_qps < 101.0
 

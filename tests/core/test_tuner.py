@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from _tuner_ticks import run_ticks
 
 from inferline.core import (
     ModelConfig,
@@ -130,14 +131,8 @@ def test_scale_down_waits_for_the_stabilization_delay_then_uses_rho_min():
     s = p.initial_state(0.0)
     s, d = p.step(s, 1.0, (60, 0, 0))  # 600 q/s burst -> a 24, b 12
     assert d is not None and d.replicas == {"a": 24, "b": 12}
-    t = 1.0
-    downs = []
-    while t < 60.0:
-        t = round(t + 0.1, 10)
-        # calm: 5 s windows of 450 (90 q/s), below the plan everywhere
-        s, d = p.step(s, t, (10, 90, 450))
-        if d is not None:
-            downs.append(d)
+    # calm: 5 s windows of 450 (90 q/s), below the plan everywhere
+    s, downs = run_ticks(p, s, 1.0, 60.0, (10, 90, 450))
     first = downs[0]
     # eligible 15 s after the change, but the burst's rate is still among the last 30 s of
     # exceeding rates until 31 s: the counts it needs are kept until then
@@ -155,12 +150,7 @@ def test_scale_down_returns_to_the_plan_within_the_planned_envelope():
     p = policy(up_rate="window", down_cap="plan")
     s = p.initial_state(0.0)
     s, _ = p.step(s, 1.0, (60, 0, 0))
-    t, downs = 1.0, []
-    while t < 60.0:
-        t = round(t + 0.1, 10)
-        s, d = p.step(s, t, (10, 90, 450))
-        if d is not None:
-            downs.append(d)
+    s, downs = run_ticks(p, s, 1.0, 60.0, (10, 90, 450))
     assert [d.replicas for d in downs] == [{"a": 4, "b": 2}]
     assert downs[0].time_s == pytest.approx(31.0)
     assert "within the planned envelope" in downs[0].reason
