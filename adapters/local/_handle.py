@@ -128,6 +128,11 @@ class LocalReplica:
                 raise ReplicaError(
                     url, self._id, f"died during a batch of {n}: {self.died.result()}"
                 )
+            if fut.cancelled():
+                # Not by us: closing the channel (the exit watcher does it for a dead
+                # replica) cancels its RPCs, and both may be done before this task resumes.
+                reason = self.died.result() if self.died.done() else "channel closed"
+                raise ReplicaError(url, self._id, f"batch of {n} cancelled: {reason}")
             try:
                 resp = fut.result()
             except ReplicaError:

@@ -276,6 +276,22 @@ def test_heartbeat_detects_a_hung_replica() -> None:
     )
 
 
+def test_a_batch_whose_rpc_is_cancelled_under_it_fails_with_replica_error() -> None:
+    # The exit watcher closes a dead replica's channel, which cancels its RPCs: when the
+    # waiting batch resumes only after both happened (a loaded machine), it must still see a
+    # ReplicaError (the queue retries those), not a CancelledError that kills the caller.
+    async def body(b: LocalBackend, events: list[tuple[str, list[str]]]) -> None:
+        await b.deploy(ModelSpec("s", f"{EX}:sleep", {"base_s": 30.0}), ModelConfig("cpu", 1, 1))
+        (r,) = b.replicas("s")
+        call = asyncio.create_task(r.predict_batch([1]))
+        await asyncio.sleep(0.2)
+        await r.channel.close()  # type: ignore[attr-defined]
+        with pytest.raises(ReplicaError, match="cancelled"):
+            await call
+
+    run(body)
+
+
 def test_closed_backend_fails_calls_and_close_is_idempotent() -> None:
     async def main() -> None:
         b = LocalBackend(oversubscribe=True)
