@@ -141,6 +141,11 @@ class TunerConfig:
     # a configuration chosen for exactly the measured rate has no room for what the
     # measurement lags behind; the paper's rho plays this part for replica-only scaling)
     headroom: float = 0.15
+    # Ladder: a scale-up leaves the current configuration only when its headroom over the
+    # rate falls below ``headroom - hysteresis`` (and then takes a step with the full
+    # ``headroom``): the band keeps the rate's noise at a step's boundary from flapping the
+    # configuration up and down (each flap pays a replica's activation for nothing).
+    hysteresis: float = 0.02
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -162,6 +167,7 @@ class TunerConfig:
         as_float(self.margin_sigmas, "margin_sigmas", nonneg=True)
         as_float(self.lookahead_s, "lookahead_s", nonneg=True)
         as_float(self.headroom, "headroom", nonneg=True)
+        as_float(self.hysteresis, "hysteresis", nonneg=True)
         if self.down_cap not in ("plan", "none"):
             raise ValidationError("down_cap", "'plan' or 'none'", self.down_cap)
         if self.reconfigure not in ("ladder", "replicas"):
@@ -185,6 +191,7 @@ class TunerConfig:
             "reconfigure": self.reconfigure,
             "lookahead_s": self.lookahead_s,
             "headroom": self.headroom,
+            "hysteresis": self.hysteresis,
         }
 
     @classmethod
@@ -653,10 +660,12 @@ def _ladder_step(
         up_rate += min(rise * cfg.lookahead_s, up_rate)
     h = 1.0 + cfg.headroom
     if up_rate > 0:
+        k, b, _ = self.target(up_rate * (1.0 + max(0.0, cfg.headroom - cfg.hysteresis)))
+        stays = all(cur[m] >= k[m] and cur_b[m] >= b[m] for m in cur)
         k, b, i = self.target(up_rate * h)
         new = {m: max(cur[m], k[m]) for m in cur}
         new_b = {m: max(cur_b[m], b[m]) for m in cur}
-        if new != cur or new_b != cur_b:
+        if not stays and (new != cur or new_b != cur_b):
             ahead = (
                 f" (rising {rise:.1f} q/s per s, {cfg.lookahead_s:g} s ahead)" if rise > 0 else ""
             )

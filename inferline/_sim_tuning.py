@@ -65,6 +65,19 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
         help="InferLine with a ladder: provision a rising rate this far ahead (0: off)",
     )
     g.add_argument(
+        "--tuner-headroom",
+        type=float,
+        default=_DEFAULT.headroom,
+        help="InferLine with a ladder: provision (1 + headroom) x the measured rate",
+    )
+    g.add_argument(
+        "--tuner-hysteresis",
+        type=float,
+        default=_DEFAULT.hysteresis,
+        help="InferLine with a ladder: scale up only once the current configuration's "
+        "headroom falls below headroom - hysteresis (0: no band)",
+    )
+    g.add_argument(
         "--down-cap",
         choices=("none", "plan"),
         default=_DEFAULT.down_cap,
@@ -98,6 +111,8 @@ def make_tuner_controller(args: argparse.Namespace, ctx: Any) -> Any:
             reconfigure=args.tuner_reconfigure,
             lookahead_s=args.lookahead_s,
             down_cap=args.down_cap,
+            headroom=args.tuner_headroom,
+            hysteresis=args.tuner_hysteresis,
         )
         ctl = InferLineController(ctx.plan, cfg, start_s=start)
     elif tuner == "autoscale":

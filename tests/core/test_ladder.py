@@ -204,6 +204,23 @@ def test_headroom_provisions_more_than_the_measured_rate():
     assert "ladder step 1 (150.0 q/s)" in d.reason
 
 
+def test_hysteresis_keeps_a_step_until_its_headroom_falls_below_the_band():
+    at_step_1 = TunerState({"a": 5, "b": 3}, 0.0, batch={"a": 4, "b": 8})
+    # 1 s window of 154 (planned 120): scaled 128.3 q/s; x 1.2 = 154 is above step 1 (150)
+    _, d = policy(headroom=0.2, hysteresis=0.0).step(at_step_1, 1.0, (0, 154, 0))
+    assert d is not None and "ladder step 2" in d.reason
+    # with a band of 0.05 step 1 still has 1.15 x 128.3 = 147.6 q/s of room: it stays
+    banded = policy(headroom=0.2, hysteresis=0.05)
+    s, d = banded.step(at_step_1, 1.0, (0, 154, 0))
+    assert d is None
+    # 160 (133.3 q/s, x 1.15 = 153 > 150): it moves, and with the full headroom (160 q/s)
+    _, d = banded.step(s, 1.1, (0, 160, 0))
+    assert d is not None and d.action == "up" and "ladder step 2" in d.reason
+    assert TunerConfig(hysteresis=0.05) == TunerConfig.from_dict(TunerConfig(hysteresis=0.05).to_dict())
+    with pytest.raises(ValidationError, match="hysteresis"):
+        TunerConfig(hysteresis=-0.1)
+
+
 def test_scale_down_to_a_step_keeps_a_larger_batch_when_no_replica_is_saved():
     p = policy(stabilization_delay_s=1.0, keep_horizon_s=0.0)
     s = TunerState({"a": 8, "b": 6}, 0.0, batch={"a": 8, "b": 8})

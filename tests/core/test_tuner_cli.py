@@ -96,3 +96,13 @@ def test_simulate_with_and_without_tuners(files, capsys):
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
     decisions = json.loads((tmp_path / "d.json").read_text())
     assert decisions and decisions[0]["action"] == "up" and "window" in decisions[0]["reason"]
+
+
+def test_tuner_knobs_are_validated_by_name(files, capsys):
+    tmp_path, paths = files
+    argv = ["simulate", "--pipeline", str(paths["pipe"]), "--profiles", str(paths["prof"])]
+    argv += ["--plan", str(paths["plan"]), "--trace", str(tmp_path / "live.txt")]
+    assert main([*argv, "--tuner", "inferline", "--tuner-hysteresis", "-0.1"]) != 0
+    assert "hysteresis" in capsys.readouterr().err
+    assert main([*argv, "--tuner", "inferline", "--tuner-headroom", "-1"]) != 0
+    assert "headroom" in capsys.readouterr().err
