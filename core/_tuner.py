@@ -48,9 +48,11 @@ Reading of the paper, and the choices made where it is silent:
   The paper's tuner changes replica counts only; the plan's ``tuner.ladder``
   (:mod:`inferline.core._ladder`) holds re-plans of the planned hardware for higher rates, and
   the tuner provisions ``(1 + headroom)`` times a rate with the first step proven for it
-  (``headroom`` 0.15: the measured rate lags and jumps within an activation time; the plan's
+  (``headroom`` 0.20: the measured rate lags and jumps within an activation time; the plan's
   ``rho`` plays this part for replica-only scaling): batch sizes change with the replicas (a
-  batch size at once, so a scale-up never shrinks one). Scale-down picks the step for the
+  batch size at once, so a scale-up never shrinks one). A trigger leaves the current
+  configuration only once its room over the rate is below ``headroom - hysteresis`` (0.15),
+  so a level rate at a step's boundary does not flap it. Scale-down picks the step for the
   largest count of every window up to ``down_horizon_s`` over that horizon, each read as the
   planned rate scaled by its excess (the scale-up rule), and moves a model to it when that
   saves a replica. So the tuner goes back to the plan only once the last 30 s fit the plan's
@@ -140,12 +142,12 @@ class TunerConfig:
     # Ladder: provision (1 + headroom) x the rate (steps are proven up to their capacity, so
     # a configuration chosen for exactly the measured rate has no room for what the
     # measurement lags behind; the paper's rho plays this part for replica-only scaling)
-    headroom: float = 0.15
+    headroom: float = 0.20
     # Ladder: a scale-up leaves the current configuration only when its headroom over the
     # rate falls below ``headroom - hysteresis`` (and then takes a step with the full
     # ``headroom``): the band keeps the rate's noise at a step's boundary from flapping the
     # configuration up and down (each flap pays a replica's activation for nothing).
-    hysteresis: float = 0.02
+    hysteresis: float = 0.05
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
