@@ -438,7 +438,9 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         cases = synthetic_cases(seed, args.quick, args.sample_s)
         if not args.no_real:
-            cases += real_cases(seed, args.quick)
+            # the raw traces have no random part: once, with the first seed
+            first = seed == args.seeds[0]
+            cases += [c for c in real_cases(seed, args.quick) if first or not c.name.endswith("-raw")]
         if args.cases:
             cases = [c for c in cases if c.name in args.cases]
         by_seed[seed] = cases
