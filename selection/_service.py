@@ -177,7 +177,9 @@ class SelectionService:
         failed: list[str] = []
         for m, t in tasks.items():
             if t in done:
-                if t.exception() is None:
+                if t.cancelled():  # by the call itself (e.g. an RPC cancelled under it)
+                    failed.append(f"{m}: cancelled")
+                elif t.exception() is None:
                     preds[m] = t.result()
                 else:
                     failed.append(f"{m}: {t.exception()}")

@@ -12,7 +12,7 @@ from inferline.selection import Exp3, Exp4, SelectionConfig, SelectionService, S
 def _caller(delays, outputs):
     async def call(model, x):
         await asyncio.sleep(delays[model])
-        if isinstance(outputs[model], Exception):
+        if isinstance(outputs[model], BaseException):
             raise outputs[model]
         return outputs[model]
 
@@ -64,6 +64,20 @@ def test_all_models_failing_gives_default_with_reasons():
 
     p = asyncio.run(main())
     assert p.default and p.output == -1 and "boom" in p.default_explanation
+
+
+def test_a_model_call_that_ends_cancelled_is_a_failed_model_not_a_failed_query():
+    # e.g. an RPC cancelled under the call when its channel closed: the other models still count
+    async def main():
+        svc = SelectionService(
+            "app",
+            Exp4(["a", "b"]),
+            _caller({"a": 0, "b": 0}, {"a": asyncio.CancelledError(), "b": 5}),
+        )
+        return await svc.predict("x", deadline=asyncio.get_running_loop().time() + 1)
+
+    p = asyncio.run(main())
+    assert (p.output, p.contributed, p.selected) == (5, 1, 2)
 
 
 def test_feedback_by_query_id_or_input_updates_per_user_state(tmp_path):
