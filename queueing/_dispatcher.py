@@ -386,6 +386,13 @@ class Dispatcher:
             outs = await p.handle.predict_batch([item[_X] for item in batch])
         except InferlineError as e:
             error = e
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this puller is being stopped
+            # the handle's own call was cancelled under it (a gRPC channel closed while the
+            # batch was out): a replica failure, retried like one, not the puller's end
+            error = ReplicaError(f"replica {p.handle.id}", p.handle.id, "batch call cancelled")
         except Exception as e:  # a handle that breaks the protocol: answer, don't crash
             log.exception("replica %s of %r raised a non-inferline error", p.handle.id, q.name)
             error = BackendError(f"replica {p.handle.id}", f"{type(e).__name__}: {e}")

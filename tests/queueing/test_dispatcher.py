@@ -159,6 +159,36 @@ def test_replica_error_retries_on_another_replica(vrun: Any) -> None:
     assert st.retried == 4 and st.failed_batches == 1 and st.completed == 8
 
 
+def test_a_batch_cancelled_under_the_handle_is_retried_not_lost(vrun: Any) -> None:
+    # A handle's RPC can end in CancelledError without anyone cancelling the puller (a gRPC
+    # channel closed under it): that is a replica failure, not the puller's end; before, the
+    # puller died and the batch's queries were never answered.
+    class CancelsOnce(InProcessReplica):
+        calls = 0
+
+        async def predict_batch(self, inputs: Any) -> list[Any]:
+            self.calls += 1
+            if self.calls == 1:
+                raise asyncio.CancelledError()
+            return await super().predict_batch(inputs)
+
+    async def scenario() -> tuple[list[Any], ModelStats]:
+        loop = asyncio.get_running_loop()
+        d = Dispatcher(clock=loop.time)
+        d.add_model("m", batching=FixedBatching(2), max_retries=1)
+        d.set_replicas("m", [CancelsOnce("m", NoOpModel(), service_s=0.1, replica_id="r")])
+        outs = await asyncio.wait_for(
+            asyncio.gather(*(d.submit("m", i, deadline=5.0) for i in range(2))), 10.0
+        )
+        st = d.stats("m")
+        await d.close()
+        return outs, st
+
+    outs, st = vrun(scenario)
+    assert outs == [0, 1]
+    assert st.failed_batches == 1 and st.retried == 2 and st.completed == 2
+
+
 def test_replica_error_fails_after_max_retries(vrun: Any) -> None:
     async def scenario() -> tuple[list[Any], ModelStats]:
         loop = asyncio.get_running_loop()
