@@ -22,8 +22,9 @@ Semantics (DESIGN.md "Estimator semantics", so that plans transfer):
 - Pullers block on futures, never poll: an arrival wakes the idle pullers of its model; a
   policy that asks to wait (delayed batching, Rafiki) also arms one timer.
 
-Failures: a ``ReplicaError`` from ``predict_batch`` puts the batch's queries back in the queue
-(they keep their deadlines and order) up to ``max_retries`` times, then fails them with that
+Failures: a ``ReplicaError`` from ``predict_batch`` (or a ``CancelledError`` from the call
+itself, e.g. its channel closed under it, while the puller is not being stopped) puts the
+batch's queries back in the queue (they keep their deadlines and order) up to ``max_retries`` times, then fails them with that
 error. A puller whose handle reports ``alive == False`` after an error exits (the backend's
 subscription brings the restarted replica); one whose replica is still alive pauses
 ``retry_cooldown_s`` so that another replica gets the retried queries first. An error value in
