@@ -14,6 +14,7 @@ import numpy as np
 from inferline.cli import register
 from inferline.core import (
     Plan,
+    TunerConfig,
     ValidationError,
     load_plan,
     load_trace,
@@ -23,6 +24,7 @@ from inferline.core import (
 log = logging.getLogger(__name__)
 
 _TOKEN_ENV = "INFERLINE_TOKEN"
+_TUNER = TunerConfig()
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -133,6 +135,7 @@ async def serve_forever(
     max_body_bytes: int,
     ready_file: str | None,
     tuner: str = "inferline",
+    tuner_config: TunerConfig | None = None,
 ) -> None:
     from ._admin import make_admin_router
     from ._app import bind_socket, create_app, serve_app
@@ -149,7 +152,7 @@ async def serve_forever(
     if tuner != "none" and plan is not None and plan.tuner is not None:
         from ._tuning import start_live_tuner
 
-        await start_live_tuner(svc, plan)
+        await start_live_tuner(svc, plan, tuner_config or TunerConfig())
     routers: list[Any] = [make_admin_router]
     if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
         from ._selection_routes import make_selection_router
@@ -191,6 +194,11 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
     token = _token(args)
+    # built (and validated) before anything starts
+    tuner_config = TunerConfig(
+        headroom=getattr(args, "tuner_headroom", _TUNER.headroom),
+        hysteresis=getattr(args, "tuner_hysteresis", _TUNER.hysteresis),
+    )
     if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning(
             "serving on %s without a bearer token: anyone who can reach it may call it", args.host
@@ -205,6 +213,7 @@ def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             max_body_bytes=args.max_body_bytes,
             ready_file=args.ready_file,
             tuner=getattr(args, "tuner", "inferline"),
+            tuner_config=tuner_config,
         )
     )
     return 0
@@ -255,6 +264,20 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         choices=("inferline", "none"),
         default="inferline",
         help="scale replicas as traffic changes (needs a plan with tuner inputs)",
+    )
+    p.add_argument(
+        "--tuner-headroom",
+        type=float,
+        default=_TUNER.headroom,
+        help="tuner with a ladder: provision (1 + headroom) x the measured rate "
+        f"(default {_TUNER.headroom:g})",
+    )
+    p.add_argument(
+        "--tuner-hysteresis",
+        type=float,
+        default=_TUNER.hysteresis,
+        help="tuner with a ladder: scale up once the room falls below headroom - hysteresis "
+        f"(default {_TUNER.hysteresis:g})",
     )
 
 

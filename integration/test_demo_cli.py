@@ -44,6 +44,8 @@ def test_serve_deploy_replay(tmp_path):
     assert r.returncode == 0 and "m: 2 x cpu, max batch 4" in r.stdout
     r = _cli("deploy", str(bad_plan), "--deployment", str(dep), "--dry-run")
     assert r.returncode == 2 and "zz" in r.stderr
+    r = _cli("serve", "--deployment", str(dep), "--tuner-hysteresis", "-1")
+    assert r.returncode == 2 and "hysteresis" in r.stderr  # refused before anything starts
 
     with ServerProcess(dep, token="tok") as srv:
         h = {"Authorization": "Bearer tok"}
