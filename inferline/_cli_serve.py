@@ -21,10 +21,11 @@ from inferline.core import (
     save,
 )
 
+from ._sim_tuning import add_ladder_knobs, ladder_knobs
+
 log = logging.getLogger(__name__)
 
 _TOKEN_ENV = "INFERLINE_TOKEN"
-_TUNER = TunerConfig()
 
 
 def _token(args: argparse.Namespace) -> str | None:
@@ -195,10 +196,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
     token = _token(args)
     # built (and validated) before anything starts
-    tuner_config = TunerConfig(
-        headroom=getattr(args, "tuner_headroom", _TUNER.headroom),
-        hysteresis=getattr(args, "tuner_hysteresis", _TUNER.hysteresis),
-    )
+    tuner_config = TunerConfig(**ladder_knobs(args))
     if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
         log.warning(
             "serving on %s without a bearer token: anyone who can reach it may call it", args.host
@@ -265,20 +263,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         default="inferline",
         help="scale replicas as traffic changes (needs a plan with tuner inputs)",
     )
-    p.add_argument(
-        "--tuner-headroom",
-        type=float,
-        default=_TUNER.headroom,
-        help="tuner with a ladder: provision (1 + headroom) x the measured rate "
-        f"(default {_TUNER.headroom:g})",
-    )
-    p.add_argument(
-        "--tuner-hysteresis",
-        type=float,
-        default=_TUNER.hysteresis,
-        help="tuner with a ladder: scale up once the room falls below headroom - hysteresis "
-        f"(default {_TUNER.hysteresis:g})",
-    )
+    add_ladder_knobs(p)
 
 
 # ---------------------------------------------------------------- replay

@@ -23,11 +23,43 @@ from inferline.core import (
     pipeline_unit,
 )
 
-__all__ = ["add_tuner_arguments", "after_tuned_simulation", "make_tuner_controller"]
+__all__ = [
+    "add_ladder_knobs",
+    "add_tuner_arguments",
+    "after_tuned_simulation",
+    "ladder_knobs",
+    "make_tuner_controller",
+]
 
 log = logging.getLogger(__name__)
 
 _DEFAULT = TunerConfig()
+
+
+def add_ladder_knobs(g: Any) -> None:
+    """The ladder tuner's headroom flags, shared by ``simulate`` and ``serve``."""
+    g.add_argument(
+        "--tuner-headroom",
+        type=float,
+        default=_DEFAULT.headroom,
+        help="tuner with a ladder: provision (1 + headroom) x the measured rate "
+        f"(default {_DEFAULT.headroom:g})",
+    )
+    g.add_argument(
+        "--tuner-hysteresis",
+        type=float,
+        default=_DEFAULT.hysteresis,
+        help="tuner with a ladder: scale up only once the current configuration's room falls "
+        f"below headroom - hysteresis (default {_DEFAULT.hysteresis:g}; 0: no band)",
+    )
+
+
+def ladder_knobs(args: argparse.Namespace) -> dict[str, float]:
+    """``TunerConfig`` keywords from :func:`add_ladder_knobs`' flags (defaults if absent)."""
+    return {
+        "headroom": getattr(args, "tuner_headroom", _DEFAULT.headroom),
+        "hysteresis": getattr(args, "tuner_hysteresis", _DEFAULT.hysteresis),
+    }
 
 
 def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,19 +96,7 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
         default=_DEFAULT.lookahead_s,
         help="InferLine with a ladder: provision a rising rate this far ahead (0: off)",
     )
-    g.add_argument(
-        "--tuner-headroom",
-        type=float,
-        default=_DEFAULT.headroom,
-        help="InferLine with a ladder: provision (1 + headroom) x the measured rate",
-    )
-    g.add_argument(
-        "--tuner-hysteresis",
-        type=float,
-        default=_DEFAULT.hysteresis,
-        help="InferLine with a ladder: scale up only once the current configuration's "
-        "headroom falls below headroom - hysteresis (0: no band)",
-    )
+    add_ladder_knobs(g)
     g.add_argument(
         "--down-cap",
         choices=("none", "plan"),
@@ -111,8 +131,7 @@ def make_tuner_controller(args: argparse.Namespace, ctx: Any) -> Any:
             reconfigure=args.tuner_reconfigure,
             lookahead_s=args.lookahead_s,
             down_cap=args.down_cap,
-            headroom=args.tuner_headroom,
-            hysteresis=args.tuner_hysteresis,
+            **ladder_knobs(args),
         )
         ctl = InferLineController(ctx.plan, cfg, start_s=start)
     elif tuner == "autoscale":
