@@ -17,11 +17,13 @@ pydantic models below only describe the API in the OpenAPI schema.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+import signal
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -534,6 +536,30 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
     return sock
 
 
+def _server_class() -> type:
+    import uvicorn
+
+    class _GracefulServer(uvicorn.Server):  # type: ignore[misc]
+        """uvicorn's server, except that a SIGTERM it has shut down for gracefully is not
+        raised again afterwards: the process then exits 0, as Triton and TF Serving do, where
+        uvicorn's re-raise killed it by the signal (status -15 / 143, which Kubernetes and
+        Docker report as an error). SIGINT is still re-raised (KeyboardInterrupt, status 130).
+        """
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                try:
+                    yield
+                finally:
+                    # read by uvicorn's capture_signals after this block (uvicorn >= 0.29)
+                    caught = getattr(self, "_captured_signals", None)
+                    if isinstance(caught, list):
+                        caught[:] = [s for s in caught if s != signal.SIGTERM]
+
+    return _GracefulServer
+
+
 async def serve_app(
     app: FastAPI,
     sock: Any,
@@ -559,7 +585,7 @@ async def serve_app(
         server_header=False,
         date_header=False,
     )
-    server = uvicorn.Server(config)
+    server = _server_class()(config)
 
     async def notify() -> None:
         while not server.started and not server.should_exit:

@@ -86,7 +86,9 @@ def test_serve_deploy_replay(tmp_path):
         r = _cli("replay", str(trace), "--url", srv.url, "--app", "app", "--deployment", str(dep))
         assert r.returncode == 1  # no token: every query refused (401), reported as errors
         assert "401" in r.stdout
-    # a graceful stop (SIGTERM) stops the replica processes too
+        # a graceful stop (SIGTERM) exits 0, as Triton and TF Serving do, not by the signal
+        assert srv.stop() == 0, srv.log_tail()
+    # and it stops the replica processes too
     deadline = time.monotonic() + 10
     while any(
         psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in replica_pids
