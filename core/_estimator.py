@@ -13,6 +13,7 @@ inputs, lays out the arrays, drives the kernel segment by segment and summarizes
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -327,6 +328,9 @@ def _prepare(
 
 
 _TABLES: dict[tuple[int, str, str, int], tuple[Profiles, np.ndarray]] = {}
+# The kernel releases the GIL (the ladder plans its rate factors in threads); the caches'
+# evictions are not atomic, so they are mutated under this lock.
+_CACHE_LOCK = threading.Lock()
 
 
 def _latency_table(profiles: Profiles, model: str, hw: str, maxb: int) -> np.ndarray:
@@ -335,10 +339,11 @@ def _latency_table(profiles: Profiles, model: str, hw: str, maxb: int) -> np.nda
     hit = _TABLES.get(key)
     if hit is not None and hit[0] is profiles:  # identity check: ids are reused after GC
         return hit[1]
-    if len(_TABLES) > 4096:
-        _TABLES.clear()
     t = np.array(profiles.latency_table(model, hw, maxb), dtype=np.float64)
-    _TABLES[key] = (profiles, t)
+    with _CACHE_LOCK:
+        if len(_TABLES) > 4096:
+            _TABLES.clear()
+        _TABLES[key] = (profiles, t)
     return t
 
 
@@ -365,9 +370,10 @@ def _visits(pipeline: Pipeline, n: int, seed: int) -> tuple[np.ndarray, np.ndarr
     left = vis.sum(axis=1, dtype=np.int32)
     for a in (vis, rem, left):
         a.flags.writeable = False
-    if len(_VISITS) >= 8:
-        _VISITS.pop(next(iter(_VISITS)))
-    _VISITS[key] = (pipeline, vis, rem, left)
+    with _CACHE_LOCK:
+        while len(_VISITS) >= 8:
+            _VISITS.pop(next(iter(_VISITS)))
+        _VISITS[key] = (pipeline, vis, rem, left)
     return vis, rem, left
 
 

@@ -177,7 +177,7 @@ def _enqueue(qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m
     _mark(dirty, dlist, ist, m)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def run(S: KState, t_stop: float) -> float:
     """Process every instant strictly before ``t_stop``; return the next event time (inf: none).
 
@@ -195,7 +195,7 @@ def run(S: KState, t_stop: float) -> float:
 
 # The loop takes every array as a plain argument: reading fields of the named tuple inside the
 # hot loop makes numba emit atomic reference-count updates on every access (5x slower).
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _loop(  # type: ignore[no-untyped-def]
     arr, vis, ch_ptr, ch_idx, is_root, maxb, table, waitv, rem, left,
     fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
@@ -372,7 +372,7 @@ def _loop(  # type: ignore[no-untyped-def]
         ist[I_ND] = 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
     """Set model ``m``'s replica count (active + pending) to ``n`` at time ``t``.
 

@@ -22,7 +22,9 @@ counts by ``λ / rate_top``: the paper's rule with the top step as the plan.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -110,6 +112,7 @@ def plan_ladder(
     catalog: HardwareCatalog = DEFAULT_CATALOG,
     options: PlannerOptions | None = None,
     progress: Callable[[float, LadderStep | None], None] | None = None,
+    workers: int | None = None,
 ) -> tuple[LadderStep, ...]:
     """Re-plan ``plan`` for the rates ``factors x`` the trace's mean, hardware pinned.
 
@@ -118,7 +121,8 @@ def plan_ladder(
     highest rate its configuration is proven for (:func:`capacity_factor`), and the plan
     itself becomes a step when it serves more than its planning rate. Steps are kept only if
     no step proven for at least their rate costs as little (so the first step with enough rate
-    is the cheapest). ``progress(factor, step_or_None)`` is called after each factor.
+    is the cheapest). ``progress(factor, step_or_None)`` is called after each factor, in
+    factor order. ``workers``: threads planning factors at once (default: one per CPU).
     """
     from ._planner import plan_inferline  # the planner imports this module's users
 
@@ -133,33 +137,50 @@ def plan_ladder(
     opts = options or PlannerOptions()
     pinned = pin_hardware(profiles, plan)
     base = plan.tuner.mean_rate_qps
-    found: list[tuple[float, Mapping[str, ModelConfig], float]] = []
-    for f in fs:
-        compressed = t[0] + (t - t[0]) / f
+
+    def replan(f: float) -> Plan | None:
         try:
-            p = plan_inferline(
+            return plan_inferline(
                 pipeline,
                 pinned,
-                compressed,
+                t[0] + (t - t[0]) / f,
                 plan.slo_s,
                 percentile=plan.percentile,
                 catalog=catalog,
                 options=opts,
             )
         except InfeasibleError:
-            if progress is not None:
-                progress(f, None)
-            break
-        found.append((f, dict(p.models), p.cost_per_hour))
-        if progress is not None:
-            progress(f, LadderStep(base * f, dict(p.models), p.cost_per_hour))
-    cands: list[LadderStep] = []
-    for f, models, cost in [(1.0, dict(plan.models), plan.cost_per_hour), *found]:
+            return None
+
+    def capacity(step: tuple[float, Mapping[str, ModelConfig], float]) -> LadderStep | None:
+        f, models, cost = step
         cap = capacity_factor(
             pipeline, models, profiles, t, plan, lo=f, hi=2.0 * f, catalog=catalog, options=opts
         )
-        if cap > 1.0:
-            cands.append(LadderStep(base * cap, models, cost))
+        return LadderStep(base * cap, models, cost) if cap > 1.0 else None
+
+    # The factors are independent re-plans and the estimator's kernel releases the GIL, so
+    # they run in threads (the same results as one by one; a factor past the first infeasible
+    # one may be planned in vain).
+    n = max(1, min(len(fs), os.cpu_count() or 1) if workers is None else int(workers))
+    found: list[tuple[float, Mapping[str, ModelConfig], float]] = []
+    with ThreadPoolExecutor(n, thread_name_prefix="ladder") as pool:
+        futures = [pool.submit(replan, f) for f in fs]
+        try:
+            for f, fut in zip(fs, futures, strict=True):
+                p = fut.result()
+                if p is None:
+                    if progress is not None:
+                        progress(f, None)
+                    break
+                found.append((f, dict(p.models), p.cost_per_hour))
+                if progress is not None:
+                    progress(f, LadderStep(base * f, dict(p.models), p.cost_per_hour))
+        finally:
+            for fut in futures:
+                fut.cancel()  # the ladder stops at the first infeasible factor (or an error)
+        first = (1.0, dict(plan.models), plan.cost_per_hour)
+        cands = [s for s in pool.map(capacity, [first, *found]) if s is not None]
     keep = [
         s
         for s in cands

@@ -119,6 +119,7 @@ def _plan(args: argparse.Namespace) -> int:
                 catalog=catalog,
                 options=options,
                 progress=step_done,
+                workers=args.workers,
             )
             assert plan.tuner is not None
             plan = replace(plan, tuner=replace(plan.tuner, ladder=steps))
@@ -291,6 +292,16 @@ def _positive(text: str) -> float:
     return v
 
 
+def _count(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return v
+
+
 @register
 def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
@@ -316,6 +327,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         action="store_true",
         help="skip the tuner's ladder (re-plans of the planned hardware at higher rates, "
         "so the tuner can change batch sizes as well as replicas; docs/tuner.md)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_count,
+        default=None,
+        help="threads planning the ladder's rate factors at once (default: one per CPU)",
     )
     p.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
     p.set_defaults(func=_plan)

@@ -176,6 +176,17 @@ def test_bad_arguments_exit_nonzero(files, capsys):
     assert ei.value.code != 0
     with pytest.raises(SystemExit):
         main(_plan_args(files, "--slo-s", "0.1", "--strategy", "magic"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ei:
+        main(_plan_args(files, "--slo-s", "0.1", "--workers", "0"))
+    assert ei.value.code == 2 and "--workers" in capsys.readouterr().err
+
+
+def test_ladder_planned_with_one_worker_is_the_same(files, capsys):
+    assert main(_plan_args(files, "--slo-s", "0.1")) == 0
+    threaded = load_plan(files["plan"])
+    assert main(_plan_args(files, "--slo-s", "0.1", "--workers", "1")) == 0
+    assert load_plan(files["plan"]) == threaded and threaded.tuner.ladder
 
 
 def test_subprocess_round_trip(files):

@@ -140,6 +140,30 @@ def test_pin_hardware_and_bad_inputs(planned):
     assert seen[-1] == (1000.0, None)  # infeasible within 20 replicas: the ladder stops
 
 
+def test_factors_planned_in_threads_give_the_ladder_planned_one_by_one(planned):
+    pipe, prof, trace, plan = planned
+    factors = (1.3, 2.0, 3.0, 1000.0, 1001.0, 1002.0)
+    runs = {}
+    for workers in (1, 3):
+        seen = []
+        steps = plan_ladder(
+            pipe,
+            prof,
+            trace,
+            plan,
+            factors=factors,
+            options=PlannerOptions(max_replicas=20),
+            progress=lambda f, s, seen=seen: seen.append((f, s is None)),
+            workers=workers,
+        )
+        runs[workers] = (steps, seen)
+    assert runs[1] == runs[3]
+    # reported in factor order, and the ladder stops at the first infeasible factor
+    assert runs[3][1] == [(1.3, False), (2.0, False), (3.0, False), (1000.0, True)]
+    rates = [s.rate_qps for s in runs[3][0]]
+    assert len(rates) >= 2 and rates == sorted(rates)
+
+
 # -- the policy with a ladder (pure) -----------------------------------------------------------
 ENV = ((0.1, 30), (1.0, 120), (5.0, 540))
 INPUTS = TunerInputs(
