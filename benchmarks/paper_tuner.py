@@ -111,6 +111,28 @@ class Clairvoyant:
         return dict(self.configs)
 
 
+class StartsLate:
+    """A diagnostic: the plan alone until ``at_s``, then a fresh default tuner (its windows
+    fill from there). Started 20 s before a ramp, it shows what the ramp costs when the tuner
+    is still at the plan as it begins, instead of on the step a calm-phase trigger left it."""
+
+    def __init__(self, at_s: float, plan: Plan, cfg: TunerConfig) -> None:
+        self.at_s, self.plan, self.cfg = at_s, plan, cfg
+        self.interval_s = cfg.interval_s
+        self.inner: InferLineController | None = None
+
+    @property
+    def decisions(self) -> list[object]:
+        return [] if self.inner is None else list(self.inner.decisions)
+
+    def observe(self, now_s: float, new_arrivals: object, state: object) -> object:
+        if now_s < self.at_s:
+            return None
+        if self.inner is None:
+            self.inner = InferLineController(self.plan, self.cfg, start_s=now_s)
+        return self.inner.observe(now_s, new_arrivals, state)  # type: ignore[arg-type]
+
+
 @dataclass
 class Row:
     pipeline: str
@@ -122,6 +144,8 @@ class Row:
     ladder_steps: int = 0
     ladder_s: float = 0.0
     clairvoyant: float | None = None  # miss rate of Clairvoyant (rate cases)
+    # miss rate of StartsLate 20 s before the rise (rate cases), for "tuner" and "room"
+    from_plan: dict[str, float] = field(default_factory=dict)
 
 
 def synthetic_cases(seed: int, quick: bool, sample_s: float | None = None) -> list[Case]:
@@ -288,6 +312,9 @@ def run_case(
     for h in sweep:
         cfg_h = replace(tuner_cfg, headroom=h)
         measure(f"h={h:g}", plan, InferLineController(plan, cfg_h, start_s=start))
+    # the other trigger: also scale up when the configuration's room falls below the band
+    room_cfg = replace(tuner_cfg, trigger="room")
+    measure("room", plan, InferLineController(plan, room_cfg, start_s=start))
     repl_cfg = replace(tuner_cfg, reconfigure="replicas", down_rate="window")
     measure("replicas", plan, InferLineController(plan, repl_cfg, start_s=start))
     paper_cfg = replace(repl_cfg, up_rate="window")
@@ -304,6 +331,10 @@ def run_case(
         ctl = Clairvoyant(start + case.change_s, peak, tuner_cfg.interval_s)
         r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=ctl)
         row.clairvoyant = r.miss_rate(slo_s)
+        for label, cfg in (("tuner", tuner_cfg), ("room", room_cfg)):
+            late = StartsLate(start + case.change_s - 20.0, plan, cfg)
+            r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=late)
+            row.from_plan[label] = r.miss_rate(slo_s)
     oracle = plan_inferline(pipeline, profiles, case.live, slo_s, options=popts)
     measure("oracle", oracle)
     cg = plan_cg_peak(pipeline, profiles, case.sample, slo_s)
@@ -322,6 +353,7 @@ def run_case(
 SETUPS: dict[str, float] = {"social-media": 0.3, "image-processing": 0.3}  # SLO (s)
 LABELS = (
     "tuner",
+    "room",
     "replicas",
     "paper-rule",
     "plan",
@@ -403,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--margin-sigmas", type=float, default=TunerConfig().margin_sigmas)
     ap.add_argument("--headroom", type=float, default=TunerConfig().headroom)
     ap.add_argument("--hysteresis", type=float, default=TunerConfig().hysteresis)
+    ap.add_argument("--trigger", choices=("room", "envelope"), default=TunerConfig().trigger)
     ap.add_argument(
         "--headroom-sweep",
         type=float,
@@ -433,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
         margin_sigmas=args.margin_sigmas,
         headroom=args.headroom,
         hysteresis=args.hysteresis,
+        trigger=args.trigger,
     )
     by_seed: dict[int, list[Case]] = {}
     for seed in args.seeds:
@@ -440,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_real:
             # the raw traces have no random part: once, with the first seed
             first = seed == args.seeds[0]
-            cases += [c for c in real_cases(seed, args.quick) if first or not c.name.endswith("-raw")]
+            cases += [
+                c for c in real_cases(seed, args.quick) if first or not c.name.endswith("-raw")
+            ]
         if args.cases:
             cases = [c for c in cases if c.name in args.cases]
         by_seed[seed] = cases
@@ -477,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         f"SLO {SETUPS}\n"
         f"tuner: reconfigure={cfg.reconfigure}, lookahead {cfg.lookahead_s:g} s, "
         f"margin {cfg.margin_sigmas:g} sigma, headroom {cfg.headroom:g} "
-        f"(hysteresis {cfg.hysteresis:g}), "
+        f"(hysteresis {cfg.hysteresis:g}), trigger={cfg.trigger}, "
         f"up_rate={cfg.up_rate}, down_rate={cfg.down_rate}, "
         f"down_rho={cfg.down_rho}, down_cap={cfg.down_cap}, "
         f"stabilization {cfg.stabilization_delay_s:g} s, keep {cfg.keep_horizon_s:g} s; "
@@ -495,8 +531,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case.name:<15} live {dur:6.0f} s, {case.live.size:6d} queries: {case.note}")
     print_table(rows)
     print(
-        "  replicas: replica-only scaling (reconfigure=replicas, down_rate=window); paper-rule: "
-        "the same with up_rate=window (the paper's literal rules)"
+        "  room: the tuner with trigger=room (also scales up when its room falls below the band); replicas: "
+        "replica-only scaling (reconfigure=replicas, down_rate=window); paper-rule: the same "
+        "with up_rate=window (the paper's literal rules)"
     )
     for r in rows:
         if r.ladder_steps:
@@ -511,7 +548,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r.clairvoyant is not None:
             print(f"  {r.pipeline}/{r.case} seed {r.seed}: {r.clairvoyant * 100:.2f}%")
-    for label in ("tuner", "replicas", "paper-rule"):
+    print(
+        "where the tuner stands when a ramp starts (rate cases): the tuner started 20 s before "
+        "the rise, so that it meets the ramp from the plan, not from where the calm phase left "
+        "it, misses (tuner / room)"
+    )
+    for r in rows:
+        if r.from_plan:
+            cells = " / ".join(f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room"))
+            print(f"  {r.pipeline}/{r.case} seed {r.seed}: {cells}")
+    for label in ("tuner", "room", "replicas", "paper-rule"):
         for title, sel in (
             ("the paper's cases", [r for r in rows if not r.case.endswith("-raw")]),
             (
@@ -561,6 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ladder_steps": r.ladder_steps,
                         "ladder_s": r.ladder_s,
                         "clairvoyant_miss": r.clairvoyant,
+                        "from_plan_miss": r.from_plan,
                     }
                     for r in rows
                 ],

@@ -38,8 +38,13 @@ from .errors import InfeasibleError, ValidationError
 
 __all__ = ["LADDER_FACTORS", "capacity_factor", "pin_hardware", "plan_ladder", "with_ladder"]
 
-# Rate factors over the planning trace's mean; finer near 1 where most excursions are.
-LADDER_FACTORS: tuple[float, ...] = (1.15, 1.3, 1.5, 1.75, 2.0, 2.5, 3.0, 4.0)
+# Rate factors over the planning trace's mean; finer near 1 where most excursions are. The
+# greedy planner's answers are not monotone in the rate (a re-plan for 2.2x can cost little more
+# than one for 2x and serve far more), so more factors find cheaper steps: 18 instead of 8 made
+# the benchmark's tuner 1% cheaper on average, for about 2.5x the ladder's planning time.
+LADDER_FACTORS: tuple[float, ...] = (
+    1.05, 1.1, 1.15, 1.2, 1.25, 1.3, 1.4, 1.5, 1.6, 1.75, 1.9, 2.0, 2.2, 2.5, 2.75, 3.0, 3.5, 4.0,
+)  # fmt: skip
 
 
 def pin_hardware(profiles: Profiles, plan: Plan) -> Profiles:

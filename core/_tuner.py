@@ -105,6 +105,7 @@ UpRate = Literal["window", "scaled", "curve"]
 DownRho = Literal["min", "model"]
 DownCap = Literal["plan", "none"]
 Reconfigure = Literal["ladder", "replicas"]
+Trigger = Literal["room", "envelope"]
 
 
 def _ceil(x: float) -> int:
@@ -148,6 +149,14 @@ class TunerConfig:
     # ``headroom``): the band keeps the rate's noise at a step's boundary from flapping the
     # configuration up and down (each flap pays a replica's activation for nothing).
     hysteresis: float = 0.05
+    # Ladder: what starts a scale-up. "envelope" (default, the paper's): a window above the
+    # planned envelope. "room": that, or the configuration's room over the traffic of the last
+    # down_horizon_s (every window, as scale-down reads it, plus the look-ahead) below
+    # ``headroom - hysteresis``. The plan is the cheapest configuration proven for the sample
+    # and may have almost no room over it, so a rise overloads it before a window exceeds the
+    # planned envelope; "room" leaves such a plan at once, at about 5% more mean cost in the
+    # benchmark (docs/tuner.md).
+    trigger: Trigger = "envelope"
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -174,6 +183,8 @@ class TunerConfig:
             raise ValidationError("down_cap", "'plan' or 'none'", self.down_cap)
         if self.reconfigure not in ("ladder", "replicas"):
             raise ValidationError("reconfigure", "'ladder' or 'replicas'", self.reconfigure)
+        if self.trigger not in ("room", "envelope"):
+            raise ValidationError("trigger", "'room' or 'envelope'", self.trigger)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,6 +205,7 @@ class TunerConfig:
             "lookahead_s": self.lookahead_s,
             "headroom": self.headroom,
             "hysteresis": self.hysteresis,
+            "trigger": self.trigger,
         }
 
     @classmethod
@@ -202,7 +214,7 @@ class TunerConfig:
         keys = {f for f in cls.__dataclass_fields__}
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
-        strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap", "reconfigure"}
+        strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap", "reconfigure", "trigger"}
         for k in keys - strs - {"resolution_s"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
@@ -661,13 +673,33 @@ def _ladder_step(
         # at most doubling: a step change of the rate is a steep rise for one window only
         up_rate += min(rise * cfg.lookahead_s, up_rate)
     h = 1.0 + cfg.headroom
+    band = 1.0 + max(0.0, cfg.headroom - cfg.hysteresis)
+
+    def covers(rate: float) -> bool:
+        """The configuration holds one proven for ``rate``: the target for it, or any step
+        proven for at least it (a step above may have fewer replicas of a model than the
+        target, at a larger batch)."""
+        assert self._steps is not None
+        k, b, _ = self.target(rate)
+        configs = [(k, b)] + [(ks, bs) for r, ks, bs in self._steps if r >= rate * (1 - _EPS)]
+        return any(all(cur[m] >= ks[m] and cur_b[m] >= bs[m] for m in cur) for ks, bs in configs)
+
+    # The largest count of every window up to the horizon over the horizon, as the planned
+    # rate scaled by its excess (the scale-up rule): the bursts of the last 30 s count as well
+    # as its rate. Scale-down provisions it with the headroom; while it still rises, ahead.
+    ratios = [
+        r[0][1] / max(n, 1)
+        for r, n, w in zip(recent, self._planned_counts, self.windows, strict=False)
+        if w <= cfg.down_horizon_s * (1 + _EPS)
+    ]
+    j = int(np.argmax(ratios))
+    down_rate = self.inputs.mean_rate_qps * ratios[j]
+    rate = down_rate + min(rise * cfg.lookahead_s, down_rate)
     if up_rate > 0:
-        k, b, _ = self.target(up_rate * (1.0 + max(0.0, cfg.headroom - cfg.hysteresis)))
-        stays = all(cur[m] >= k[m] and cur_b[m] >= b[m] for m in cur)
         k, b, i = self.target(up_rate * h)
         new = {m: max(cur[m], k[m]) for m in cur}
         new_b = {m: max(cur_b[m], b[m]) for m in cur}
-        if not stays and (new != cur or new_b != cur_b):
+        if not covers(up_rate * band) and (new != cur or new_b != cur_b):
             ahead = (
                 f" (rising {rise:.1f} q/s per s, {cfg.lookahead_s:g} s ahead)" if rise > 0 else ""
             )
@@ -679,19 +711,25 @@ def _ladder_step(
             )
             d = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up", new_b)
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
+    elif cfg.trigger == "room" and rate > 0 and not covers(rate * band):
+        # Within the planned envelope, but the configuration has less room over the traffic
+        # than the band (the plan itself may: it is the cheapest configuration for the sample,
+        # and a rise from it overloads it before any window exceeds the planned envelope).
+        k, b, i = self.target(rate * h)
+        new = {m: max(cur[m], k[m]) for m in cur}
+        new_b = {m: max(cur_b[m], b[m]) for m in cur}
+        if new != cur or new_b != cur_b:
+            w = self.windows[j]
+            reason = (
+                f"scale up: the largest count of the last {cfg.down_horizon_s:g} s in {w:g} s "
+                f"windows stands for {down_rate:.1f} q/s"
+                + (f", rising {rise:.1f} q/s per s" if rise > 0 else "")
+                + f"; less than {band - 1:.0%} room for {rate:.1f} q/s: provisioning with "
+                f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
+            )
+            d = TunerDecision(float(now_s), new, reason, w, rate, "up", new_b)
+            return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     if now_s - state.last_change_s >= cfg.stabilization_delay_s:
-        # the largest count of every window up to the horizon over the horizon, as the planned
-        # rate scaled by its excess (the scale-up rule): the bursts of the last 30 s count as
-        # well as its rate, so a scale-down is not undone by the next burst
-        ratios = [
-            r[0][1] / max(n, 1)
-            for r, n, w in zip(recent, self._planned_counts, self.windows, strict=False)
-            if w <= cfg.down_horizon_s * (1 + _EPS)
-        ]
-        j = int(np.argmax(ratios))
-        down_rate = self.inputs.mean_rate_qps * ratios[j]
-        # still rising: provision ahead as a scale-up would (no scale-down within a ramp)
-        rate = down_rate + min(rise * cfg.lookahead_s, down_rate)
         k, b, i = self.target(rate * h)
         new, new_b = dict(cur), dict(cur_b)
         for m in cur:

@@ -37,7 +37,7 @@ _DEFAULT = TunerConfig()
 
 
 def add_ladder_knobs(g: Any) -> None:
-    """The ladder tuner's headroom flags, shared by ``simulate`` and ``serve``."""
+    """The ladder tuner's headroom and trigger flags, shared by ``simulate`` and ``serve``."""
     g.add_argument(
         "--tuner-headroom",
         type=float,
@@ -52,13 +52,22 @@ def add_ladder_knobs(g: Any) -> None:
         help="tuner with a ladder: scale up only once the current configuration's room falls "
         f"below headroom - hysteresis (default {_DEFAULT.hysteresis:g}; 0: no band)",
     )
+    g.add_argument(
+        "--tuner-trigger",
+        choices=("room", "envelope"),
+        default=_DEFAULT.trigger,
+        help="tuner with a ladder: scale up when a window exceeds the planned envelope "
+        "(envelope, the paper's) or also when the configuration's room over the traffic falls "
+        f"below the band (room; default {_DEFAULT.trigger})",
+    )
 
 
-def ladder_knobs(args: argparse.Namespace) -> dict[str, float]:
+def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
     """``TunerConfig`` keywords from :func:`add_ladder_knobs`' flags (defaults if absent)."""
     return {
         "headroom": getattr(args, "tuner_headroom", _DEFAULT.headroom),
         "hysteresis": getattr(args, "tuner_hysteresis", _DEFAULT.hysteresis),
+        "trigger": getattr(args, "tuner_trigger", _DEFAULT.trigger),
     }
 
 

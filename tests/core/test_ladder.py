@@ -240,9 +240,38 @@ def test_hysteresis_keeps_a_step_until_its_headroom_falls_below_the_band():
     # 160 (133.3 q/s, x 1.15 = 153 > 150): it moves, and with the full headroom (160 q/s)
     _, d = banded.step(s, 1.1, (0, 160, 0))
     assert d is not None and d.action == "up" and "ladder step 2" in d.reason
-    assert TunerConfig(hysteresis=0.05) == TunerConfig.from_dict(TunerConfig(hysteresis=0.05).to_dict())
+    assert TunerConfig(hysteresis=0.05) == TunerConfig.from_dict(
+        TunerConfig(hysteresis=0.05).to_dict()
+    )
     with pytest.raises(ValidationError, match="hysteresis"):
         TunerConfig(hysteresis=-0.1)
+
+
+def test_room_trigger_leaves_a_plan_without_room_inside_the_planned_envelope():
+    # traffic at 90% of the planned envelope at every window: 90 q/s as the tuner reads it.
+    # The plan is proven for 100 q/s: 11% room, less than the band (headroom 0.2 - 0.05)
+    at_90 = (27, 108, 486)
+    room = policy(headroom=0.2, hysteresis=0.05, trigger="room")
+    s, ds = run_ticks(room, room.initial_state(0.0), 0.0, 3.0, at_90)
+    assert len(ds) == 1 and ds[0].action == "up" and ds[0].time_s <= 0.2
+    assert "less than 15% room for 90.0 q/s" in ds[0].reason
+    assert "ladder step 1 (150.0 q/s)" in ds[0].reason and ds[0].replicas == {"a": 5, "b": 4}
+    # then it settles on step 1 itself (b keeps the plan's 4 until the stabilization delay)
+    # and stays there: step 1 has the room, so no scale-up or scale-down follows
+    s, ds = run_ticks(room, s, 3.0, 60.0, at_90)
+    assert [(d.action, d.replicas) for d in ds] == [("down", {"a": 5, "b": 3})]
+    assert "ladder step 1" in ds[0].reason
+    # the paper's trigger waits for a window above the planned envelope: no scale-up
+    env = policy(headroom=0.2, hysteresis=0.05)  # the default trigger
+    _, ds = run_ticks(env, env.initial_state(0.0), 0.0, 40.0, at_90)
+    assert all(d.action == "down" for d in ds) and ds[0].time_s >= 15.0
+    # at 80% (80 q/s x 1.15 = 92 q/s) the plan has the room: no change either way
+    _, ds = run_ticks(room, room.initial_state(0.0), 0.0, 40.0, (24, 96, 432))
+    assert ds == []
+    assert TunerConfig().trigger == "envelope"
+    assert TunerConfig.from_dict(TunerConfig(trigger="room").to_dict()).trigger == "room"
+    with pytest.raises(ValidationError, match="trigger"):
+        TunerConfig(trigger="sometimes")  # type: ignore[arg-type]
 
 
 def test_scale_down_to_a_step_keeps_a_larger_batch_when_no_replica_is_saved():
@@ -272,17 +301,25 @@ def test_scale_down_covers_the_bursts_of_the_horizon_not_only_its_5s_rate():
 
 
 def test_lookahead_provisions_a_rising_rate_ahead():
-    p = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
+    # headroom 0: the plan (proven for its 100 q/s) is enough until the rate passes 100 q/s
+    cfg = TunerConfig(lookahead_s=10.0, headroom=0.0, hysteresis=0.0, trigger="room")
+    p = TunerPolicy(INPUTS, PLANNED, cfg, BATCH)
     # the 5 s count rises 3 per tick (0.1 s), 6 q/s per s, inside the planned envelope; the
     # trend is read once the first 5 s window has filled and 10 s of it exist
-    s, ds = run_ticks(p, p.initial_state(0.0), 0.0, 15.5, lambda i: (0, 100, 60 + 3 * i))
+    s, ds = run_ticks(p, p.initial_state(0.0), 0.0, 14.5, lambda i: (0, 100, 60 + 3 * i))
     assert ds == []
-    s, d = p.step(s, 15.6, (0, 121, 540))  # just above the plan at 1 s: 100.8 q/s now
+    s0 = s
+    s, d = p.step(s, 15.0, (0, 100, 510))  # 94.4 q/s now, inside the planned envelope
+    # the rise alone (trigger="room"): where the rate will be in 10 s is more than the plan
+    # has room for
+    assert d is not None and d.action == "up" and "less than 0% room" in d.reason
+    assert "rising" in d.reason and d.rate_qps > 150.0 and "ladder step 2" in d.reason
+    s, d = p.step(s0, 15.0, (0, 121, 540))  # just above the plan at 1 s: 100.8 q/s now
     assert d is not None and "rising" in d.reason and "10 s ahead" in d.reason
     assert d.rate_qps > 150.0  # 100.8 + about 6 q/s per s x 10 s
     assert d.replicas == {"a": 5, "b": 6} and "ladder step 2" in d.reason
     # the same excess without the rise: step 1 only
-    flat = TunerPolicy(INPUTS, PLANNED, TunerConfig(lookahead_s=10.0), BATCH)
+    flat = TunerPolicy(INPUTS, PLANNED, cfg, BATCH)
     s = flat.initial_state(0.0)
     s, _ = run_ticks(flat, s, 0.0, 5.5, (0, 100, 500))
     s, d = flat.step(s, 5.6, (0, 121, 500))

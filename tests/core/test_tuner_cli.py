@@ -13,6 +13,7 @@ from inferline.core import (
     Pipeline,
     Plan,
     Profiles,
+    TunerConfig,
     gamma_trace,
     save,
     save_trace,
@@ -106,3 +107,19 @@ def test_tuner_knobs_are_validated_by_name(files, capsys):
     assert "hysteresis" in capsys.readouterr().err
     assert main([*argv, "--tuner", "inferline", "--tuner-headroom", "-1"]) != 0
     assert "headroom" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--tuner", "inferline", "--tuner-trigger", "sometimes"])
+    assert "--tuner-trigger" in capsys.readouterr().err
+
+
+def test_tuner_flags_build_the_tuner_config():
+    import argparse
+
+    from inferline._sim_tuning import add_ladder_knobs, ladder_knobs
+
+    ap = argparse.ArgumentParser()
+    add_ladder_knobs(ap)
+    args = ap.parse_args(["--tuner-trigger", "room", "--tuner-headroom", "0.3"])
+    cfg = TunerConfig(**ladder_knobs(args))
+    assert (cfg.trigger, cfg.headroom, cfg.hysteresis) == ("room", 0.3, TunerConfig().hysteresis)
+    assert TunerConfig(**ladder_knobs(ap.parse_args([]))) == TunerConfig()
