@@ -52,7 +52,10 @@ Reading of the paper, and the choices made where it is silent:
   ``rho`` plays this part for replica-only scaling): batch sizes change with the replicas (a
   batch size at once, so a scale-up never shrinks one). A trigger leaves the current
   configuration only once its room over the rate is below ``headroom - hysteresis`` (0.15),
-  so a level rate at a step's boundary does not flap it. Scale-down picks the step for the
+  so a level rate at a step's boundary does not flap it. What starts a scale-up is the paper's
+  trigger (a window above the planned envelope) or, with ``trigger="room"``, also a
+  configuration whose room over the last 30 s of traffic is below that band inside the
+  envelope (the plan may have almost none). Scale-down picks the step for the
   largest count of every window up to ``down_horizon_s`` over that horizon, each read as the
   planned rate scaled by its excess (the scale-up rule), and moves a model to it when that
   saves a replica. So the tuner goes back to the plan only once the last 30 s fit the plan's
