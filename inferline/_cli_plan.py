@@ -138,7 +138,37 @@ def _plan(args: argparse.Namespace) -> int:
                 f"{st.rate_qps:.1f} q/s ${st.cost_per_hour:.3f}/h" for st in plan.tuner.ladder
             )
         )
+        print(_room_note(plan))
     return 0
+
+
+def _room_note(plan: Plan) -> str:
+    """How much more than the sample's mean rate the plan's cost is proven for, and what that
+    means for the tuner (the plan is the cheapest configuration for the sample, so it may have
+    almost no room; docs/tuner.md, "where the tuner stands")."""
+    from inferline.core import TunerConfig
+
+    assert plan.tuner is not None
+    mean = plan.tuner.mean_rate_qps
+    # the ladder keeps the plan as a step unless a configuration as cheap serves more
+    same_cost = [
+        st.rate_qps for st in plan.tuner.ladder if st.cost_per_hour <= plan.cost_per_hour * 1.0001
+    ]
+    proven = max([mean, *same_cost])
+    room = proven / mean - 1.0
+    cfg = TunerConfig()
+    band = cfg.headroom - cfg.hysteresis
+    text = (
+        f"at the plan's cost the ladder is proven up to {proven:.1f} q/s, {room:.1%} over the "
+        f"sample's {mean:.1f} q/s"
+    )
+    if room < band:
+        text += (
+            f"; with less room than the tuner's band ({band:.0%}), a rise from the planned "
+            "workload overloads it before a window exceeds the planned envelope: "
+            "`--tuner-trigger room` scales up first (docs/tuner.md)"
+        )
+    return text
 
 
 def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> None:

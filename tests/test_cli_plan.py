@@ -89,6 +89,8 @@ def test_plan_then_simulate_json(files, capsys):
     assert plan.estimated_latency_s <= 0.1
     # the tuner's ladder: re-plans of the planned hardware for higher rates (on by default)
     assert plan.tuner.ladder and "tuner ladder" in out
+    # how much room the plan itself has over the sample's rate, for the tuner's trigger
+    assert "at the plan's cost the ladder is proven up to" in out and "over the sample's" in out
     assert all(
         c.hardware == plan.models[m].hardware
         for st in plan.tuner.ladder
