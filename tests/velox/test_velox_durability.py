@@ -76,7 +76,8 @@ def _kill_after(procs: list[subprocess.Popen[str]], n: int) -> list[tuple[int, s
     for p in procs:
         assert p.stdout is not None
         rest = p.stdout.read()  # EOF once the process is dead
-        acks.extend(_parse(line) for line in rest.splitlines() if line.count(" ") == 3)
+        # complete lines only: the kill can cut the last one short ('301 user6 20 ')
+        acks.extend(_parse(line) for line in rest.split("\n")[:-1] if len(line.split()) == 4)
         p.wait()
         assert p.returncode == -signal.SIGKILL
     return acks
