@@ -276,11 +276,14 @@ def run_case(
     plots: Path | None,
     seed: int = 0,
     sweep: tuple[float, ...] = (),
+    plan_margin: float = 0.0,
 ) -> Row:
     """Every column of the table for one case; ``sweep``: extra tuner runs with these
-    headrooms (labels ``h=<value>``, on the same plan)."""
+    headrooms (labels ``h=<value>``, on the same plan). ``plan_margin``: the planner's
+    ``rate_margin`` for the plan and its ladder (the oracle is always planned without one: it
+    is judged on the very trace it serves, so it needs no slack for other traffic)."""
     opts = EstimatorOptions(activation_delay_s=activation_s)
-    popts = PlannerOptions()
+    popts = PlannerOptions(rate_margin=plan_margin)
     row = Row(pipeline.name, case.name, seed)
 
     def measure(label: str, plan: Plan, controller: object = None) -> None:
@@ -335,7 +338,7 @@ def run_case(
             late = StartsLate(start + case.change_s - 20.0, plan, cfg)
             r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=late)
             row.from_plan[label] = r.miss_rate(slo_s)
-    oracle = plan_inferline(pipeline, profiles, case.live, slo_s, options=popts)
+    oracle = plan_inferline(pipeline, profiles, case.live, slo_s, options=PlannerOptions())
     measure("oracle", oracle)
     cg = plan_cg_peak(pipeline, profiles, case.sample, slo_s)
     cg_mean = plan_cg_mean(pipeline, profiles, case.sample, slo_s)
@@ -443,6 +446,12 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="also run the tuner with these headrooms on the same plans and tally each",
     )
+    ap.add_argument(
+        "--plan-margin",
+        type=float,
+        default=0.0,
+        help="the planner's rate_margin for the plan and its ladder (not the oracle's)",
+    )
     ap.add_argument("--down-rho", choices=("min", "model"), default="min")
     ap.add_argument("--down-cap", choices=("plan", "none"), default="none")
     ap.add_argument("--keep-horizon-s", type=float, default=30.0)
@@ -500,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.plots,
                         seed,
                         tuple(args.headroom_sweep),
+                        args.plan_margin,
                     )
                 )
                 print(
@@ -522,8 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("setup:")
     print(
-        "  plan: InferLine planner on the case's sample; oracle: the same planner on the whole "
-        "live trace; no tuner for either"
+        "  plan: InferLine planner on the case's sample"
+        + (f" with rate margin {args.plan_margin:g}" if args.plan_margin else "")
+        + "; oracle: the same planner on the whole live trace (no margin); no tuner for either"
     )
     print(f"  seeds {' '.join(map(str, args.seeds))}; the first seed's traces:")
     for case in cases:

@@ -47,6 +47,7 @@ from ._planning import (
 from ._profiles import PROFILES_FORMAT, BatchProfile, Profiles
 from ._trace import (
     Trace,
+    compress,
     gamma_trace,
     load_csv_trace,
     load_trace,
@@ -164,6 +165,7 @@ __all__ = [
     "VariantTuner",
     "capacity_factor",
     "coarse_grained_configs",
+    "compress",
     "decode_error",
     "decode_value",
     "draw_visits",

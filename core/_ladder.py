@@ -34,6 +34,7 @@ from ._pipeline import Pipeline
 from ._plan import LadderStep, ModelConfig, Plan
 from ._planning import PlannerOptions
 from ._profiles import Profiles
+from ._trace import compress
 from .errors import InfeasibleError, ValidationError
 
 __all__ = ["LADDER_FACTORS", "capacity_factor", "pin_hardware", "plan_ladder", "with_ladder"]
@@ -67,8 +68,9 @@ def _feasible(
     catalog: HardwareCatalog,
     options: PlannerOptions,
 ) -> bool:
-    """The planner's test: the percentile latency on the trace compressed by ``factor``."""
-    compressed = trace[0] + (trace - trace[0]) / factor
+    """The planner's test: the percentile latency on the trace compressed by ``factor`` (and
+    by the planner's rate margin on top, so a step keeps the plan's slack)."""
+    compressed = compress(trace, factor * (1.0 + options.rate_margin))
     r = simulate(
         pipeline, configs, profiles, compressed, options=options.estimator, catalog=catalog
     )
@@ -148,7 +150,7 @@ def plan_ladder(
             return plan_inferline(
                 pipeline,
                 pinned,
-                t[0] + (t - t[0]) / f,
+                compress(t, f),  # the planner adds its own rate margin
                 plan.slo_s,
                 percentile=plan.percentile,
                 catalog=catalog,

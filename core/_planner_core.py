@@ -82,6 +82,7 @@ from ._planning import (
     usable_hardware,
 )
 from ._profiles import Profiles
+from ._trace import compress
 from ._validate import as_float
 from .errors import InfeasibleError, ValidationError
 
@@ -127,14 +128,18 @@ class PlannerCore:
     ) -> None:
         self.pipeline = pipeline
         self.profiles = profiles
-        self.trace = np.ascontiguousarray(trace, dtype=np.float64)
+        # ``sample``: the planning trace as given (its envelope and rate are the tuner's
+        # reference); ``trace``: what configurations are judged on, the sample compressed by
+        # ``1 + rate_margin`` (the same array when the margin is 0).
+        self.sample = np.ascontiguousarray(trace, dtype=np.float64)
         self.slo_s = as_float(slo_s, "slo_s", positive=True)
         self.percentile = as_float(percentile, "percentile", lo=0.0, hi=100.0)
         self.catalog = catalog
         self.options = options if options is not None else PlannerOptions()
         self._progress = progress
-        if self.trace.ndim != 1 or self.trace.size < 2:
-            raise ValidationError("trace", "at least two arrival times", self.trace.size)
+        if self.sample.ndim != 1 or self.sample.size < 2:
+            raise ValidationError("trace", "at least two arrival times", self.sample.size)
+        self.trace = compress(self.sample, 1.0 + self.options.rate_margin)
         self._models = tuple(pipeline.models)
         self._index = {m: i for i, m in enumerate(self._models)}
         self._hw = {m: usable_hardware(profiles, m, catalog) for m in self._models}

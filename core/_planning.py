@@ -46,6 +46,11 @@ class PlannerOptions:
     two million simulated queries, so small problems are always searched well).
     ``widen``: finally move each model to the batch size with the most latency slack at the
     same cost (:meth:`Planner.widen`).
+    ``rate_margin``: judge every configuration on the planning trace compressed in time by
+    ``1 + rate_margin`` (the same burstiness at a higher rate), so the plan keeps that much
+    throughput slack over the sample. 0 (the default) is the paper's test. The sample is one
+    realization: the cheapest plan for it can sit so close to saturation that another
+    realization of the same process misses the SLO (``benchmarks/plan_generalization.py``).
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -57,6 +62,7 @@ class PlannerOptions:
     escape_rounds: int = 3
     escape_budget: float = 1.0
     widen: bool = True
+    rate_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -65,6 +71,7 @@ class PlannerOptions:
         as_float(self.escape_cost_factor, "escape_cost_factor", lo=1.0)
         as_int(self.escape_rounds, "escape_rounds", minimum=0)
         as_float(self.escape_budget, "escape_budget", nonneg=True)
+        as_float(self.rate_margin, "rate_margin", lo=0.0, hi=10.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,13 +84,15 @@ class PlannerOptions:
             "escape_rounds": self.escape_rounds,
             "escape_budget": self.escape_budget,
             "widen": self.widen,
+            "rate_margin": self.rate_margin,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> PlannerOptions:
         m = as_mapping(d, "planner options")
         keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape", "widen"}
-        no_extra_keys(m, keys | {"escape_cost_factor", "escape_rounds", "escape_budget"}, "")
+        extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
+        no_extra_keys(m, keys | extra, "")
         for k in ("prune", "reuse_infeasible", "escape", "widen"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
@@ -99,6 +108,7 @@ class PlannerOptions:
             escape_rounds=as_int(m.get("escape_rounds", 3), "escape_rounds", minimum=0),
             escape_budget=as_float(m.get("escape_budget", 1.0), "escape_budget", nonneg=True),
             widen=m.get("widen", True),
+            rate_margin=as_float(m.get("rate_margin", 0.0), "rate_margin", lo=0.0, hi=10.0),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +185,23 @@ def test_bad_arguments_exit_nonzero(files, capsys):
     assert ei.value.code == 2 and "--workers" in capsys.readouterr().err
 
 
+def test_rate_margin_keeps_throughput_slack(files, capsys):
+    """``--rate-margin M``: the plan holds the SLO on the sample sped up by 1 + M, and the
+    room note says the margin is on top; a negative margin is a usage error naming it."""
+    from inferline.core import compress, load_pipeline, load_profiles, load_trace
+
+    assert main(_plan_args(files, "--slo-s", "0.1", "--rate-margin", "0.25")) == 0
+    out = capsys.readouterr().out
+    assert "with the rate margin of 25% on top" in out
+    plan = load_plan(files["plan"])
+    fast = compress(load_trace(files["trace"]), 1.25)
+    r = simulate(load_pipeline(files["pipeline"]), plan.models, load_profiles(files["profiles"]), fast)
+    assert r.percentile(99) <= 0.1
+    with pytest.raises(SystemExit) as ei:
+        main(_plan_args(files, "--slo-s", "0.1", "--rate-margin", "-0.1"))
+    assert ei.value.code == 2 and "--rate-margin" in capsys.readouterr().err
+
+
 def test_ladder_planned_with_one_worker_is_the_same(files, capsys):
     assert main(_plan_args(files, "--slo-s", "0.1")) == 0
     threaded = load_plan(files["plan"])
@@ -208,3 +226,30 @@ def test_subprocess_round_trip(files):
     assert run.returncode == 0, run.stderr
     d = json.loads(run.stdout)
     assert d["latency_p99_s"] > 0 and d["queries"] > 1000
+
+
+def test_room_note_names_what_a_tight_plan_risks():
+    """The note after the ladder: a plan proven for barely more than its sample gets both
+    hints (the room trigger for the tuner, a rate margin for the planner); a plan with room
+    gets neither; with a margin, the note says it is on top and does not suggest one."""
+    from inferline._cli_plan import _room_note
+    from inferline.core import LadderStep, tuner_inputs
+
+    pipe = Pipeline("one", ("m",), (), {})
+    prof = Profiles.from_latencies({"m": {"cpu": {1: 0.01}}})
+    configs = {"m": ModelConfig("cpu", 1, 1)}
+    sample = gamma_trace(50.0, 1.0, 30.0, np.random.default_rng(0))
+    inputs = tuner_inputs(pipe, prof, configs, sample)
+    mean = inputs.mean_rate_qps
+
+    def plan_with_room(room: float) -> Plan:
+        step = LadderStep(mean * (1 + room), configs, 0.0665)
+        return Plan("one", 0.1, configs, cost_per_hour=0.0665, tuner=replace(inputs, ladder=(step,)))
+
+    tight = _room_note(plan_with_room(0.01))
+    assert "1.0% over the sample's" in tight
+    assert "--tuner-trigger room" in tight and "--rate-margin 0.05" in tight
+    roomy = _room_note(plan_with_room(0.3))
+    assert "--tuner-trigger" not in roomy and "--rate-margin" not in roomy
+    margined = _room_note(plan_with_room(0.01), rate_margin=0.05)
+    assert "rate margin of 5% on top" in margined and "--rate-margin" not in margined

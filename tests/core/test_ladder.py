@@ -25,6 +25,7 @@ from inferline.core import (
     TunerState,
     ValidationError,
     capacity_factor,
+    compress,
     gamma_trace,
     pin_hardware,
     plan_inferline,
@@ -80,6 +81,23 @@ def test_steps_are_re_plans_on_the_planned_hardware_proven_for_their_rate(planne
     # more rate than the plan's configuration can serve: more capacity in the top step
     top = steps[-1].models
     assert sum(c.replicas for c in top.values()) > sum(c.replicas for c in plan.models.values())
+
+
+def test_a_rate_margin_is_kept_on_every_step():
+    """With the planner's ``rate_margin``, a step's rate is what its configuration serves
+    with that margin on top: proven on the sample sped up to rate x (1 + margin)."""
+    pipe, prof, trace = _setup()
+    opts = PlannerOptions(rate_margin=0.2)
+    plan = plan_inferline(pipe, prof, trace, 0.15, options=opts)
+    steps = plan_ladder(pipe, prof, trace, plan, factors=(1.25, 1.5, 2.0), options=opts)
+    assert steps
+    for s in steps:
+        f = s.rate_qps / plan.tuner.mean_rate_qps * 1.2
+        r = simulate(pipe, s.models, prof, compress(trace, f))
+        assert r.percentile(99) <= plan.slo_s
+    # without the margin the same plan is proven for a higher rate
+    plain = plan_ladder(pipe, prof, trace, plan, factors=(1.25,))
+    assert plain[0].rate_qps > steps[0].rate_qps
 
 
 def test_capacity_is_the_highest_proven_rate_factor(planned):

@@ -18,6 +18,7 @@ from inferline.core import (
     PlannerOptions,
     Profiles,
     ValidationError,
+    compress,
     gamma_trace,
     max_arrivals_in_window,
     mean_rate,
@@ -261,6 +262,29 @@ def test_planner_options_round_trip_and_validation():
         PlannerOptions.from_dict({"prune": "yes"})
     with pytest.raises(ValidationError):
         PlannerOptions(max_replicas=0)
+    m = PlannerOptions(rate_margin=0.05)
+    assert PlannerOptions.from_dict(m.to_dict()) == m
+    with pytest.raises(ValidationError, match="rate_margin"):
+        PlannerOptions(rate_margin=-0.1)
+    with pytest.raises(ValidationError, match="rate_margin"):
+        PlannerOptions.from_dict({"rate_margin": "5%"})
+
+
+def test_rate_margin_plans_for_the_sped_up_sample_and_keeps_the_sample_as_reference():
+    """With ``rate_margin`` the plan meets the SLO on the sample sped up by 1 + margin (the
+    slack that carries it over other traffic of the same process); the tuner's reference
+    (envelope, mean rate) and the printed estimate stay those of the sample itself."""
+    pipe, prof, trace = _case(seed=12, rate=60.0, cv=1.0, duration=30.0)
+    plain = plan_inferline(pipe, prof, trace, 0.1)
+    margin = 0.3
+    wide = plan_inferline(pipe, prof, trace, 0.1, options=PlannerOptions(rate_margin=margin))
+    fast = compress(trace, 1.0 + margin)
+    assert _p99(pipe, wide.models, prof, fast) <= 0.1
+    assert _p99(pipe, plain.models, prof, fast) > 0.1  # the margin is what made it hold
+    assert wide.cost_per_hour > plain.cost_per_hour
+    assert wide.estimated_latency_s == pytest.approx(_p99(pipe, wide.models, prof, trace))
+    assert wide.tuner.mean_rate_qps == pytest.approx(mean_rate(trace))
+    assert wide.tuner.envelope[0][1] == max_arrivals_in_window(trace, wide.tuner.envelope[0][0])
 
 
 def test_pruning_changes_nothing_but_the_simulation_count():
