@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from inferline.cli import register
-from inferline.core import ValidationError, load_pipeline, load_plan, load_trace, save
+from inferline.core import (
+    PlannerOptions,
+    ValidationError,
+    load_pipeline,
+    load_plan,
+    load_trace,
+    save,
+)
+
+from ._cli_plan import _nonneg as _rate_margin
 
 _TOKEN_ENV = "INFERLINE_TOKEN"
 
@@ -127,7 +136,12 @@ def _attach(args: argparse.Namespace) -> int:
                 if prof is None:
                     raise ValidationError("--no-profile", "profiles to plan with (or --plan)", None)
                 plan = plan_attachment(
-                    att, pipeline, prof.profiles, load_trace(args.trace), args.slo_ms / 1e3
+                    att,
+                    pipeline,
+                    prof.profiles,
+                    load_trace(args.trace),
+                    args.slo_ms / 1e3,
+                    options=PlannerOptions(rate_margin=args.rate_margin),
                 )
                 if args.plan_out:
                     save(plan, args.plan_out)
@@ -236,6 +250,13 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     a.add_argument("--app", default="pipeline", help="app name of the served pipeline")
     a.add_argument("--slo-ms", type=float, default=None)
     a.add_argument("--trace", default=None, help="sample arrival trace for planning")
+    a.add_argument(
+        "--rate-margin",
+        type=_rate_margin,
+        default=0.0,
+        metavar="M",
+        help="plan with 1+M times the trace's rate as throughput slack (as `inferline plan`)",
+    )
     a.add_argument("--plan", default=None, help="use this plan instead of planning")
     a.add_argument("--plan-out", default=None)
     a.add_argument("--dry-run", action="store_true", help="plan and apply, do not serve")

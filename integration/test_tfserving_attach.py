@@ -54,6 +54,8 @@ def attached(
         "300",
         "--trace",
         str(root / "trace.txt"),
+        "--rate-margin",
+        "0.05",
         "--quick",
         "--max-batch",
         "4",
