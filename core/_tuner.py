@@ -58,7 +58,11 @@ Reading of the paper, and the choices made where it is silent:
   envelope (the plan may have almost none). Scale-down picks the step for the
   largest count of every window up to ``down_horizon_s`` over that horizon, each read as the
   planned rate scaled by its excess (the scale-up rule), and moves a model to it when that
-  saves a replica. So the tuner goes back to the plan only once the last 30 s fit the plan's
+  saves a replica; a model that keeps its count takes the step's batch size (a step is
+  proven at its own batch sizes, not at larger ones). ``settle_s`` (5 s, the activation
+  time) after any change, the batch sizes settle on those of the step proven for the most
+  traffic whose replicas the configuration holds (a scale-up raises batch sizes at once,
+  its replicas serve later). So the tuner goes back to the plan only once the last 30 s fit the plan's
   envelope with the headroom at every time scale, not only at 5 s (the paper's scale-down
   window; an earlier version used it alone, plus the exceeding rates of the last 30 s).
   ``rho_min`` is not applied on top (the steps are estimator-proven configurations, not the
@@ -160,6 +164,13 @@ class TunerConfig:
     # planned envelope; "room" leaves such a plan at once, at about 5% more mean cost in the
     # benchmark (docs/tuner.md).
     trigger: Trigger = "envelope"
+    # Ladder: this long after the last change (the replica activation time) every model takes
+    # the batch size of a step its replicas hold that is proven for the traffic ("settle"
+    # decisions). A step is proven at its batch sizes: the same replicas at larger batches
+    # form longer batches and have a higher tail (social-media azure-conv seed 4 missed 3.2%
+    # for 70 s on a step's replicas with a higher step's batch sizes, 0.07% with its own).
+    # None: batch sizes only change with replicas, larger ones kept (the earlier behaviour).
+    settle_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -169,6 +180,8 @@ class TunerConfig:
         as_float(self.interval_s, "interval_s", positive=True)
         if self.resolution_s is not None:
             as_float(self.resolution_s, "resolution_s", positive=True)
+        if self.settle_s is not None:
+            as_float(self.settle_s, "settle_s", nonneg=True)
         if self.floor not in ("plan", "one"):
             raise ValidationError("floor", "'plan' or 'one'", self.floor)
         if self.up_rate not in ("window", "scaled", "curve"):
@@ -209,6 +222,7 @@ class TunerConfig:
             "headroom": self.headroom,
             "hysteresis": self.hysteresis,
             "trigger": self.trigger,
+            "settle_s": self.settle_s,
         }
 
     @classmethod
@@ -218,13 +232,17 @@ class TunerConfig:
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
         strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap", "reconfigure", "trigger"}
-        for k in keys - strs - {"resolution_s"}:
+        for k in keys - strs - {"resolution_s", "settle_s"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
         if m.get("resolution_s") is not None:
             kw["resolution_s"] = as_float(m["resolution_s"], f"{where}.resolution_s", positive=True)
         elif "resolution_s" in m:
             kw["resolution_s"] = None
+        if m.get("settle_s") is not None:
+            kw["settle_s"] = as_float(m["settle_s"], f"{where}.settle_s", nonneg=True)
+        elif "settle_s" in m:
+            kw["settle_s"] = None
         for k in strs:
             if k in m:
                 kw[k] = as_str(m[k], f"{where}.{k}")
@@ -240,7 +258,7 @@ class TunerDecision:
     reason: str
     window_s: float  # the window whose rate drove the decision
     rate_qps: float  # that rate
-    action: Literal["up", "down"] = "up"
+    action: Literal["up", "down", "settle"] = "up"
     # the new max batch size of every model when the tuner manages them (ladder), else empty
     batch: Mapping[str, int] = field(default_factory=dict)
 
@@ -262,8 +280,8 @@ class TunerDecision:
             m, {"time_s", "replicas", "reason", "window_s", "rate_qps", "action", "batch"}, where
         )
         action = as_str(m.get("action", "up"), f"{where}.action")
-        if action not in ("up", "down"):
-            raise ValidationError(f"{where}.action", "'up' or 'down'", action)
+        if action not in ("up", "down", "settle"):
+            raise ValidationError(f"{where}.action", "'up', 'down' or 'settle'", action)
         return cls(
             time_s=as_float(req(m, "time_s", where), f"{where}.time_s"),
             replicas={
@@ -685,7 +703,20 @@ def _ladder_step(
         assert self._steps is not None
         k, b, _ = self.target(rate)
         configs = [(k, b)] + [(ks, bs) for r, ks, bs in self._steps if r >= rate * (1 - _EPS)]
+        if cfg.settle_s is not None:  # a step holds at its own batch sizes only
+            return any(
+                all(cur[m] >= ks[m] and cur_b[m] == bs[m] for m in cur) for ks, bs in configs
+            )
         return any(all(cur[m] >= ks[m] and cur_b[m] >= bs[m] for m in cur) for ks, bs in configs)
+
+    def settled(rate: float) -> dict[str, int] | None:
+        """The batch sizes of the configuration proven for the most traffic (at least
+        ``rate``) whose replica counts the current ones hold; None when none is."""
+        assert self._steps is not None
+        k, b, _ = self.target(rate)
+        configs = [(rate, k, b)] + [s for s in self._steps if s[0] >= rate * (1 - _EPS)]
+        held = [(r, bs) for r, ks, bs in configs if all(cur[m] >= ks[m] for m in cur)]
+        return dict(max(held, key=lambda x: x[0])[1]) if held else None
 
     # The largest count of every window up to the horizon over the horizon, as the planned
     # rate scaled by its excess (the scale-up rule): the bursts of the last 30 s count as well
@@ -738,6 +769,9 @@ def _ladder_step(
         for m in cur:
             if k[m] < cur[m]:
                 new[m], new_b[m] = k[m], b[m]
+            elif cfg.settle_s is not None and k[m] == cur[m]:
+                # the step's batch size: the step is proven at it, not at a larger one
+                new_b[m] = b[m]
             elif k[m] == cur[m]:
                 # back at the plan (proven for this traffic) take its batch size; elsewhere a
                 # smaller batch saves nothing and would only lower the model's capacity
@@ -760,6 +794,19 @@ def _ladder_step(
             )
             d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, "down", new_b)
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
+    # after a scale-down, which moves batch sizes with the replicas
+    if cfg.settle_s is not None and now_s - state.last_change_s >= cfg.settle_s:
+        need = max(up_rate, rate) * band
+        bs = settled(need) if need > 0 else None
+        if bs is not None and bs != cur_b:
+            reason = (
+                f"settle: {cfg.settle_s:g} s after the last change, the replicas hold a "
+                f"configuration proven for {need:.1f} q/s at other batch sizes: "
+                f"{_diff_config(cur, cur, cur_b, bs)}"
+            )
+            d = TunerDecision(float(now_s), dict(cur), reason, 0.0, need, "settle", bs)
+            # a batch size is no replica change: the stabilization delay keeps running
+            return replace(state, down_peaks=down_peaks, up_peaks=up_peaks, batch=bs), d
     return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
 
 

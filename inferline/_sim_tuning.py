@@ -60,6 +60,27 @@ def add_ladder_knobs(g: Any) -> None:
         "(envelope, the paper's) or also when the configuration's room over the traffic falls "
         f"below the band (room; default {_DEFAULT.trigger})",
     )
+    g.add_argument(
+        "--tuner-settle-s",
+        type=_settle,
+        default=_DEFAULT.settle_s,
+        metavar="S|off",
+        help="tuner with a ladder: this long after a change (the replica activation time) "
+        "batch sizes settle on those of a proven step the replicas hold "
+        f"(default {_DEFAULT.settle_s:g}; off: larger batch sizes are kept)",
+    )
+
+
+def _settle(text: str) -> float | None:
+    if text.strip().lower() in ("off", "none"):
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds or 'off', got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'off', got {text!r}")
+    return v
 
 
 def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
@@ -68,6 +89,7 @@ def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "headroom": getattr(args, "tuner_headroom", _DEFAULT.headroom),
         "hysteresis": getattr(args, "tuner_hysteresis", _DEFAULT.hysteresis),
         "trigger": getattr(args, "tuner_trigger", _DEFAULT.trigger),
+        "settle_s": getattr(args, "tuner_settle_s", _DEFAULT.settle_s),
     }
 
 
@@ -183,7 +205,12 @@ def after_tuned_simulation(args: argparse.Namespace, ctx: Any, result: Any) -> N
         )
     if ctl is not None and not getattr(args, "json", False):
         ups = sum(1 for d in decisions if d.action == "up")
-        print(f"tuner {args.tuner}: {ups} scale-ups, {len(decisions) - ups} scale-downs")
+        settles = sum(1 for d in decisions if getattr(d, "action", "") == "settle")
+        downs = len(decisions) - ups - settles
+        print(
+            f"tuner {args.tuner}: {ups} scale-ups, {downs} scale-downs"
+            + (f", {settles} batch-size settles" if settles else "")
+        )
         for d in decisions[:20]:
             print(f"  {d.time_s - float(ctx.trace[0]):9.2f} s  {d.reason}")
         if len(decisions) > 20:

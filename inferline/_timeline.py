@@ -69,7 +69,7 @@ def plot_timeline(
     for d in decisions:
         ax[1].axvline(
             float(d.time_s) - t0,
-            color="tab:green" if getattr(d, "action", "up") == "up" else "tab:red",
+            color={"up": "tab:green", "settle": "tab:gray"}.get(getattr(d, "action", "up"), "tab:red"),
             lw=0.5,
             alpha=0.4,
         )

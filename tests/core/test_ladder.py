@@ -19,6 +19,7 @@ from inferline.core import (
     PlannerOptions,
     Profiles,
     TunerConfig,
+    TunerDecision,
     TunerInputs,
     TunerModel,
     TunerPolicy,
@@ -230,7 +231,12 @@ def test_scale_up_never_shrinks_a_batch_or_a_count_then_scale_down_settles_on_a_
     # calm: back to the plan after the delay and once the burst left the keep horizon
     s, downs = run_ticks(p, s, 1.0, 80.0, (10, 90, 450))
     assert downs and downs[-1].replicas == PLANNED and downs[-1].batch == BATCH
-    assert "the plan" in downs[-1].reason
+    # the plan's replicas first (b short of them keeps its batch 8 until they serve), then,
+    # the activation time later, the plan's batch sizes
+    assert [d.action for d in downs[-2:]] == ["down", "settle"]
+    assert "the plan" in downs[-2].reason and downs[-2].batch == {"a": 2, "b": 8}
+    assert downs[-1].time_s == pytest.approx(downs[-2].time_s + 5.0)
+    assert "b 4x b8->4x b2" in downs[-1].reason
     assert TunerState.from_dict(s.to_dict()) == s
 
 
@@ -292,14 +298,47 @@ def test_room_trigger_leaves_a_plan_without_room_inside_the_planned_envelope():
         TunerConfig(trigger="sometimes")  # type: ignore[arg-type]
 
 
-def test_scale_down_to_a_step_keeps_a_larger_batch_when_no_replica_is_saved():
+def test_scale_down_takes_the_steps_batch_sizes_even_where_no_replica_is_saved():
     p = policy(stabilization_delay_s=1.0, keep_horizon_s=0.0)
     s = TunerState({"a": 8, "b": 6}, 0.0, batch={"a": 8, "b": 8})
     # 5 s windows at 180 q/s (planned 540 / 5 s = 108 q/s at 100 q/s): scaled 166.7 -> step 2
-    s, d = p.step(s, 2.0, (0, 0, 900))
+    _, d = p.step(s, 2.0, (0, 0, 900))
     assert d is not None and d.action == "down"
     assert d.replicas == {"a": 5, "b": 6}
-    assert d.batch == {"a": 8, "b": 8}  # b: 6 replicas either way, its batch 8 stays
+    # b: 6 replicas either way; step 2 is proven at batch 2, not at the 8 it had
+    assert d.batch == {"a": 8, "b": 2}
+    # settle_s=None: the earlier rule, a larger batch is kept where no replica is saved
+    keep = policy(stabilization_delay_s=1.0, keep_horizon_s=0.0, settle_s=None)
+    _, d = keep.step(s, 2.0, (0, 0, 900))
+    assert d is not None and d.batch == {"a": 8, "b": 8}
+
+
+def test_settle_gives_held_replicas_the_batch_sizes_of_a_proven_step():
+    """A scale-up raises batch sizes at once (capacity while replicas start); the activation
+    time later the configuration settles on the batch sizes of a step its replicas hold,
+    without restarting the stabilization delay. Covering a rate needs a step's own batch
+    sizes: a larger batch at the same replicas is not that step."""
+    p = policy(headroom=0.2)
+    # step 2's replicas with larger batch sizes (a leftover of a scale-up)
+    s = TunerState({"a": 5, "b": 6}, 0.0, batch={"a": 8, "b": 8})
+    # 1 s window of 130 (planned 120): 108.3 q/s, x 1.15 = 124.6; steps 1 and 2 are proven
+    # for it and the replicas hold both: the one proven for more traffic (step 2) it is
+    s, ds = run_ticks(p, s, 0.0, 6.0, (0, 130, 0))
+    assert [d.action for d in ds] == ["settle"] and ds[0].time_s == pytest.approx(5.0)
+    assert ds[0].replicas == {"a": 5, "b": 6} and ds[0].batch == {"a": 8, "b": 2}
+    assert s.last_change_s == 0.0 and s.batch == {"a": 8, "b": 2}
+    assert "b 6x b8->6x b2" in ds[0].reason
+    # step 1's replicas with step 2's batch sizes, inside the planned envelope (110 of 120:
+    # 91.7 q/s, x 1.15 = 105.4, more than the plan's 100): step 1's batch sizes
+    s = TunerState({"a": 5, "b": 3}, 0.0, batch={"a": 8, "b": 2})
+    _, ds = run_ticks(p, s, 0.0, 6.0, (0, 110, 0))
+    assert [(d.action, d.batch) for d in ds] == [("settle", {"a": 4, "b": 8})]
+    d = TunerDecision.from_dict(ds[0].to_dict())
+    assert d == ds[0]
+    assert TunerConfig.from_dict(TunerConfig(settle_s=None).to_dict()).settle_s is None
+    assert TunerConfig.from_dict({"settle_s": 2}).settle_s == 2.0
+    with pytest.raises(ValidationError, match="settle_s"):
+        TunerConfig(settle_s=-1.0)
 
 
 def test_scale_down_covers_the_bursts_of_the_horizon_not_only_its_5s_rate():

@@ -123,3 +123,7 @@ def test_tuner_flags_build_the_tuner_config():
     cfg = TunerConfig(**ladder_knobs(args))
     assert (cfg.trigger, cfg.headroom, cfg.hysteresis) == ("room", 0.3, TunerConfig().hysteresis)
     assert TunerConfig(**ladder_knobs(ap.parse_args([]))) == TunerConfig()
+    assert TunerConfig(**ladder_knobs(ap.parse_args(["--tuner-settle-s", "off"]))).settle_s is None
+    assert TunerConfig(**ladder_knobs(ap.parse_args(["--tuner-settle-s", "2.5"]))).settle_s == 2.5
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--tuner-settle-s", "-1"])
