@@ -144,7 +144,7 @@ class Row:
     ladder_steps: int = 0
     ladder_s: float = 0.0
     clairvoyant: float | None = None  # miss rate of Clairvoyant (rate cases)
-    # miss rate of StartsLate 20 s before the rise (rate cases), for "tuner" and "room"
+    # miss rate of StartsLate 20 s before the rise (rate cases): "tuner", "room", "step"
     from_plan: dict[str, float] = field(default_factory=dict)
 
 
@@ -318,6 +318,9 @@ def run_case(
     # the other trigger: also scale up when the configuration's room falls below the band
     room_cfg = replace(tuner_cfg, trigger="room")
     measure("room", plan, InferLineController(plan, room_cfg, start_s=start))
+    # the other scale-down: to the step exactly (a delayed room trigger)
+    step_cfg = replace(tuner_cfg, down_to="step")
+    measure("step", plan, InferLineController(plan, step_cfg, start_s=start))
     repl_cfg = replace(tuner_cfg, reconfigure="replicas", down_rate="window")
     measure("replicas", plan, InferLineController(plan, repl_cfg, start_s=start))
     paper_cfg = replace(repl_cfg, up_rate="window")
@@ -334,7 +337,7 @@ def run_case(
         ctl = Clairvoyant(start + case.change_s, peak, tuner_cfg.interval_s)
         r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=ctl)
         row.clairvoyant = r.miss_rate(slo_s)
-        for label, cfg in (("tuner", tuner_cfg), ("room", room_cfg)):
+        for label, cfg in (("tuner", tuner_cfg), ("room", room_cfg), ("step", step_cfg)):
             late = StartsLate(start + case.change_s - 20.0, plan, cfg)
             r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=late)
             row.from_plan[label] = r.miss_rate(slo_s)
@@ -357,6 +360,7 @@ SETUPS: dict[str, float] = {"social-media": 0.3, "image-processing": 0.3}  # SLO
 LABELS = (
     "tuner",
     "room",
+    "step",
     "replicas",
     "paper-rule",
     "plan",
@@ -409,7 +413,11 @@ def tally(rows: list[Row], label: str) -> str:
         hits = sum(r.results[label][0] * 10 <= r.results[b][0] for r in base)
         tenx.append(f"10x below {b} where it misses: {hits}/{len(base)}")
     cost = sum(r.results[label][1] <= r.results["oracle"][1] * (1 + 1e-9) for r in rows)
-    return f"miss <= 1%: {miss}/{len(rows)}; {'; '.join(tenx)}; mean cost <= oracle: {cost}/{len(rows)}"
+    ratio = float(np.mean([r.results[label][1] / r.results["oracle"][1] for r in rows]))
+    return (
+        f"miss <= 1%: {miss}/{len(rows)}; {'; '.join(tenx)}; mean cost <= oracle: "
+        f"{cost}/{len(rows)}; mean cost / oracle's: {ratio:.3f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--headroom", type=float, default=TunerConfig().headroom)
     ap.add_argument("--hysteresis", type=float, default=TunerConfig().hysteresis)
     ap.add_argument("--trigger", choices=("room", "envelope"), default=TunerConfig().trigger)
+    ap.add_argument("--down-to", choices=("saving", "step"), default=TunerConfig().down_to)
     ap.add_argument(
         "--headroom-sweep",
         type=float,
@@ -476,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         headroom=args.headroom,
         hysteresis=args.hysteresis,
         trigger=args.trigger,
+        down_to=args.down_to,
     )
     by_seed: dict[int, list[Case]] = {}
     for seed in args.seeds:
@@ -523,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         f"SLO {SETUPS}\n"
         f"tuner: reconfigure={cfg.reconfigure}, lookahead {cfg.lookahead_s:g} s, "
         f"margin {cfg.margin_sigmas:g} sigma, headroom {cfg.headroom:g} "
-        f"(hysteresis {cfg.hysteresis:g}), trigger={cfg.trigger}, "
+        f"(hysteresis {cfg.hysteresis:g}), trigger={cfg.trigger}, down_to={cfg.down_to}, "
         f"up_rate={cfg.up_rate}, down_rate={cfg.down_rate}, "
         f"down_rho={cfg.down_rho}, down_cap={cfg.down_cap}, "
         f"stabilization {cfg.stabilization_delay_s:g} s, keep {cfg.keep_horizon_s:g} s; "
@@ -542,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case.name:<15} live {dur:6.0f} s, {case.live.size:6d} queries: {case.note}")
     print_table(rows)
     print(
-        "  room: the tuner with trigger=room (also scales up when its room falls below the band); replicas: "
+        "  room: the tuner with trigger=room (also scales up when its room falls below the band); "
+        "step: the tuner with down_to=step (scale-down moves to the step exactly); replicas: "
         "replica-only scaling (reconfigure=replicas, down_rate=window); paper-rule: the same "
         "with up_rate=window (the paper's literal rules)"
     )
@@ -562,13 +573,13 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "where the tuner stands when a ramp starts (rate cases): the tuner started 20 s before "
         "the rise, so that it meets the ramp from the plan, not from where the calm phase left "
-        "it, misses (tuner / room)"
+        "it, misses (tuner / room / step)"
     )
     for r in rows:
         if r.from_plan:
-            cells = " / ".join(f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room"))
+            cells = " / ".join(f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room", "step"))
             print(f"  {r.pipeline}/{r.case} seed {r.seed}: {cells}")
-    for label in ("tuner", "room", "replicas", "paper-rule"):
+    for label in ("tuner", "room", "step", "replicas", "paper-rule"):
         for title, sel in (
             ("the paper's cases", [r for r in rows if not r.case.endswith("-raw")]),
             (

@@ -62,7 +62,9 @@ Reading of the paper, and the choices made where it is silent:
   proven at its own batch sizes, not at larger ones). ``settle_s`` (5 s, the activation
   time) after any change, the batch sizes settle on those of the step proven for the most
   traffic whose replicas the configuration holds (a scale-up raises batch sizes at once,
-  its replicas serve later). So the tuner goes back to the plan only once the last 30 s fit the plan's
+  its replicas serve later); with ``down_to="step"`` the scale-down moves to the step exactly,
+  adding the replicas a model is short of (a delayed room trigger). So the tuner goes back to
+  the plan only once the last 30 s fit the plan's
   envelope with the headroom at every time scale, not only at 5 s (the paper's scale-down
   window; an earlier version used it alone, plus the exceeding rates of the last 30 s).
   ``rho_min`` is not applied on top (the steps are estimator-proven configurations, not the
@@ -113,6 +115,7 @@ DownRho = Literal["min", "model"]
 DownCap = Literal["plan", "none"]
 Reconfigure = Literal["ladder", "replicas"]
 Trigger = Literal["room", "envelope"]
+DownTo = Literal["saving", "step"]
 
 
 def _ceil(x: float) -> int:
@@ -171,6 +174,12 @@ class TunerConfig:
     # for 70 s on a step's replicas with a higher step's batch sizes, 0.07% with its own).
     # None: batch sizes only change with replicas, larger ones kept (the earlier behaviour).
     settle_s: float | None = 5.0
+    # Ladder: what a scale-down moves to. "saving" (default): a model takes the step's count
+    # only where that saves a replica. "step": the configuration becomes the step exactly, a
+    # model short of the step's replicas gets them, so after the stabilization delay the tuner
+    # also leaves a configuration with less room than the headroom over the last
+    # down_horizon_s (a delayed room trigger; safer than "room" and cheaper, docs/tuner.md).
+    down_to: DownTo = "saving"
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -201,6 +210,8 @@ class TunerConfig:
             raise ValidationError("reconfigure", "'ladder' or 'replicas'", self.reconfigure)
         if self.trigger not in ("room", "envelope"):
             raise ValidationError("trigger", "'room' or 'envelope'", self.trigger)
+        if self.down_to not in ("saving", "step"):
+            raise ValidationError("down_to", "'saving' or 'step'", self.down_to)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -223,6 +234,7 @@ class TunerConfig:
             "hysteresis": self.hysteresis,
             "trigger": self.trigger,
             "settle_s": self.settle_s,
+            "down_to": self.down_to,
         }
 
     @classmethod
@@ -231,7 +243,16 @@ class TunerConfig:
         keys = {f for f in cls.__dataclass_fields__}
         no_extra_keys(m, keys, where)
         kw: dict[str, Any] = {}
-        strs = {"floor", "up_rate", "down_rate", "down_rho", "down_cap", "reconfigure", "trigger"}
+        strs = {
+            "floor",
+            "up_rate",
+            "down_rate",
+            "down_rho",
+            "down_cap",
+            "reconfigure",
+            "trigger",
+            "down_to",
+        }
         for k in keys - strs - {"resolution_s", "settle_s"}:
             if k in m:
                 kw[k] = as_float(m[k], f"{where}.{k}", nonneg=True)
@@ -769,6 +790,10 @@ def _ladder_step(
         for m in cur:
             if k[m] < cur[m]:
                 new[m], new_b[m] = k[m], b[m]
+            elif cfg.down_to == "step":
+                # the step exactly; a model short of its replicas gets them and keeps its
+                # batch size until they serve (batch sizes settle, or the next decision)
+                new[m], new_b[m] = k[m], b[m] if k[m] == cur[m] else max(cur_b[m], b[m])
             elif cfg.settle_s is not None and k[m] == cur[m]:
                 # the step's batch size: the step is proven at it, not at a larger one
                 new_b[m] = b[m]
@@ -788,11 +813,16 @@ def _ladder_step(
             )
             if rise > 0:
                 why += f", rising {rise:.1f} q/s per s ({cfg.lookahead_s:g} s ahead)"
+            # a move to the step may add replicas (back at the plan, or down_to="step"); one
+            # that removes none is an "up" for logs and metrics, though this rule made it
+            adds = not any(new[m] < cur[m] for m in cur) and new != cur
+            verb = "move up to the step" if adds else "scale down"
             reason = (
-                f"scale down: {why}, stable for {now_s - state.last_change_s:.1f} s; "
+                f"{verb}: {why}, stable for {now_s - state.last_change_s:.1f} s; "
                 f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
-            d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, "down", new_b)
+            action: Literal["up", "down"] = "up" if adds else "down"
+            d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, action, new_b)
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     # after a scale-down, which moves batch sizes with the replicas
     if cfg.settle_s is not None and now_s - state.last_change_s >= cfg.settle_s:

@@ -127,3 +127,17 @@ def test_tuner_flags_build_the_tuner_config():
     assert TunerConfig(**ladder_knobs(ap.parse_args(["--tuner-settle-s", "2.5"]))).settle_s == 2.5
     with pytest.raises(SystemExit):
         ap.parse_args(["--tuner-settle-s", "-1"])
+
+
+def test_tuner_down_to_flag_reaches_the_config(capsys):
+    import argparse
+
+    from inferline._sim_tuning import add_ladder_knobs, ladder_knobs
+
+    ap = argparse.ArgumentParser()
+    add_ladder_knobs(ap)
+    assert TunerConfig(**ladder_knobs(ap.parse_args(["--tuner-down-to", "step"]))).down_to == "step"
+    assert TunerConfig(**ladder_knobs(ap.parse_args([]))).down_to == "saving"
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--tuner-down-to", "exactly"])
+    assert "--tuner-down-to" in capsys.readouterr().err
