@@ -144,7 +144,7 @@ class Row:
     ladder_steps: int = 0
     ladder_s: float = 0.0
     clairvoyant: float | None = None  # miss rate of Clairvoyant (rate cases)
-    # miss rate of StartsLate 20 s before the rise (rate cases): "tuner", "room", "step"
+    # miss rate of StartsLate 20 s before the rise (rate cases): "tuner", "room", "saving"
     from_plan: dict[str, float] = field(default_factory=dict)
 
 
@@ -318,9 +318,10 @@ def run_case(
     # the other trigger: also scale up when the configuration's room falls below the band
     room_cfg = replace(tuner_cfg, trigger="room")
     measure("room", plan, InferLineController(plan, room_cfg, start_s=start))
-    # the other scale-down: to the step exactly (a delayed room trigger)
-    step_cfg = replace(tuner_cfg, down_to="step")
-    measure("step", plan, InferLineController(plan, step_cfg, start_s=start))
+    # the other scale-down: a model moves only where that saves a replica (the default
+    # before down_to="step"; no delayed room trigger)
+    saving_cfg = replace(tuner_cfg, down_to="saving")
+    measure("saving", plan, InferLineController(plan, saving_cfg, start_s=start))
     repl_cfg = replace(tuner_cfg, reconfigure="replicas", down_rate="window")
     measure("replicas", plan, InferLineController(plan, repl_cfg, start_s=start))
     paper_cfg = replace(repl_cfg, up_rate="window")
@@ -337,7 +338,7 @@ def run_case(
         ctl = Clairvoyant(start + case.change_s, peak, tuner_cfg.interval_s)
         r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=ctl)
         row.clairvoyant = r.miss_rate(slo_s)
-        for label, cfg in (("tuner", tuner_cfg), ("room", room_cfg), ("step", step_cfg)):
+        for label, cfg in (("tuner", tuner_cfg), ("room", room_cfg), ("saving", saving_cfg)):
             late = StartsLate(start + case.change_s - 20.0, plan, cfg)
             r = simulate_plan(pipeline, plan, profiles, case.live, options=opts, controller=late)
             row.from_plan[label] = r.miss_rate(slo_s)
@@ -360,7 +361,7 @@ SETUPS: dict[str, float] = {"social-media": 0.3, "image-processing": 0.3}  # SLO
 LABELS = (
     "tuner",
     "room",
-    "step",
+    "saving",
     "replicas",
     "paper-rule",
     "plan",
@@ -553,7 +554,8 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     print(
         "  room: the tuner with trigger=room (also scales up when its room falls below the band); "
-        "step: the tuner with down_to=step (scale-down moves to the step exactly); replicas: "
+        "saving: the tuner with down_to=saving (scale-down moves a model only where that saves "
+        "a replica); replicas: "
         "replica-only scaling (reconfigure=replicas, down_rate=window); paper-rule: the same "
         "with up_rate=window (the paper's literal rules)"
     )
@@ -573,13 +575,15 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "where the tuner stands when a ramp starts (rate cases): the tuner started 20 s before "
         "the rise, so that it meets the ramp from the plan, not from where the calm phase left "
-        "it, misses (tuner / room / step)"
+        "it, misses (tuner / room / saving)"
     )
     for r in rows:
         if r.from_plan:
-            cells = " / ".join(f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room", "step"))
+            cells = " / ".join(
+                f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room", "saving")
+            )
             print(f"  {r.pipeline}/{r.case} seed {r.seed}: {cells}")
-    for label in ("tuner", "room", "step", "replicas", "paper-rule"):
+    for label in ("tuner", "room", "saving", "replicas", "paper-rule"):
         for title, sel in (
             ("the paper's cases", [r for r in rows if not r.case.endswith("-raw")]),
             (

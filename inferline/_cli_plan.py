@@ -174,8 +174,9 @@ def _room_note(plan: Plan, rate_margin: float = 0.0) -> str:
     if room < band:
         text += (
             f"; with less room than the tuner's band ({band:.0%}), a rise from the planned "
-            "workload overloads it before a window exceeds the planned envelope: "
-            "`--tuner-trigger room` scales up first (docs/tuner.md)"
+            "workload overloads it before a window exceeds the planned envelope: the tuner "
+            f"leaves it {cfg.stabilization_delay_s:g} s after a change (`--tuner-down-to step`, "
+            "the default), `--tuner-trigger room` at once (docs/tuner.md)"
         )
     if rate_margin == 0 and room < SLACK_HINT:
         text += (

@@ -64,10 +64,10 @@ def add_ladder_knobs(g: Any) -> None:
         "--tuner-down-to",
         choices=("saving", "step"),
         default=_DEFAULT.down_to,
-        help="tuner with a ladder: after the stabilization delay, move a model to the step for "
-        "the recent traffic only where that saves a replica (saving), or move the whole "
-        "configuration to that step, adding replicas where it is short (step: safer, about 4%% "
-        f"dearer in the benchmark; default {_DEFAULT.down_to})",
+        help="tuner with a ladder: after the stabilization delay, move the configuration to "
+        "the step for the recent traffic, adding replicas where it is short, so one without "
+        "room is left (step), or move a model only where that saves a replica (saving: about "
+        f"4%% cheaper in the benchmark, less safe; default {_DEFAULT.down_to})",
     )
     g.add_argument(
         "--tuner-settle-s",

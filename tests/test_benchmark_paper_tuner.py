@@ -19,14 +19,14 @@ def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "image-processing  rate-tau60" in text
     assert "targets for tuner over the paper's cases: miss <= 1%:" in text
-    assert "targets for step over the paper's cases" in text and "mean cost / oracle's:" in text
+    assert "targets for saving over the paper's cases" in text and "mean cost / oracle's:" in text
     assert "switches to the peak's ladder step" in text
     rows = json.loads(out.read_text())
     assert rows[0]["ladder_steps"] >= 1 and rows[0]["clairvoyant_miss"] is not None
     assert "the tuner started 20 s before the rise" in text
     # a tuner started late still follows the rise: it misses less than the plan alone
     late = rows[0]["from_plan_miss"]
-    assert set(late) == {"tuner", "room", "step"}
+    assert set(late) == {"tuner", "room", "saving"}
     assert all(0.0 <= m < rows[0]["results"]["plan"][0] for m in late.values())
     assert len(rows) == 1 and rows[0]["seed"] == 0
     res = rows[0]["results"]

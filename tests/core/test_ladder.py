@@ -307,35 +307,36 @@ def test_scale_down_takes_the_steps_batch_sizes_even_where_no_replica_is_saved()
     assert d.replicas == {"a": 5, "b": 6}
     # b: 6 replicas either way; step 2 is proven at batch 2, not at the 8 it had
     assert d.batch == {"a": 8, "b": 2}
-    # settle_s=None: the earlier rule, a larger batch is kept where no replica is saved
-    keep = policy(stabilization_delay_s=1.0, keep_horizon_s=0.0, settle_s=None)
+    # settle_s=None with down_to="saving": the earlier rule, a larger batch is kept where no
+    # replica is saved
+    keep = policy(stabilization_delay_s=1.0, keep_horizon_s=0.0, settle_s=None, down_to="saving")
     _, d = keep.step(s, 2.0, (0, 0, 900))
     assert d is not None and d.batch == {"a": 8, "b": 8}
 
 
 def test_scale_down_to_the_step_adds_the_replicas_a_model_is_short_of():
-    """``down_to="step"``: after the stabilization delay the configuration becomes the step
-    for the recent traffic exactly (a delayed room trigger); the default moves a model only
-    where that saves a replica, and leaves one that is short of the step's replicas alone."""
+    """``down_to="step"`` (default): after the stabilization delay the configuration becomes
+    the step for the recent traffic exactly (a delayed room trigger); ``"saving"`` moves a
+    model only where that saves a replica, and leaves one short of the step's replicas alone."""
     # 5 s windows of 500 (planned 540): 92.6 q/s, x 1.2 = 111 -> step 1 (a 5 x b4, b 3 x b8),
     # inside the planned envelope, so no scale-up fires
     kw = {"stabilization_delay_s": 1.0, "keep_horizon_s": 0.0, "headroom": 0.2}
     mixed = TunerState({"a": 8, "b": 2}, 0.0, batch={"a": 4, "b": 8})
-    saving = policy(**kw)
+    saving = policy(**kw, down_to="saving")
     _, d = saving.step(mixed, 2.0, (0, 0, 500))
     assert d is not None and (d.replicas, d.action) == ({"a": 5, "b": 2}, "down")
-    step = policy(**kw, down_to="step")
+    step = policy(**kw)
     _, d = step.step(mixed, 2.0, (0, 0, 500))
     assert d is not None and (d.replicas, d.batch) == ({"a": 5, "b": 3}, {"a": 4, "b": 8})
     assert d.action == "down" and "scale down" in d.reason and "b 2x b8->3x b8" in d.reason
-    # only short of replicas: the default keeps it; "step" adds them, an "up" for the logs
+    # only short of replicas: "saving" keeps it; "step" adds them, an "up" for the logs
     short = TunerState({"a": 5, "b": 2}, 0.0, batch={"a": 4, "b": 8})
     assert saving.step(short, 2.0, (0, 0, 500))[1] is None
     s, d = step.step(short, 2.0, (0, 0, 500))
     assert d is not None and d.replicas == {"a": 5, "b": 3} and d.action == "up"
     assert d.reason.startswith("move up to the step") and s.last_change_s == 2.0
-    assert TunerConfig.from_dict(TunerConfig(down_to="step").to_dict()).down_to == "step"
-    assert TunerConfig().down_to == "saving"
+    assert TunerConfig.from_dict(TunerConfig(down_to="saving").to_dict()).down_to == "saving"
+    assert TunerConfig().down_to == "step"
     with pytest.raises(ValidationError, match="down_to"):
         TunerConfig(down_to="exactly")  # type: ignore[arg-type]
 

@@ -136,8 +136,9 @@ def test_tuner_down_to_flag_reaches_the_config(capsys):
 
     ap = argparse.ArgumentParser()
     add_ladder_knobs(ap)
-    assert TunerConfig(**ladder_knobs(ap.parse_args(["--tuner-down-to", "step"]))).down_to == "step"
-    assert TunerConfig(**ladder_knobs(ap.parse_args([]))).down_to == "saving"
+    saving = ap.parse_args(["--tuner-down-to", "saving"])
+    assert TunerConfig(**ladder_knobs(saving)).down_to == "saving"
+    assert TunerConfig(**ladder_knobs(ap.parse_args([]))).down_to == "step"
     with pytest.raises(SystemExit):
         ap.parse_args(["--tuner-down-to", "exactly"])
     assert "--tuner-down-to" in capsys.readouterr().err
