@@ -57,15 +57,16 @@ Reading of the paper, and the choices made where it is silent:
   configuration whose room over the last 30 s of traffic is below that band inside the
   envelope (the plan may have almost none). Scale-down picks the step for the
   largest count of every window up to ``down_horizon_s`` over that horizon, each read as the
-  planned rate scaled by its excess (the scale-up rule), and moves a model to it when that
-  saves a replica; a model that keeps its count takes the step's batch size (a step is
+  planned rate scaled by its excess (the scale-up rule), and moves the configuration to it
+  exactly (``down_to="step"``, the default), adding the replicas a model is short of: after
+  the stabilization delay that also leaves a configuration without the headroom's room, the
+  plan included (a delayed room trigger). ``down_to="saving"`` moves a model only where that
+  saves a replica, and one that keeps its count takes the step's batch size (a step is
   proven at its own batch sizes, not at larger ones). ``settle_s`` (5 s, the activation
   time) after any change, the batch sizes settle on those of the step proven for the most
   traffic whose replicas the configuration holds (a scale-up raises batch sizes at once,
-  its replicas serve later); with ``down_to="step"`` the scale-down moves to the step exactly,
-  adding the replicas a model is short of (a delayed room trigger). So the tuner goes back to
-  the plan only once the last 30 s fit the plan's
-  envelope with the headroom at every time scale, not only at 5 s (the paper's scale-down
+  its replicas serve later). So the tuner goes back to the plan only once the last 30 s fit
+  the plan's envelope with the headroom at every time scale, not only at 5 s (the paper's scale-down
   window; an earlier version used it alone, plus the exceeding rates of the last 30 s).
   ``rho_min`` is not applied on top (the steps are estimator-proven configurations, not the
   proportional rule it makes conservative). ``lookahead_s`` (10 s)
