@@ -11,7 +11,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from inferline.core import (
     AutoScaleConfig,
@@ -22,6 +22,7 @@ from inferline.core import (
     packing_factor,
     pipeline_unit,
 )
+from inferline.core._tuner import DownTo, Trigger
 
 __all__ = [
     "add_ladder_knobs",
@@ -37,7 +38,9 @@ _DEFAULT = TunerConfig()
 
 
 def add_ladder_knobs(g: Any) -> None:
-    """The ladder tuner's headroom and trigger flags, shared by ``simulate`` and ``serve``."""
+    """The ladder tuner's flags (headroom, hysteresis, trigger, scale-down target, settle),
+    shared by ``simulate`` and ``serve``. Choices come from the config's types, so the CLI
+    cannot drift from what ``TunerConfig`` accepts."""
     g.add_argument(
         "--tuner-headroom",
         type=float,
@@ -54,7 +57,7 @@ def add_ladder_knobs(g: Any) -> None:
     )
     g.add_argument(
         "--tuner-trigger",
-        choices=("room", "envelope"),
+        choices=get_args(Trigger),
         default=_DEFAULT.trigger,
         help="tuner with a ladder: scale up when a window exceeds the planned envelope "
         "(envelope, the paper's) or also when the configuration's room over the traffic falls "
@@ -62,7 +65,7 @@ def add_ladder_knobs(g: Any) -> None:
     )
     g.add_argument(
         "--tuner-down-to",
-        choices=("saving", "step"),
+        choices=get_args(DownTo),
         default=_DEFAULT.down_to,
         help="tuner with a ladder: after the stabilization delay, move the configuration to "
         "the step for the recent traffic, adding replicas where it is short, so one without "
