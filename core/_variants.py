@@ -31,11 +31,15 @@ bound is not below the best plan found (branch and bound), so the answer is the 
 feasible combination while most combinations are never planned.
 
 Tuning (:class:`VariantTuner`) wraps ``TunerPolicy``: when the policy decides to scale up, each
-variant stage may instead switch to a cheaper variant (floors held) provisioned with the same
-rule (``ceil(rate * s / (mu' * rho))``, ``mu'`` the new variant's single-replica throughput at
-the stage's hardware and batch size). The cheapest alternative whose cost is below the plain
-scale-up and whose estimated tail latency at the provisioning rate meets the SLO (the estimator
-on a seeded gamma trace) replaces it; the decision says which stages switched and why.
+variant stage may instead switch to a cheaper variant (floors held). Without a ladder the
+alternative is provisioned with the paper's rule (``ceil(rate * s / (mu' * rho))``, ``mu'`` the
+new variant's single-replica throughput at the stage's hardware and batch size); with the plan's
+ladder it is the ladder's configuration with each switched stage resized to keep its throughput
+at the same batch size. The cheapest alternative whose cost is below the plain scale-up and whose
+estimated tail latency meets the SLO (the estimator on a seeded gamma trace, at the batch sizes
+that will run and at the rate the plain decision provisions for) replaces it; the decision says
+which stages switched and why. Back at the plan's configuration, with traffic the plan's own
+tuner would not scale up for, the stages switch back to the plan's variants.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import numpy as np
 
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
-from ._plan import ModelConfig, Plan, TunerModel
+from ._plan import LadderStep, ModelConfig, Plan, TunerModel
 from ._profiles import Profiles
 from ._tuner import TunerConfig, TunerDecision, TunerPolicy, TunerState
 from ._validate import as_float, as_list, as_mapping, as_str, check_format, no_extra_keys, req
@@ -354,6 +358,16 @@ class VariantTuner:
     Holds the current choice and policy (rebuilt with the new variant's throughput after a
     switch); ``step(state, now_s, peaks)`` returns ``(state, VariantDecision | None)``.
     Pure: the estimator runs on a gamma trace drawn from ``seed``.
+
+    With a ladder (the policy's configurations carry batch sizes), an alternative keeps the
+    decision's configuration and gives each switched stage the replicas that keep its
+    throughput at the same batch size and hardware (``ceil(k * mu_old(b) / mu_new(b))``); it is
+    checked at the rate the step was chosen for (``rate * (1 + headroom)``) at the decision's
+    batch sizes, which are what runs. After a switch the ladder's steps are rewritten the same
+    way and re-checked (a step that fails is dropped), so the tuner goes on choosing proven
+    configurations for the variants that serve. Without a ladder, the paper's replica rule.
+    When a scale-down returns to the plan's configuration the stages switch back to the plan's
+    variants: the plan is proven for them at that traffic.
     """
 
     def __init__(
@@ -382,6 +396,9 @@ class VariantTuner:
         self.cv = cv
         self.seed = seed
         self.policy = TunerPolicy.from_plan(self.plan, self.config)
+        # what a return to the plan restores
+        self._plan_choice = dict(vplan.choice)
+        self._plan_policy = self.policy
 
     def initial_state(self, now_s: float = 0.0) -> TunerState:
         return self.policy.initial_state(now_s)
@@ -398,14 +415,21 @@ class VariantTuner:
     ) -> tuple[TunerState, VariantDecision | None]:
         new_state, d = self.policy.step(state, now_s, peaks)
         if d is None:
+            held = None
+            if self.choice != self._plan_choice:
+                held = self._plan_holds(new_state, now_s, peaks)
+            if held is not None:
+                return self._return_to_plan(held[0], now_s, held[1])
             return new_state, None
         plain_cost = self.cost(d.replicas)
         if d.action != "up":
+            if self.choice != self._plan_choice and self._at_plan(d):
+                return self._switch_back(new_state, d, plain_cost)
             return new_state, VariantDecision(d, dict(self.choice), {}, plain_cost)
         alt = self._cheaper_variant(d)
         if alt is None:
             return new_state, VariantDecision(d, dict(self.choice), {}, plain_cost, plain_cost)
-        choice, replicas, cost, est = alt
+        choice, replicas, cost, est, rate = alt
         switched = {s: (self.choice[s], v) for s, v in choice.items() if self.choice[s] != v}
         self._adopt(choice)
         text = ", ".join(f"{s} {a}->{b}" for s, (a, b) in switched.items())
@@ -413,13 +437,61 @@ class VariantTuner:
             f"{d.reason}; instead switch {text} (accuracy "
             f"{pipeline_accuracy(self.pipeline, self.variants, choice):.4f} >= floor), "
             f"${cost:.3f}/h < ${plain_cost:.3f}/h, estimated P{self.plan.percentile:g} "
-            f"{est * 1e3:.0f} ms at {d.rate_qps:.1f} q/s"
+            f"{est * 1e3:.0f} ms at {rate:.1f} q/s"
         )
         nd = replace(d, replicas=dict(replicas), reason=reason)
         st = replace(new_state, replicas=dict(replicas))
         return st, VariantDecision(nd, dict(self.choice), switched, cost, plain_cost)
 
     # -- internals ----------------------------------------------------------------------
+    def _batch(self, d: TunerDecision) -> dict[str, int]:
+        """The batch sizes that run after ``d``: its own (ladder), else the plan's."""
+        return {m: int(d.batch.get(m, c.max_batch_size)) for m, c in self.plan.models.items()}
+
+    def _at_plan(self, d: TunerDecision) -> bool:
+        if any(d.replicas[m] != c.replicas for m, c in self.plan.models.items()):
+            return False
+        return not d.batch or d.batch == {m: c.max_batch_size for m, c in self.plan.models.items()}
+
+    def _plan_holds(
+        self, state: TunerState, now_s: float, peaks: Sequence[int]
+    ) -> tuple[TunerState, TunerDecision | None] | None:
+        """When the configuration is the plan's, stable for the stabilization delay, and the
+        plan's own tuner would not scale it up for this traffic (with the plan's variants):
+        that tuner's step (it may settle batch sizes); else None."""
+        c = self.plan.models
+        if any(state.replicas[m] != c[m].replicas for m in c):
+            return None
+        if now_s - state.last_change_s < self.config.stabilization_delay_s:
+            return None
+        st, d = self._plan_policy.step(state, now_s, peaks)
+        return None if d is not None and d.action == "up" else (st, d)
+
+    def _return_to_plan(
+        self, state: TunerState, now_s: float, d: TunerDecision | None
+    ) -> tuple[TunerState, VariantDecision]:
+        """Back to the plan's variants; replica counts stay the plan's."""
+        if d is None:
+            reps = {m: c.replicas for m, c in self.plan.models.items()}
+            d = TunerDecision(
+                float(now_s), reps, "the traffic fits the plan", 0.0, 0.0, "down", dict(state.batch)
+            )
+        else:
+            d = replace(d, action="down")
+        st = replace(state, last_change_s=float(now_s))  # the variants' replicas load: a change
+        return self._switch_back(st, d, self.cost(d.replicas))
+
+    def _switch_back(
+        self, state: TunerState, d: TunerDecision, cost: float
+    ) -> tuple[TunerState, VariantDecision]:
+        switched = {s: (v, self._plan_choice[s]) for s, v in self.choice.items()}
+        switched = {s: ab for s, ab in switched.items() if ab[0] != ab[1]}
+        self.choice = dict(self._plan_choice)
+        self.policy = self._plan_policy
+        text = ", ".join(f"{s} {a}->{b}" for s, (a, b) in switched.items())
+        nd = replace(d, reason=f"{d.reason}; back at the plan: switch {text} (the plan's variants)")
+        return state, VariantDecision(nd, dict(self.choice), switched, cost)
+
     def _model(self, stage: str, variant: str) -> TunerModel:
         old = self.policy.inputs.models[stage]
         c = self.plan.models[stage]
@@ -442,13 +514,53 @@ class VariantTuner:
             )
         return out
 
-    def _cheaper_variant(
-        self, d: TunerDecision
-    ) -> tuple[dict[str, str], dict[str, int], float, float] | None:
+    def _resized(
+        self, replicas: Mapping[str, int], batch: Mapping[str, int], choice: Mapping[str, str]
+    ) -> dict[str, int] | None:
+        """``replicas`` with every stage switched in ``choice`` given the replicas that keep
+        its throughput at its batch size and hardware; None if a variant lacks that profile."""
+        out = dict(replicas)
+        for s, v in choice.items():
+            if v == self.choice[s]:
+                continue
+            hw, b = self.plan.models[s].hardware, batch[s]
+            try:
+                ratio = self.profiles.throughput(self.choice[s], hw, b) / self.profiles.throughput(
+                    v, hw, b
+                )
+            except (ValidationError, NotFoundError):
+                return None
+            out[s] = max(1, math.ceil(replicas[s] * ratio - 1e-9))
+        return out
+
+    def _estimate(
+        self,
+        choice: Mapping[str, str],
+        replicas: Mapping[str, int],
+        batch: Mapping[str, int],
+        rate: float,
+    ) -> float:
+        """The estimator's tail latency of a configuration on a seeded gamma trace at ``rate``."""
         from ._estimator import simulate
         from ._trace import gamma_trace
 
+        rng = np.random.default_rng(self.seed)
+        trace = gamma_trace(rate, self.cv, self.check_queries / max(rate, 1e-9), rng)
+        configs = {
+            m: ModelConfig(c.hardware, batch[m], replicas[m]) for m, c in self.plan.models.items()
+        }
+        prof = stage_profiles(self.profiles, choice)
+        res = simulate(self.pipeline, configs, prof, trace, catalog=self.catalog)
+        return float(res.percentile(self.plan.percentile))
+
+    def _cheaper_variant(
+        self, d: TunerDecision
+    ) -> tuple[dict[str, str], dict[str, int], float, float, float] | None:
         plain = self.cost(d.replicas)
+        batch = self._batch(d)
+        ladder = self.policy.uses_ladder and bool(d.batch)
+        # the ladder chose its step for the rate with the headroom: hold the alternative to it
+        rate = d.rate_qps * (1.0 + self.config.headroom) if ladder else d.rate_qps
         options = []
         for ch in self.variants.choices():
             if ch == self.choice:
@@ -460,25 +572,17 @@ class VariantTuner:
                 continue
             if any(not self.profiles.has(ch[s], self.plan.models[s].hardware) for s in ch):
                 continue
-            need = self._need(d.rate_qps, ch)
+            need = self._resized(d.replicas, batch, ch) if ladder else self._need(d.rate_qps, ch)
+            if need is None:
+                continue
             cost = self.cost(need)
             if cost < plain - 1e-12:
                 options.append((cost, ch, need))
         options.sort(key=lambda o: (o[0], -pipeline_accuracy(self.pipeline, self.variants, o[1])))
-        if not options:
-            return None
-        rng = np.random.default_rng(self.seed)
-        trace = gamma_trace(d.rate_qps, self.cv, self.check_queries / max(d.rate_qps, 1e-9), rng)
         for cost, ch, need in options:
-            prof = stage_profiles(self.profiles, ch)
-            configs = {
-                m: ModelConfig(c.hardware, c.max_batch_size, need[m])
-                for m, c in self.plan.models.items()
-            }
-            res = simulate(self.pipeline, configs, prof, trace, catalog=self.catalog)
-            est = res.percentile(self.plan.percentile)
+            est = self._estimate(ch, need, batch, rate)
             if est <= self.plan.slo_s:
-                return ch, need, cost, est
+                return ch, need, cost, est, rate
         return None
 
     def _adopt(self, choice: Mapping[str, str]) -> None:
@@ -486,6 +590,23 @@ class VariantTuner:
         for s, v in choice.items():
             if v != self.choice[s]:
                 models[s] = self._model(s, v)
-        inputs = replace(self.policy.inputs, models=models)
+        ladder = self._rewrite_ladder(choice) if self.policy.uses_ladder else ()
+        inputs = replace(self.policy.inputs, models=models, ladder=ladder)
+        planned_batch = self.policy.planned_batch if ladder else None
         self.choice = dict(choice)
-        self.policy = TunerPolicy(inputs, self.policy.planned, self.config)
+        self.policy = TunerPolicy(inputs, self.policy.planned, self.config, planned_batch)
+
+    def _rewrite_ladder(self, choice: Mapping[str, str]) -> tuple[LadderStep, ...]:
+        """The current ladder with the switched stages resized (throughput kept), each step
+        re-checked at its rate for the new variants; steps that fail are dropped."""
+        out = []
+        for st in self.policy.inputs.ladder:
+            batch = {m: c.max_batch_size for m, c in st.models.items()}
+            k = self._resized({m: c.replicas for m, c in st.models.items()}, batch, choice)
+            if k is None or self._estimate(choice, k, batch, st.rate_qps) > self.plan.slo_s:
+                continue
+            models = {
+                m: ModelConfig(c.hardware, c.max_batch_size, k[m]) for m, c in st.models.items()
+            }
+            out.append(LadderStep(st.rate_qps, models, self.cost(k)))
+        return tuple(out)

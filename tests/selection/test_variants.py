@@ -17,6 +17,7 @@ from inferline.core import (
     gamma_trace,
     make_plan,
     simulate,
+    with_ladder,
 )
 from inferline.core._variants import (
     PipelineVariants,
@@ -152,3 +153,80 @@ def test_tuner_switches_to_a_cheaper_variant_instead_of_adding_replicas():
     strict = VariantTuner(PIPE, VARIANTS, PROFILES, vp, accuracy_floor=0.93)
     _, d2 = strict.step(strict.initial_state(0.0), 1.0, peaks)
     assert d2.switched == {} and d2.decision.replicas == plain_d.replicas
+
+
+def test_tuner_with_a_ladder_switches_at_the_steps_batch_sizes_and_back_at_the_plan():
+    """A plan with a ladder (what ``inferline plan`` writes): the alternative keeps the
+    ladder's configuration and batch sizes, resizes the switched stage, and is checked at
+    what runs; the ladder is rewritten for the new variant; back at the plan, the plan's
+    variants return."""
+    slo = 0.15
+    plan_trace = _trace(20.0, n=1500)
+    vp = plan_with_variants(PIPE, VARIANTS, PROFILES, plan_trace, slo)
+    lplan = with_ladder(PIPE, stage_profiles(PROFILES, vp.choice), plan_trace, vp.plan)
+    assert lplan.tuner.ladder
+    vp = VariantPlan(lplan, vp.choice, vp.accuracy)
+    tuner = VariantTuner(PIPE, VARIANTS, PROFILES, vp)
+    plain = tuner.policy
+    assert plain.uses_ladder
+    env = dict(lplan.tuner.envelope)
+    peaks = [int(3 * env.get(w, 0)) for w in tuner.windows]
+    state, d = tuner.step(tuner.initial_state(0.0), 1.0, peaks)
+    _, plain_d = plain.step(plain.initial_state(0.0), 1.0, peaks)
+    assert d is not None and d.switched == {"cls": ("cls-big", "cls-mid")}
+    assert d.cost_per_hour < d.scale_up_cost_per_hour == tuner.cost(plain_d.replicas)
+    # the ladder's batch sizes run, and the configuration was checked at them
+    assert d.decision.batch == plain_d.batch and state.batch == plain_d.batch
+    assert d.decision.replicas["pre"] == plain_d.replicas["pre"]
+    assert d.decision.replicas["cls"] < plain_d.replicas["cls"]
+    rate = d.decision.rate_qps * (1 + tuner.config.headroom)
+    assert f"at {rate:.1f} q/s" in d.decision.reason
+    configs = {
+        m: type(c)(c.hardware, d.decision.batch[m], d.decision.replicas[m])
+        for m, c in lplan.models.items()
+    }
+    res = simulate(PIPE, configs, stage_profiles(PROFILES, d.variants), _trace(rate, 3000, 5))
+    assert res.percentile(99.0) <= slo * 1.1  # tolerance: a fresh trace, 3000 queries
+    # the ladder goes on, rewritten for cls-mid: no step needs more cls replicas than before
+    assert tuner.policy.uses_ladder and tuner.policy is not plain
+    before = {st.rate_qps: st.models["cls"].replicas for st in lplan.tuner.ladder}
+    after = tuner.policy.inputs.ladder
+    assert after and all(st.models["cls"].replicas <= before[st.rate_qps] for st in after)
+    # the burst is over: once the horizon has passed, the scale-down returns to the plan and
+    # to the plan's variants
+    quiet = [int(0.5 * env.get(w, 0)) for w in tuner.windows]
+    t, back = 1.0, None
+    while back is None and t < 120.0:
+        t += 0.5
+        state, back = tuner.step(state, t, quiet)
+    assert back is not None and back.decision.action == "down", back
+    assert back.switched == {"cls": ("cls-mid", "cls-big")}
+    assert back.variants == vp.choice and tuner.choice == vp.choice
+    assert back.decision.replicas == {m: c.replicas for m, c in lplan.models.items()}
+    assert tuner.policy is plain and "back at the plan" in back.decision.reason
+
+
+def test_tuner_without_a_ladder_switches_back_once_the_traffic_fits_the_plan():
+    plan_trace = _trace(20.0, n=1500)
+    vp = plan_with_variants(PIPE, VARIANTS, PROFILES, plan_trace, 0.15)
+    tuner = VariantTuner(PIPE, VARIANTS, PROFILES, vp)
+    plain = tuner.policy
+    env = dict(vp.plan.tuner.envelope)
+    state, d = tuner.step(
+        tuner.initial_state(0.0), 1.0, [int(6 * env.get(w, 0)) for w in tuner.windows]
+    )
+    assert d.switched == {"cls": ("cls-big", "cls-mid")} and tuner.policy is not plain
+    quiet = [int(0.5 * env.get(w, 0)) for w in tuner.windows]
+    t, back = 1.0, None
+    while back is None and t < 120.0:
+        t += 0.5
+        state, back = tuner.step(state, t, quiet)
+    assert back is not None and back.switched == {"cls": ("cls-mid", "cls-big")}, back
+    assert t >= 1.0 + tuner.config.stabilization_delay_s  # not before the delay
+    assert back.decision.replicas == {m: c.replicas for m, c in vp.plan.models.items()}
+    assert tuner.choice == vp.choice and tuner.policy is plain
+    # and it stays there while the traffic stays quiet
+    for _ in range(20):
+        t += 0.5
+        state, again = tuner.step(state, t, quiet)
+        assert again is None or not again.switched
