@@ -23,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core import InferlineError, Plan, Tuner, TunerConfig, TunerDecision, TunerPolicy
+from inferline.core import (
+    InferlineError,
+    Plan,
+    Tuner,
+    TunerConfig,
+    TunerDecision,
+    TunerPolicy,
+    ValidationError,
+)
 
 __all__ = ["AppliedDecision", "LiveTuner", "start_live_tuner"]
 
@@ -57,11 +65,21 @@ class LiveTuner:
         registry: Any = None,
         observer: Callable[..., Any] | None = None,
         dispatcher: Any = None,
+        retry_s: float = 0.5,
+        retry_max_s: float = 8.0,
     ) -> None:
         """``observer(model, before, after, time_s=, reason=)`` is called for every model a
         decision changes (``PluginHost.scaling_observer("tuner")`` fits). ``dispatcher``: the
         queue whose max batch sizes follow the decisions of a tuner with a ladder (without
-        one, only replica counts change)."""
+        one, only replica counts change). A ``scale()`` that fails is retried after
+        ``retry_s``, doubling up to ``retry_max_s``, for as long as no newer decision has set
+        that model's target (the tuner's state already counts the replicas it asked for; a
+        backend that is restarting would otherwise be left short until the next decision)."""
+        if retry_s <= 0 or retry_max_s < retry_s:
+            raise ValidationError("retry_s", "0 < retry_s <= retry_max_s", (retry_s, retry_max_s))
+        self.retry_s = float(retry_s)
+        self.retry_max_s = float(retry_max_s)
+        self._wake: asyncio.Event | None = None
         self.backend = backend
         self.dispatcher = dispatcher
         self._observer = observer
@@ -183,11 +201,16 @@ class LiveTuner:
         changed = {m: n for m, n in d.replicas.items() if prev.get(m) != n}
         self._targets.update(changed)
         self._pending_decision = d
+        if self._wake is not None:
+            self._wake.set()  # a new target ends a retry's wait
         if self._applier is None or self._applier.done():
             self._applier = asyncio.get_running_loop().create_task(self._apply_loop())
 
     async def _apply_loop(self) -> None:
+        self._wake = asyncio.Event()
+        delay = self.retry_s
         while self._targets:
+            self._wake.clear()
             d = self._pending_decision
             assert d is not None
             targets, self._targets = self._targets, {}
@@ -195,17 +218,25 @@ class LiveTuner:
             results = await asyncio.gather(
                 *(self.backend.scale(m, n) for m, n in targets.items()), return_exceptions=True
             )
-            errors = [
-                f"{m}: {r}"
-                for m, r in zip(targets, results, strict=True)
+            failed = {
+                m: (n, r)
+                for (m, n), r in zip(targets.items(), results, strict=True)
                 if isinstance(r, Exception)
-            ]
-            err = "; ".join(errors) or None
-            if err:
-                log.error("tuner could not apply %s: %s", d.replicas, err)
+            }
+            err = "; ".join(f"{m}: {r}" for m, (_, r) in failed.items()) or None
             self.applied.append(AppliedDecision(d, t0, self._clock(), err))
             if self._metrics is not None:
                 self._metrics.applied(err is None)
+            if not err:
+                delay = self.retry_s
+                continue
+            # retry what failed unless a newer decision has set its target meanwhile
+            for m, (n, _) in failed.items():
+                self._targets.setdefault(m, n)
+            log.error("tuner could not apply %s: %s; retrying in %.1f s", d.replicas, err, delay)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+            delay = min(2.0 * delay, self.retry_max_s)
 
 
 def _with_max_batch(policy: Any, b: int) -> Any:

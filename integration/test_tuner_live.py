@@ -15,8 +15,10 @@ from inferline.core import (
     ModelConfig,
     Plan,
     TunerConfig,
+    TunerDecision,
     TunerInputs,
     TunerModel,
+    ValidationError,
     envelope_windows,
     gamma_trace,
     trace_envelope,
@@ -237,3 +239,92 @@ def test_ladder_decisions_change_batch_sizes_and_a_new_plan_reaches_the_tuner():
     assert p.latency_s < SLO_S
     assert result["tuner"] == "follows the new plan"
     assert live.policy.planned == {"m": 2} and live.policy.planned_batch == {"m": 2}
+
+
+def test_a_failed_scale_is_retried_until_the_backend_can_apply_it(tmp_path):
+    """On the bundled runtime's backend, real replica processes: the new replica cannot load
+    (its weights file is missing, as with an artifact not yet synced to the node), so
+    ``scale()`` fails; the tuner retries it with backoff, and it lands once the file is back."""
+    from inferline.adapters.local import LocalBackend
+    from inferline.core import ModelSpec
+
+    w, b = tmp_path / "w.npy", tmp_path / "b.npy"
+    np.save(w, np.eye(2, dtype=np.float32))
+    np.save(b, np.zeros(2, dtype=np.float32))
+    spec = ModelSpec(
+        "m", "inferline.adapters.local.examples:linear", {"weights": str(w), "bias": str(b)}
+    )
+    cfg = TunerConfig(interval_s=0.05, up_rate="scaled")
+
+    async def until(cond, what, timeout_s=60.0):
+        deadline = time.perf_counter() + timeout_s
+        while not cond():
+            assert time.perf_counter() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def main():
+        backend = LocalBackend(oversubscribe=True)  # CI has 2 cores
+        try:
+            await backend.deploy(spec, ModelConfig("cpu", 1, 1))
+            w.rename(tmp_path / "w.hidden")
+            t = [0.0]
+            live = LiveTuner(
+                backend, _plan(), cfg, clock=lambda: t[0], retry_s=0.2, retry_max_s=0.4
+            )
+            for i in range(int(BURST_QPS)):  # 4x the plan for 1 s
+                live.record(i / BURST_QPS)
+            t[0] = 1.0
+            d = live.tick()
+            assert d is not None and d.action == "up" and d.replicas["m"] >= 2
+            await until(lambda: len(live.applied) >= 2, "two failed attempts")
+            failed = list(live.applied)
+            assert len(backend.replicas("m")) == 1
+            (tmp_path / "w.hidden").rename(w)
+            await until(lambda: live.applied[-1].error is None, "the retry that lands")
+            n = len(backend.replicas("m"))
+            await live.stop()
+            return d, failed, live.applied, n
+        finally:
+            await backend.close()
+
+    d, failed, applied, n = asyncio.run(main())
+    assert all(a.error and a.error.startswith("m: ") for a in failed)
+    assert all(a.decision is d for a in applied)  # the same decision, retried
+    assert n == d.replicas["m"]
+
+
+def test_a_newer_target_replaces_the_one_being_retried():
+    """Without processes: a stand-in backend (named as a fake) that refuses the first two
+    calls; a decision made while the first target is being retried wins."""
+
+    class FakeRefusingBackend:
+        def __init__(self):
+            self.calls = []
+
+        async def scale(self, model, n):
+            self.calls.append((model, n))
+            if len(self.calls) <= 2:
+                raise RuntimeError("backend restarting")
+
+    with pytest.raises(ValidationError, match="retry_s"):
+        LiveTuner(FakeRefusingBackend(), _plan(), retry_s=0.0)
+
+    async def main():
+        backend = FakeRefusingBackend()
+        live = LiveTuner(backend, _plan(), clock=lambda: 0.0, retry_s=0.05, retry_max_s=0.1)
+        d1 = TunerDecision(0.0, {"m": 2}, "first", 1.0, 12.0, "up")
+        d2 = TunerDecision(0.1, {"m": 3}, "second", 1.0, 18.0, "up")
+        live._apply(d1)
+        await asyncio.sleep(0.01)  # the first call fails, a retry waits
+        live._apply(d2)  # ends the wait with the newer target
+        deadline = time.perf_counter() + 5.0
+        while not live.applied or live.applied[-1].error is not None:
+            assert time.perf_counter() < deadline
+            await asyncio.sleep(0.01)
+        await live.stop()
+        return backend.calls, live.applied
+
+    calls, applied = asyncio.run(main())
+    assert calls == [("m", 2), ("m", 3), ("m", 3)]
+    assert [a.error is None for a in applied] == [False, False, True]
+    assert applied[-1].decision.reason == "second"
