@@ -178,6 +178,7 @@ def _room_note(plan: Plan, rate_margin: float = 0.0) -> str:
             f"leaves it {cfg.stabilization_delay_s:g} s after a change (`--tuner-down-to step`, "
             "the default), `--tuner-trigger room` at once (docs/tuner.md)"
         )
+    text += _steady_note(plan, cfg)
     if rate_margin == 0 and room < SLACK_HINT:
         text += (
             f"; under {SLACK_HINT:.0%} of throughput slack, another sample of the same traffic "
@@ -185,6 +186,31 @@ def _room_note(plan: Plan, rate_margin: float = 0.0) -> str:
             "(benchmarks/plan_generalization.py)"
         )
     return text
+
+
+def _steady_note(plan: Plan, cfg: object) -> str:
+    """What the default tuner runs at the sample's own rate, where that costs more than the
+    plan: it keeps its headroom over the traffic (``down_to="step"``), so a plan with less room
+    runs on a dearer step at the planned workload. Said here so the bill is no surprise."""
+    from inferline.core import TunerConfig, TunerPolicy
+
+    assert isinstance(cfg, TunerConfig) and plan.tuner is not None
+    policy = TunerPolicy.from_plan(plan, cfg)
+    if not policy.uses_ladder:
+        return ""
+    _, _, i = policy.target(plan.tuner.mean_rate_qps * (1.0 + cfg.headroom))
+    if i == 0 or i > len(plan.tuner.ladder):
+        return ""
+    step = plan.tuner.ladder[i - 1]
+    if step.cost_per_hour <= plan.cost_per_hour * 1.0001:
+        return ""
+    return (
+        f"; at the planned workload the tuner keeps {cfg.headroom:.0%} headroom over the "
+        f"traffic and so runs the {step.rate_qps:.1f} q/s step at ${step.cost_per_hour:.3f}/h "
+        f"(the plan: ${plan.cost_per_hour:.3f}/h); `--tuner-headroom` on simulate and serve "
+        "sets that room, `--tuner-down-to saving` stays on the plan until a window exceeds the "
+        "planned envelope (docs/tuner.md)"
+    )
 
 
 def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> None:

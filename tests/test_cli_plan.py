@@ -195,7 +195,9 @@ def test_rate_margin_keeps_throughput_slack(files, capsys):
     assert "with the rate margin of 25% on top" in out
     plan = load_plan(files["plan"])
     fast = compress(load_trace(files["trace"]), 1.25)
-    r = simulate(load_pipeline(files["pipeline"]), plan.models, load_profiles(files["profiles"]), fast)
+    r = simulate(
+        load_pipeline(files["pipeline"]), plan.models, load_profiles(files["profiles"]), fast
+    )
     assert r.percentile(99) <= 0.1
     with pytest.raises(SystemExit) as ei:
         main(_plan_args(files, "--slo-s", "0.1", "--rate-margin", "-0.1"))
@@ -244,7 +246,9 @@ def test_room_note_names_what_a_tight_plan_risks():
 
     def plan_with_room(room: float) -> Plan:
         step = LadderStep(mean * (1 + room), configs, 0.0665)
-        return Plan("one", 0.1, configs, cost_per_hour=0.0665, tuner=replace(inputs, ladder=(step,)))
+        return Plan(
+            "one", 0.1, configs, cost_per_hour=0.0665, tuner=replace(inputs, ladder=(step,))
+        )
 
     tight = _room_note(plan_with_room(0.01))
     assert "1.0% over the sample's" in tight
@@ -253,3 +257,17 @@ def test_room_note_names_what_a_tight_plan_risks():
     assert "--tuner-trigger" not in roomy and "--rate-margin" not in roomy
     margined = _room_note(plan_with_room(0.01), rate_margin=0.05)
     assert "rate margin of 5% on top" in margined and "--rate-margin" not in margined
+    # the steps above cost the same: no word on what the tuner runs at the planned workload
+    assert "at the planned workload" not in tight + roomy
+    # a dearer step for the headroom: the note says what the tuner will run, and its cost
+    two = {"m": ModelConfig("cpu", 1, 2)}
+    dear = replace(
+        plan_with_room(0.05),
+        tuner=replace(
+            inputs,
+            ladder=(LadderStep(mean * 1.05, configs, 0.0665), LadderStep(mean * 1.6, two, 0.133)),
+        ),
+    )
+    note = _room_note(dear)
+    assert f"runs the {mean * 1.6:.1f} q/s step at $0.133/h (the plan: $0.067/h)" in note
+    assert "keeps 20% headroom" in note and "--tuner-headroom" in note
