@@ -29,6 +29,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 unit: $(TEST_STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider

@@ -579,9 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for r in rows:
         if r.from_plan:
-            cells = " / ".join(
-                f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room", "saving")
-            )
+            cells = " / ".join(f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room", "saving"))
             print(f"  {r.pipeline}/{r.case} seed {r.seed}: {cells}")
     for label in ("tuner", "room", "saving", "replicas", "paper-rule"):
         for title, sel in (

@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             sample = gamma_trace(args.rate, cv, args.duration_s, rng)
             fresh = [gamma_trace(args.rate, cv, args.duration_s, rng) for _ in range(args.fresh)]
             for margin in args.margins:
-                bar.update(task, description=f"{name} cv {cv:g} slo {slo:g} seed {seed} m {margin:g}")
+                bar.update(
+                    task, description=f"{name} cv {cv:g} slo {slo:g} seed {seed} m {margin:g}"
+                )
                 try:
                     plan = plan_inferline(
                         pipeline, profiles, sample, slo, options=PlannerOptions(rate_margin=margin)

@@ -69,7 +69,9 @@ def plot_timeline(
     for d in decisions:
         ax[1].axvline(
             float(d.time_s) - t0,
-            color={"up": "tab:green", "settle": "tab:gray"}.get(getattr(d, "action", "up"), "tab:red"),
+            color={"up": "tab:green", "settle": "tab:gray"}.get(
+                getattr(d, "action", "up"), "tab:red"
+            ),
             lw=0.5,
             alpha=0.4,
         )

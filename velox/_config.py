@@ -20,7 +20,12 @@ def _check_keys(cls: type, d: Any, name: str) -> None:
 
 
 def _positive(name: str, v: float, *, allow_zero: bool = False) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (v == 0 and not allow_zero):
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or v < 0
+        or (v == 0 and not allow_zero)
+    ):
         raise ValidationError(name, ">= 0" if allow_zero else "> 0", v)
 
 
@@ -51,7 +56,9 @@ class StalenessConfig:
         _positive("staleness.slow_halflife", self.slow_halflife)
         if self.fast_halflife >= self.slow_halflife:
             raise ValidationError(
-                "staleness.fast_halflife", "< slow_halflife", (self.fast_halflife, self.slow_halflife)
+                "staleness.fast_halflife",
+                "< slow_halflife",
+                (self.fast_halflife, self.slow_halflife),
             )
         _positive("staleness.threshold", self.threshold)
         _positive("staleness.min_observations", self.min_observations, allow_zero=True)
@@ -123,7 +130,9 @@ class VeloxConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["owned_partitions"] = None if self.owned_partitions is None else list(self.owned_partitions)
+        d["owned_partitions"] = (
+            None if self.owned_partitions is None else list(self.owned_partitions)
+        )
         d["staleness"] = self.staleness.to_dict()
         return d
 

@@ -45,7 +45,9 @@ def error_response(e: Exception) -> JSONResponse:
         body.update(field=e.field, expected=e.expected)
     elif isinstance(e, NotFoundError):
         status = 404
-        body.update(kind=e.kind, name=e.name if isinstance(e.name, (str, int, float)) else repr(e.name))
+        body.update(
+            kind=e.kind, name=e.name if isinstance(e.name, (str, int, float)) else repr(e.name)
+        )
     elif isinstance(e, WrongPartitionError):
         status = 421
         body.update(partition=e.partition, owned=list(e.owned))
@@ -95,14 +97,18 @@ def make_velox_router(
             raise ValidationError("body", "a JSON object", type(body).__name__)
         extra = set(body) - allowed
         if extra:
-            raise ValidationError(sorted(extra)[0], f"only the fields {sorted(allowed)}", "unexpected field")
+            raise ValidationError(
+                sorted(extra)[0], f"only the fields {sorted(allowed)}", "unexpected field"
+            )
         return body
 
     async def guarded(fn: Callable[[], Awaitable[Any]], status: int = 200) -> JSONResponse:
         try:
             result = await fn()
         except _TooLarge as e:
-            return JSONResponse({"error": {"type": "PayloadTooLarge", "message": str(e)}}, status_code=413)
+            return JSONResponse(
+                {"error": {"type": "PayloadTooLarge", "message": str(e)}}, status_code=413
+            )
         except Exception as e:
             return error_response(e)
         return JSONResponse(_finite(result), status_code=status)
@@ -114,6 +120,7 @@ def make_velox_router(
             x = decode_value(_field(b, "x", "an item (JSON value or tensor)"), "x")
             uid = _field(b, "uid", "a user id string")
             return (await service.predict(model, uid, x)).to_dict()
+
         return await guarded(run)
 
     @router.post("/{model}/top_k")
@@ -127,9 +134,11 @@ def make_velox_router(
             alpha = b.get("alpha")
             if alpha is not None:
                 alpha = _number(alpha, "alpha")
-            res = await service.top_k(model, _field(b, "uid", "a user id string"), items,
-                                      b.get("k", 10), alpha)
+            res = await service.top_k(
+                model, _field(b, "uid", "a user id string"), items, b.get("k", 10), alpha
+            )
             return res.to_dict()
+
         return await guarded(run)
 
     @router.post("/{model}/observe")
@@ -138,7 +147,10 @@ def make_velox_router(
             b = await body_of(request, {"uid", "x", "y"})
             x = decode_value(_field(b, "x", "an item (JSON value or tensor)"), "x")
             y = _number(_field(b, "y", "a number (the label)"), "y")
-            return (await service.observe(model, _field(b, "uid", "a user id string"), x, y)).to_dict()
+            return (
+                await service.observe(model, _field(b, "uid", "a user id string"), x, y)
+            ).to_dict()
+
         return await guarded(run)
 
     @router.post("/{model}/retrain")
@@ -165,10 +177,16 @@ def make_velox_router(
     async def versions(model: str) -> JSONResponse:
         async def run() -> Any:
             current = service.current_version(model)
-            return {"model": model, "current": current,
-                    "versions": [{**v.to_dict(), "current": v.version == current}
-                                 for v in service.versions(model)],
-                    "jobs": [j.to_dict() for j in service.jobs(model)]}
+            return {
+                "model": model,
+                "current": current,
+                "versions": [
+                    {**v.to_dict(), "current": v.version == current}
+                    for v in service.versions(model)
+                ],
+                "jobs": [j.to_dict() for j in service.jobs(model)],
+            }
+
         return await guarded(run)
 
     @router.post("/{model}/rollback")
@@ -180,24 +198,28 @@ def make_velox_router(
                 raise ValidationError("version", "an int (an existing version)", v)
             rec = await service.rollback(model, v)
             return {"model": model, "current": rec.version, "version": rec.to_dict()}
+
         return await guarded(run)
 
     @router.get("/{model}/users/{uid}")
     async def user(model: str, uid: str) -> JSONResponse:
         async def run() -> Any:
             return service.user(model, uid)
+
         return await guarded(run)
 
     @router.get("/{model}/stats")
     async def stats(model: str) -> JSONResponse:
         async def run() -> Any:
             return service.stats(model)
+
         return await guarded(run)
 
     @router.get("/{model}/events")
     async def events(model: str) -> JSONResponse:
         async def run() -> Any:
             return {"model": model, "events": service.events(model)}
+
         return await guarded(run)
 
     return router

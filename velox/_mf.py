@@ -58,7 +58,9 @@ class MFResult:
 
 def _index(values: Sequence[Hashable]) -> tuple[list[Hashable], np.ndarray]:
     ids: dict[Hashable, int] = {}
-    idx = np.fromiter((ids.setdefault(v, len(ids)) for v in values), dtype=np.int64, count=len(values))
+    idx = np.fromiter(
+        (ids.setdefault(v, len(ids)) for v in values), dtype=np.int64, count=len(values)
+    )
     return list(ids), idx
 
 
@@ -94,7 +96,11 @@ def train_mf(
     """Fit the biased MF model to (user, item, rating) triples by ALS."""
     y = np.asarray(ratings, dtype=np.float64)
     if not (len(users) == len(items) == len(y)) or len(y) == 0:
-        raise ValidationError("ratings", "equal-length, non-empty users/items/ratings", (len(users), len(items), len(y)))
+        raise ValidationError(
+            "ratings",
+            "equal-length, non-empty users/items/ratings",
+            (len(users), len(items), len(y)),
+        )
     if not np.all(np.isfinite(y)):
         raise ValidationError("ratings", "finite numbers", "non-finite values")
     if k < 1 or iters < 1 or lam <= 0:

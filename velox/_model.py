@@ -250,7 +250,12 @@ class TableModel(VeloxModel):
         items = [o.x for o in observations]
         y = np.array([o.y for o in observations])
         mf = train_mf(
-            users, items, y, k=self.k, lam=self.mf_lambda, iters=self.mf_iters,
+            users,
+            items,
+            y,
+            k=self.k,
+            lam=self.mf_lambda,
+            iters=self.mf_iters,
             rng=np.random.default_rng(self.seed),
         )
         # Keep items the log never mentions: a retrain must not forget part of the catalogue.
@@ -355,7 +360,9 @@ def check_features(f: Any, dim: int, model: str) -> np.ndarray:
     """
     a = np.asarray(f, dtype=np.float64)
     if a.shape != (dim,):
-        raise BackendError(f"velox:{model}", f"feature function returned shape {a.shape}, expected ({dim},)")
+        raise BackendError(
+            f"velox:{model}", f"feature function returned shape {a.shape}, expected ({dim},)"
+        )
     if not np.all(np.isfinite(a)):
         raise BackendError(f"velox:{model}", "feature function returned non-finite values")
     if a.flags.writeable:

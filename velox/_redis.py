@@ -56,13 +56,16 @@ def _unb64(s: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
 class RedisStore:
     """Velox state in Redis. ``url`` like ``redis://127.0.0.1:6379/0``; needs ``redis`` (pip)."""
 
-    def __init__(self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "velox",
-                 client: Any = None) -> None:
+    def __init__(
+        self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "velox", client: Any = None
+    ) -> None:
         if client is None:
             try:
                 import redis
             except ImportError as e:  # optional dependency: pip install inferline[redis]
-                raise ValidationError("store", "the 'redis' package (pip install redis)", "missing") from e
+                raise ValidationError(
+                    "store", "the 'redis' package (pip install redis)", "missing"
+                ) from e
             client = redis.Redis.from_url(url, decode_responses=True)
         self.r = client
         self.prefix = prefix
@@ -74,20 +77,47 @@ class RedisStore:
 
     # -- observation log
 
-    def append_observation(self, model: str, uid: str, x: Any, y: float, version: int,
-                           features: np.ndarray | None, ts: float) -> int:
-        rec = json.dumps({"uid": uid, "x": dumps(x), "y": float(y), "version": int(version),
-                          "f": None if features is None else _b64(features), "ts": float(ts)})
+    def append_observation(
+        self,
+        model: str,
+        uid: str,
+        x: Any,
+        y: float,
+        version: int,
+        features: np.ndarray | None,
+        ts: float,
+    ) -> int:
+        rec = json.dumps(
+            {
+                "uid": uid,
+                "x": dumps(x),
+                "y": float(y),
+                "version": int(version),
+                "f": None if features is None else _b64(features),
+                "ts": float(ts),
+            }
+        )
         return int(self._append(keys=[self._k(model, "seq"), self._k(model, "obs")], args=[rec]))
 
-    def observations(self, model: str, after_seq: int = 0, upto_seq: int | None = None) -> list[Observation]:
+    def observations(
+        self, model: str, after_seq: int = 0, upto_seq: int | None = None
+    ) -> list[Observation]:
         hi = "+inf" if upto_seq is None else upto_seq
         out = []
         for member in self.r.zrangebyscore(self._k(model, "obs"), f"({after_seq}", hi):
             seq, _, body = member.partition("|")
             d = json.loads(body)
-            out.append(Observation(int(seq), d["uid"], loads(d["x"]), d["y"], d["version"], d["ts"],
-                                   None if d["f"] is None else _unb64(d["f"])))
+            out.append(
+                Observation(
+                    int(seq),
+                    d["uid"],
+                    loads(d["x"]),
+                    d["y"],
+                    d["version"],
+                    d["ts"],
+                    None if d["f"] is None else _unb64(d["f"]),
+                )
+            )
         return out
 
     def last_seq(self, model: str) -> int:
@@ -98,10 +128,12 @@ class RedisStore:
 
     def put_version(self, model: str, record: VersionRecord, state: Any) -> bool:
         """Store a new version atomically; False if that number exists already."""
-        return bool(self._put_version(
-            keys=[self._k(model, "versions"), self._k(model, "state", record.version)],
-            args=[str(record.version), json.dumps(record.to_dict()), json.dumps(state)],
-        ))
+        return bool(
+            self._put_version(
+                keys=[self._k(model, "versions"), self._k(model, "state", record.version)],
+                args=[str(record.version), json.dumps(record.to_dict()), json.dumps(state)],
+            )
+        )
 
     def version_state(self, model: str, version: int) -> Any:
         s = self.r.get(self._k(model, "state", version))
@@ -110,8 +142,9 @@ class RedisStore:
         return json.loads(s)
 
     def versions(self, model: str) -> list[VersionRecord]:
-        recs = [VersionRecord.from_dict(json.loads(v))
-                for v in self.r.hvals(self._k(model, "versions"))]
+        recs = [
+            VersionRecord.from_dict(json.loads(v)) for v in self.r.hvals(self._k(model, "versions"))
+        ]
         return sorted(recs, key=lambda r: r.version)
 
     def set_current(self, model: str, version: int) -> None:
@@ -124,8 +157,10 @@ class RedisStore:
     # -- user snapshots
 
     def save_users(self, model: str, version: int, rows: Iterable[UserRow]) -> None:
-        mapping = {r.uid: json.dumps({"n": r.n, "upto": r.upto_seq, "gram": _b64(r.gram),
-                                      "b": _b64(r.b)}) for r in rows}
+        mapping = {
+            r.uid: json.dumps({"n": r.n, "upto": r.upto_seq, "gram": _b64(r.gram), "b": _b64(r.b)})
+            for r in rows
+        }
         if mapping:
             # Only the partition owner writes a uid, so a plain HSET cannot lose a newer snapshot.
             self.r.hset(self._k(model, "users", version), mapping=mapping)
@@ -141,7 +176,9 @@ class RedisStore:
     # -- events
 
     def record_event(self, model: str, kind: str, detail: dict[str, Any], ts: float) -> None:
-        self.r.rpush(self._k(model, "events"), json.dumps({"ts": ts, "kind": kind, "detail": detail}))
+        self.r.rpush(
+            self._k(model, "events"), json.dumps({"ts": ts, "kind": kind, "detail": detail})
+        )
 
     def events(self, model: str) -> list[dict[str, Any]]:
         out = []

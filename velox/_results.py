@@ -19,13 +19,23 @@ class Prediction:
     cached: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.uid, "score": self.score, "version": self.version,
-                "new_user": self.new_user, "cached": self.cached}
+        return {
+            "uid": self.uid,
+            "score": self.score,
+            "version": self.version,
+            "new_user": self.new_user,
+            "cached": self.cached,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Prediction:
-        return cls(str(d["uid"]), float(d["score"]), int(d["version"]), bool(d["new_user"]),
-                   bool(d.get("cached", False)))
+        return cls(
+            str(d["uid"]),
+            float(d["score"]),
+            int(d["version"]),
+            bool(d["new_user"]),
+            bool(d.get("cached", False)),
+        )
 
 
 @dataclass(frozen=True)
@@ -38,8 +48,12 @@ class Ranked:
     bonus: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"item": encode_value(self.item), "index": self.index, "score": self.score,
-                "bonus": self.bonus}
+        return {
+            "item": encode_value(self.item),
+            "index": self.index,
+            "score": self.score,
+            "bonus": self.bonus,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Ranked:
@@ -55,13 +69,23 @@ class TopK:
     items: tuple[Ranked, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.uid, "version": self.version, "alpha": self.alpha,
-                "new_user": self.new_user, "items": [r.to_dict() for r in self.items]}
+        return {
+            "uid": self.uid,
+            "version": self.version,
+            "alpha": self.alpha,
+            "new_user": self.new_user,
+            "items": [r.to_dict() for r in self.items],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TopK:
-        return cls(str(d["uid"]), int(d["version"]), float(d["alpha"]), bool(d["new_user"]),
-                   tuple(Ranked.from_dict(r) for r in d["items"]))
+        return cls(
+            str(d["uid"]),
+            int(d["version"]),
+            float(d["alpha"]),
+            bool(d["new_user"]),
+            tuple(Ranked.from_dict(r) for r in d["items"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -79,9 +103,17 @@ class RetrainJob:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job": self.job, "model": self.model, "reason": self.reason, "status": self.status,
-                "started_s": self.started_s, "finished_s": self.finished_s,
-                "from_version": self.from_version, "version": self.version, "error": self.error}
+        return {
+            "job": self.job,
+            "model": self.model,
+            "reason": self.reason,
+            "status": self.status,
+            "started_s": self.started_s,
+            "finished_s": self.finished_s,
+            "from_version": self.from_version,
+            "version": self.version,
+            "error": self.error,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RetrainJob:
@@ -103,13 +135,27 @@ class ObserveResult:
     retrain: RetrainJob | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uid": self.uid, "seq": self.seq, "y_hat": self.y_hat, "loss": self.loss,
-                "version": self.version, "new_user": self.new_user, "stale": self.stale,
-                "retrain": None if self.retrain is None else self.retrain.to_dict()}
+        return {
+            "uid": self.uid,
+            "seq": self.seq,
+            "y_hat": self.y_hat,
+            "loss": self.loss,
+            "version": self.version,
+            "new_user": self.new_user,
+            "stale": self.stale,
+            "retrain": None if self.retrain is None else self.retrain.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ObserveResult:
         r = d.get("retrain")
-        return cls(str(d["uid"]), int(d["seq"]), float(d["y_hat"]), float(d["loss"]),
-                   int(d["version"]), bool(d["new_user"]), bool(d.get("stale", False)),
-                   None if r is None else RetrainJob.from_dict(r))
+        return cls(
+            str(d["uid"]),
+            int(d["seq"]),
+            float(d["y_hat"]),
+            float(d["loss"]),
+            int(d["version"]),
+            bool(d["new_user"]),
+            bool(d.get("stale", False)),
+            None if r is None else RetrainJob.from_dict(r),
+        )

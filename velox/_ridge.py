@@ -48,8 +48,18 @@ class UserRidge:
     include it never serve a prediction made with older weights.
     """
 
-    __slots__ = ("_b", "_gram", "_pending_f", "_pending_y", "a_inv", "epoch", "lam", "n",
-                 "since_refactor", "w")
+    __slots__ = (
+        "_b",
+        "_gram",
+        "_pending_f",
+        "_pending_y",
+        "a_inv",
+        "epoch",
+        "lam",
+        "n",
+        "since_refactor",
+        "w",
+    )
 
     def __init__(self, prior: np.ndarray, lam: float) -> None:
         p = np.array(prior, dtype=np.float64)

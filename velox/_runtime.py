@@ -50,11 +50,23 @@ log = logging.getLogger(__name__)
 class _Live:
     """One loaded version: shared state, feature function, owned users."""
 
-    __slots__ = ("default_w", "dirty", "featurizer", "fprefix", "pprefix", "record", "state",
-                 "upto", "users", "version", "w_sum")
+    __slots__ = (
+        "default_w",
+        "dirty",
+        "featurizer",
+        "fprefix",
+        "pprefix",
+        "record",
+        "state",
+        "upto",
+        "users",
+        "version",
+        "w_sum",
+    )
 
-    def __init__(self, model: str, record: VersionRecord, state: Any, featurizer: FeatureFn,
-                 dim: int) -> None:
+    def __init__(
+        self, model: str, record: VersionRecord, state: Any, featurizer: FeatureFn, dim: int
+    ) -> None:
         self.version = record.version
         self.record = record
         self.state = state
@@ -82,8 +94,15 @@ class _Live:
 class Runtime:
     """Per-model state and logic; :class:`VeloxService` routes calls here by model name."""
 
-    def __init__(self, model: VeloxModel, config: VeloxConfig, store: VeloxStore,
-                 fcache: PredictionCache, pcache: PredictionCache, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        model: VeloxModel,
+        config: VeloxConfig,
+        store: VeloxStore,
+        fcache: PredictionCache,
+        pcache: PredictionCache,
+        clock: Callable[[], float],
+    ) -> None:
         self.model = model
         self.name = model.name
         self.dim = int(model.dim)
@@ -143,6 +162,7 @@ class Runtime:
             def compute(x: Any) -> Callable[[], Any]:
                 async def run() -> np.ndarray:
                     return check_features(await featurizer(x), self.dim, self.name)
+
                 return run
 
             got = await asyncio.gather(
@@ -168,7 +188,9 @@ class Runtime:
             live = self._live()
             u = live.users.get(uid)
             if u is not None:
-                hit, score = self.pcache.get(cache_key(self.name, 0, [uid, u.epoch, x], prefix=live.pprefix))
+                hit, score = self.pcache.get(
+                    cache_key(self.name, 0, [uid, u.epoch, x], prefix=live.pprefix)
+                )
                 if hit:
                     return Prediction(uid, score, live.version, False, cached=True)
             f = await self.features(live, x)
@@ -238,8 +260,12 @@ class Runtime:
         verdict = self.detector.update(uid, loss)
         job = None
         if verdict.stale:
-            detail = {"reason": "loss rising", **verdict.to_dict(),
-                      "threshold": self.config.staleness.threshold, "version": live.version}
+            detail = {
+                "reason": "loss rising",
+                **verdict.to_dict(),
+                "threshold": self.config.staleness.threshold,
+                "version": live.version,
+            }
             self.store.record_event(self.name, "stale", detail, self.clock())
             log.info("model %r is stale: %s", self.name, detail)
             if self.config.staleness.auto_retrain:
@@ -258,8 +284,11 @@ class Runtime:
         rows = []
         for uid in live.dirty:
             u = live.users[uid]
-            rows.append(UserRow(uid, u.n, live.upto.get(uid, live.record.base_seq),
-                                u.gram.copy(), u.b.copy()))
+            rows.append(
+                UserRow(
+                    uid, u.n, live.upto.get(uid, live.record.base_seq), u.gram.copy(), u.b.copy()
+                )
+            )
         live.dirty.clear()
         return rows
 
@@ -293,14 +322,18 @@ class Runtime:
 
     # ------------------------------------------------------------------ versions
 
-    def _build_users(self, result: RetrainResult, upto: int) -> tuple[dict[str, UserRidge], list[UserRow]]:
+    def _build_users(
+        self, result: RetrainResult, upto: int
+    ) -> tuple[dict[str, UserRidge], list[UserRow]]:
         lam = self.config.ridge_lambda
         users: dict[str, UserRidge] = {}
         rows: list[UserRow] = []
         for uid, w in result.user_weights.items():
             w = np.asarray(w, dtype=np.float64)
             if w.shape != (self.dim,) or not np.all(np.isfinite(w)):
-                raise InferlineError(f"retrain of {self.name!r} returned bad weights for user {uid!r}")
+                raise InferlineError(
+                    f"retrain of {self.name!r} returned bad weights for user {uid!r}"
+                )
             feats = result.user_features.get(uid)
             f = np.zeros((0, self.dim)) if feats is None else np.asarray(feats, dtype=np.float64)
             u = UserRidge.from_weights(w, f, lam)
@@ -322,10 +355,14 @@ class Runtime:
         users, rows = await asyncio.to_thread(self._build_users, result, upto)
         await asyncio.to_thread(self.store.save_users, self.name, 1, rows)
         self.store.set_current(self.name, 1)
-        self.store.record_event(self.name, "version", {"version": 1, "reason": "initial"}, self.clock())
+        self.store.record_event(
+            self.name, "version", {"version": 1, "reason": "initial"}, self.clock()
+        )
         live = self._make_live(record, result.state, users)
         if result.user_weights:
-            live.default_w = np.mean([np.asarray(w, dtype=np.float64) for w in result.user_weights.values()], axis=0)
+            live.default_w = np.mean(
+                [np.asarray(w, dtype=np.float64) for w in result.user_weights.values()], axis=0
+            )
         await self._catch_up(live, upto)
         self.live = live
 
@@ -347,7 +384,9 @@ class Runtime:
         state = self.model.decode_state(data)
         rows = await asyncio.to_thread(self.store.load_users, self.name, version)
         lam = self.config.ridge_lambda
-        users = {r.uid: UserRidge.from_stats(r.gram, r.b, r.n, lam) for r in rows if self.owns(r.uid)}
+        users = {
+            r.uid: UserRidge.from_stats(r.gram, r.b, r.n, lam) for r in rows if self.owns(r.uid)
+        }
         live = self._make_live(record, state, users)
         for r in rows:
             if r.uid in users:
@@ -374,7 +413,11 @@ class Runtime:
                 last = o.seq
                 if not self.owns(o.uid) or o.seq <= live.upto.get(o.uid, live.record.base_seq):
                     continue
-                if o.version == live.version and o.features is not None and len(o.features) == self.dim:
+                if (
+                    o.version == live.version
+                    and o.features is not None
+                    and len(o.features) == self.dim
+                ):
                     f = o.features
                 else:
                     try:
@@ -410,17 +453,30 @@ class Runtime:
                 task = asyncio.ensure_future(self._write_rows(old, rows))
                 self._background.add(task)  # keep a reference until done (asyncio holds weak ones)
                 task.add_done_callback(self._background.discard)
-        self.store.record_event(self.name, event, {**detail, "version": new.version,
-                                                   "from_version": None if old is None else old.version},
-                                self.clock())
+        self.store.record_event(
+            self.name,
+            event,
+            {
+                **detail,
+                "version": new.version,
+                "from_version": None if old is None else old.version,
+            },
+            self.clock(),
+        )
         log.info("model %r now serves version %d (%s)", self.name, new.version, event)
 
     def start_retrain(self, reason: str) -> RetrainJob:
         """Start a background retrain unless one is running (then return that one)."""
         if self._retrain_task is not None and not self._retrain_task.done():
             return self.jobs[-1]
-        job = RetrainJob(next(self._jobs), self.name, reason, "running", self.clock(),
-                         from_version=self._live().version)
+        job = RetrainJob(
+            next(self._jobs),
+            self.name,
+            reason,
+            "running",
+            self.clock(),
+            from_version=self._live().version,
+        )
         self.jobs.append(job)
         self._retrain_task = asyncio.ensure_future(self._retrain(job))
         return job
@@ -445,7 +501,9 @@ class Runtime:
                 encoded = self.model.encode_state(result.state)
                 version = max(r.version for r in self.store.versions(self.name)) + 1
                 while True:  # a number taken by another frontend's retrain: take the next
-                    record = VersionRecord(version, live.version, self.clock(), job.reason, upto, info)
+                    record = VersionRecord(
+                        version, live.version, self.clock(), job.reason, upto, info
+                    )
                     if await asyncio.to_thread(self.store.put_version, self.name, record, encoded):
                         break
                     version += 1
@@ -454,8 +512,11 @@ class Runtime:
                 if users:
                     new.default_w = new.average()
                 await self._catch_up(new, upto)
-                self._switch(new, "retrained", {"reason": job.reason, "job": job.job,
-                                                "seconds": time.monotonic() - t0})
+                self._switch(
+                    new,
+                    "retrained",
+                    {"reason": job.reason, "job": job.job, "seconds": time.monotonic() - t0},
+                )
             self._finish_job(job, status="done", version=version)
         except asyncio.CancelledError:
             self._finish_job(job, status="failed", error="cancelled")
@@ -464,8 +525,9 @@ class Runtime:
         except Exception as e:
             log.exception("retrain of %r failed", self.name)
             self._finish_job(job, status="failed", error=f"{type(e).__name__}: {e}")
-            self.store.record_event(self.name, "retrain_failed",
-                                    {"job": job.job, "error": repr(e)}, self.clock())
+            self.store.record_event(
+                self.name, "retrain_failed", {"job": job.job, "error": repr(e)}, self.clock()
+            )
             self.detector.reset()  # re-arm: a later rise may trigger another attempt
 
     async def wait_retrain(self) -> None:

@@ -59,15 +59,22 @@ class VeloxService:
             raise ValidationError("model.name", "a non-empty name without '/'", name)
         if name in self._models:
             raise ValidationError("model.name", "a name not registered yet", name)
-        rt = Runtime(model, config or VeloxConfig(), self.store, self.feature_cache,
-                      self.prediction_cache, self.clock)
+        rt = Runtime(
+            model,
+            config or VeloxConfig(),
+            self.store,
+            self.feature_cache,
+            self.prediction_cache,
+            self.clock,
+        )
         current = self.store.current(name)
         if current is None:
             await rt.create_initial()
         else:
             rt.live = await rt.load_version(current)
-            log.info("model %r resumed at version %d with %d users", name, current,
-                     len(rt.live.users))
+            log.info(
+                "model %r resumed at version %d with %d users", name, current, len(rt.live.users)
+            )
         self._models[name] = rt
 
     def models(self) -> list[str]:
@@ -84,8 +91,9 @@ class VeloxService:
     async def predict(self, model: str, uid: str, x: Any) -> Prediction:
         return await self.runtime(model).predict(uid, x)
 
-    async def top_k(self, model: str, uid: str, items: Sequence[Any], k: int = 10,
-                    alpha: float | None = None) -> TopK:
+    async def top_k(
+        self, model: str, uid: str, items: Sequence[Any], k: int = 10, alpha: float | None = None
+    ) -> TopK:
         """The ``k`` items with the best ``w.f + alpha * sqrt(f^T A^-1 f)`` (LinUCB)."""
         return await self.runtime(model).top_k(uid, items, k, alpha)
 
@@ -95,7 +103,9 @@ class VeloxService:
 
     # ------------------------------------------------------------------ management API
 
-    async def retrain(self, model: str, reason: str = "manual", *, wait: bool = False) -> RetrainJob:
+    async def retrain(
+        self, model: str, reason: str = "manual", *, wait: bool = False
+    ) -> RetrainJob:
         """Start a background retrain (or join the running one); ``wait`` for it to finish."""
         rt = self.runtime(model)
         job = rt.start_retrain(reason)
@@ -134,17 +144,26 @@ class VeloxService:
         if u is None:
             raise NotFoundError("user", uid)
         loss = rt.detector.users.get(uid)
-        return {"uid": uid, "version": live.version, "observations": u.n,
-                "weights": u.w.tolist(), "loss": None if loss is None else loss.to_dict()}
+        return {
+            "uid": uid,
+            "version": live.version,
+            "observations": u.n,
+            "weights": u.w.tolist(),
+            "loss": None if loss is None else loss.to_dict(),
+        }
 
     def stats(self, model: str) -> dict[str, Any]:
         rt = self.runtime(model)
         live = rt._live()
-        return {"model": model, "version": live.version, "users": len(live.users),
-                "staleness": rt.detector.snapshot(),
-                "feature_cache": self.feature_cache.stats(),
-                "prediction_cache": self.prediction_cache.stats(),
-                "retrain": None if not rt.jobs else rt.jobs[-1].to_dict()}
+        return {
+            "model": model,
+            "version": live.version,
+            "users": len(live.users),
+            "staleness": rt.detector.snapshot(),
+            "feature_cache": self.feature_cache.stats(),
+            "prediction_cache": self.prediction_cache.stats(),
+            "retrain": None if not rt.jobs else rt.jobs[-1].to_dict(),
+        }
 
     async def checkpoint(self, model: str | None = None) -> int:
         names = [model] if model is not None else list(self._models)

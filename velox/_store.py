@@ -85,8 +85,14 @@ class UserRow:
 @runtime_checkable
 class VeloxStore(Protocol):
     def append_observation(
-        self, model: str, uid: str, x: Any, y: float, version: int,
-        features: np.ndarray | None, ts: float,
+        self,
+        model: str,
+        uid: str,
+        x: Any,
+        y: float,
+        version: int,
+        features: np.ndarray | None,
+        ts: float,
     ) -> int: ...
     def observations(
         self, model: str, after_seq: int = 0, upto_seq: int | None = None
@@ -133,8 +139,13 @@ class SQLiteStore:
     connection (the retrain and checkpoint workers read and write off the event loop).
     """
 
-    def __init__(self, path: str | Path = ":memory:", *, synchronous: str = "NORMAL",
-                 busy_timeout_ms: int = 10_000) -> None:
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        synchronous: str = "NORMAL",
+        busy_timeout_ms: int = 10_000,
+    ) -> None:
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValidationError("synchronous", "OFF, NORMAL, FULL or EXTRA", synchronous)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -160,8 +171,13 @@ class SQLiteStore:
                 raise ValidationError("store", "an open store", "closed")
             # isolation_level=None: autocommit, so each statement outside an explicit
             # transaction commits (and is durable) before the call returns.
-            c = sqlite3.connect(self._uri, uri=True, isolation_level=None, check_same_thread=False,
-                                timeout=self.busy_timeout_ms / 1000)
+            c = sqlite3.connect(
+                self._uri,
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+                timeout=self.busy_timeout_ms / 1000,
+            )
             c.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             c.execute("PRAGMA journal_mode = WAL")
             c.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -173,19 +189,34 @@ class SQLiteStore:
     # -- observation log
 
     def append_observation(
-        self, model: str, uid: str, x: Any, y: float, version: int,
-        features: np.ndarray | None, ts: float,
+        self,
+        model: str,
+        uid: str,
+        x: Any,
+        y: float,
+        version: int,
+        features: np.ndarray | None,
+        ts: float,
     ) -> int:
         cur = self._conn().execute(
             "INSERT INTO observations (model, uid, x, y, version, features, ts)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (model, uid, dumps(x), float(y), int(version),
-             None if features is None else vector_to_bytes(features), float(ts)),
+            (
+                model,
+                uid,
+                dumps(x),
+                float(y),
+                int(version),
+                None if features is None else vector_to_bytes(features),
+                float(ts),
+            ),
         )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
 
-    def append_many(self, model: str, rows: Sequence[tuple[str, Any, float, int, np.ndarray | None, float]]) -> int:
+    def append_many(
+        self, model: str, rows: Sequence[tuple[str, Any, float, int, np.ndarray | None, float]]
+    ) -> int:
         """Bulk-load (uid, x, y, version, features, ts) rows in one transaction; returns last seq."""
         c = self._conn()
         c.execute("BEGIN IMMEDIATE")
@@ -193,8 +224,18 @@ class SQLiteStore:
             c.executemany(
                 "INSERT INTO observations (model, uid, x, y, version, features, ts)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(model, u, dumps(x), float(y), int(v), None if f is None else vector_to_bytes(f), float(t))
-                 for u, x, y, v, f, t in rows],
+                [
+                    (
+                        model,
+                        u,
+                        dumps(x),
+                        float(y),
+                        int(v),
+                        None if f is None else vector_to_bytes(f),
+                        float(t),
+                    )
+                    for u, x, y, v, f, t in rows
+                ],
             )
             c.execute("COMMIT")
         except BaseException:
@@ -212,15 +253,24 @@ class SQLiteStore:
             args.append(upto_seq)
         rows = self._conn().execute(q + " ORDER BY seq", args).fetchall()
         return [
-            Observation(seq, uid, loads(x), y, version, ts,
-                        None if f is None else vector_from_bytes(f, (len(f) // 8,)))
+            Observation(
+                seq,
+                uid,
+                loads(x),
+                y,
+                version,
+                ts,
+                None if f is None else vector_from_bytes(f, (len(f) // 8,)),
+            )
             for seq, uid, x, y, version, f, ts in rows
         ]
 
     def last_seq(self, model: str) -> int:
-        row = self._conn().execute(
-            "SELECT MAX(seq) FROM observations WHERE model = ?", (model,)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute("SELECT MAX(seq) FROM observations WHERE model = ?", (model,))
+            .fetchone()
+        )
         return int(row[0] or 0)
 
     # -- versions
@@ -235,17 +285,21 @@ class SQLiteStore:
         return cur.rowcount == 1
 
     def version_state(self, model: str, version: int) -> Any:
-        row = self._conn().execute(
-            "SELECT state FROM versions WHERE model = ? AND version = ?", (model, version)
-        ).fetchone()
+        row = (
+            self._conn()
+            .execute("SELECT state FROM versions WHERE model = ? AND version = ?", (model, version))
+            .fetchone()
+        )
         if row is None:
             raise NotFoundError("version", version, [v.version for v in self.versions(model)])
         return json.loads(row[0])
 
     def versions(self, model: str) -> list[VersionRecord]:
-        rows = self._conn().execute(
-            "SELECT record FROM versions WHERE model = ? ORDER BY version", (model,)
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute("SELECT record FROM versions WHERE model = ? ORDER BY version", (model,))
+            .fetchall()
+        )
         return [VersionRecord.from_dict(json.loads(r[0])) for r in rows]
 
     def set_current(self, model: str, version: int) -> None:
@@ -256,7 +310,9 @@ class SQLiteStore:
         )
 
     def current(self, model: str) -> int | None:
-        row = self._conn().execute("SELECT version FROM current WHERE model = ?", (model,)).fetchone()
+        row = (
+            self._conn().execute("SELECT version FROM current WHERE model = ?", (model,)).fetchone()
+        )
         return None if row is None else int(row[0])
 
     # -- user snapshots
@@ -270,8 +326,18 @@ class SQLiteStore:
                 " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (model, version, uid) DO UPDATE SET"
                 " n = excluded.n, upto_seq = excluded.upto_seq, gram = excluded.gram, b = excluded.b"
                 " WHERE excluded.upto_seq >= users.upto_seq",
-                [(model, version, r.uid, r.n, r.upto_seq, vector_to_bytes(r.gram), vector_to_bytes(r.b))
-                 for r in rows],
+                [
+                    (
+                        model,
+                        version,
+                        r.uid,
+                        r.n,
+                        r.upto_seq,
+                        vector_to_bytes(r.gram),
+                        vector_to_bytes(r.b),
+                    )
+                    for r in rows
+                ],
             )
             c.execute("COMMIT")
         except BaseException:
@@ -279,14 +345,20 @@ class SQLiteStore:
             raise
 
     def load_users(self, model: str, version: int) -> list[UserRow]:
-        rows = self._conn().execute(
-            "SELECT uid, n, upto_seq, gram, b FROM users WHERE model = ? AND version = ?",
-            (model, version),
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT uid, n, upto_seq, gram, b FROM users WHERE model = ? AND version = ?",
+                (model, version),
+            )
+            .fetchall()
+        )
         out = []
         for uid, n, upto, gram, b in rows:
             d = len(b) // 8
-            out.append(UserRow(uid, n, upto, vector_from_bytes(gram, (d, d)), vector_from_bytes(b, (d,))))
+            out.append(
+                UserRow(uid, n, upto, vector_from_bytes(gram, (d, d)), vector_from_bytes(b, (d,)))
+            )
         return out
 
     # -- events
@@ -298,9 +370,13 @@ class SQLiteStore:
         )
 
     def events(self, model: str) -> list[dict[str, Any]]:
-        rows = self._conn().execute(
-            "SELECT id, ts, kind, detail FROM events WHERE model = ? ORDER BY id", (model,)
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT id, ts, kind, detail FROM events WHERE model = ? ORDER BY id", (model,)
+            )
+            .fetchall()
+        )
         return [{"id": i, "ts": ts, "kind": k, "detail": json.loads(d)} for i, ts, k, d in rows]
 
     def close(self) -> None:
