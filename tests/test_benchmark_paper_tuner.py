@@ -34,3 +34,21 @@ def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
     # the plan alone cannot follow the rise; the tuner does, and under the replica-only cost
     assert res["plan"][0] > 0.2 and res["tuner"][0] < 0.01
     assert res["tuner"][1] < res["replicas"][1]
+
+
+def test_tally_counts_cells_and_the_seed_means_of_each_case():
+    """Cost against the oracle per cell and per case (the mean over its seeds): one seed 10%
+    above the oracle and one 20% below is one cell out of two, and the case meets it."""
+
+    def row(case, seed, tuner, oracle, miss=0.0):
+        r = paper_tuner.Row("p", case, seed)
+        r.results = {lab: (0.0, 1.0) for lab in paper_tuner.LABELS}
+        r.results["tuner"] = (miss, tuner)
+        r.results["oracle"] = (0.0, oracle)
+        return r
+
+    rows = [row("a", 0, 1.1, 1.0), row("a", 1, 0.8, 1.0), row("b", 0, 1.2, 1.0, miss=0.02)]
+    text = paper_tuner.tally(rows, "tuner")
+    assert "miss <= 1%: 2/3" in text
+    assert "mean cost <= oracle: 1/3 (seed means per case: 1/2)" in text
+    assert "mean cost / oracle's: 1.033" in text
