@@ -110,6 +110,20 @@ class VeloxStore(Protocol):
     def close(self) -> None: ...
 
 
+_INSERT_OBS = (
+    "INSERT INTO observations (model, uid, x, y, version, features, ts)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _obs_row(
+    model: str, uid: str, x: Any, y: float, version: int, features: Any, ts: float
+) -> tuple[Any, ...]:
+    """One observation as the columns of ``_INSERT_OBS`` (one encoding for single and bulk)."""
+    f = None if features is None else vector_to_bytes(features)
+    return (model, uid, dumps(x), float(y), int(version), f, float(ts))
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS observations (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -198,19 +212,8 @@ class SQLiteStore:
         features: np.ndarray | None,
         ts: float,
     ) -> int:
-        cur = self._conn().execute(
-            "INSERT INTO observations (model, uid, x, y, version, features, ts)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                model,
-                uid,
-                dumps(x),
-                float(y),
-                int(version),
-                None if features is None else vector_to_bytes(features),
-                float(ts),
-            ),
-        )
+        row = _obs_row(model, uid, x, y, version, features, ts)
+        cur = self._conn().execute(_INSERT_OBS, row)
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
 
@@ -221,22 +224,7 @@ class SQLiteStore:
         c = self._conn()
         c.execute("BEGIN IMMEDIATE")
         try:
-            c.executemany(
-                "INSERT INTO observations (model, uid, x, y, version, features, ts)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        model,
-                        u,
-                        dumps(x),
-                        float(y),
-                        int(v),
-                        None if f is None else vector_to_bytes(f),
-                        float(t),
-                    )
-                    for u, x, y, v, f, t in rows
-                ],
-            )
+            c.executemany(_INSERT_OBS, [_obs_row(model, *r) for r in rows])
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
