@@ -34,7 +34,15 @@ from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatal
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
 from ._ladder import LADDER_FACTORS, capacity_factor, pin_hardware, plan_ladder, with_ladder
 from ._pipeline import PIPELINE_FORMAT, Pipeline
-from ._plan import PLAN_FORMAT, LadderStep, ModelConfig, Plan, TunerInputs, TunerModel
+from ._plan import (
+    PLAN_FORMAT,
+    LadderStep,
+    ModelConfig,
+    Plan,
+    PlanVariants,
+    TunerInputs,
+    TunerModel,
+)
 from ._planner import Planner, plan_inferline
 from ._planning import (
     PlannerOptions,
@@ -77,6 +85,7 @@ from ._variants import (
     VariantTuner,
     pipeline_accuracy,
     plan_with_variants,
+    plan_with_variants_section,
     stage_profiles,
 )
 from ._wire import (
@@ -140,6 +149,7 @@ __all__ = [
     "PipelineVariants",
     "Plan",
     "PlanProgress",
+    "PlanVariants",
     "Planner",
     "PlannerOptions",
     "PlannerStats",
@@ -197,6 +207,7 @@ __all__ = [
     "plan_inferline",
     "plan_ladder",
     "plan_with_variants",
+    "plan_with_variants_section",
     "rescale_to_rate",
     "save",
     "save_trace",

@@ -19,7 +19,15 @@ from ._validate import (
 )
 from .errors import NotFoundError, ValidationError
 
-__all__ = ["PLAN_FORMAT", "LadderStep", "ModelConfig", "Plan", "TunerInputs", "TunerModel"]
+__all__ = [
+    "PLAN_FORMAT",
+    "LadderStep",
+    "ModelConfig",
+    "Plan",
+    "PlanVariants",
+    "TunerInputs",
+    "TunerModel",
+]
 
 PLAN_FORMAT = "inferline.plan/1"
 
@@ -181,6 +189,105 @@ class TunerInputs:
 
 
 @dataclass(frozen=True)
+class PlanVariants:
+    """Which variant serves each variant stage of a plan made with variants, and what a live
+    tuner needs to switch them later: the variants document (``inferline.variants/1``), the
+    pipeline graph (``inferline.pipeline/1``) and the profiles (``inferline.profiles/1``) of
+    every stage and variant on the planned hardware. Kept as documents (``core._variants``,
+    which imports this module, parses them; ``Plan.from_dict`` checks them), so the plan file
+    alone is enough for ``inferline serve``."""
+
+    choice: Mapping[str, str]  # stage -> the variant (a model name) serving it
+    accuracy: float
+    spec: Mapping[str, Any]
+    pipeline: Mapping[str, Any]
+    profiles: Mapping[str, Any]
+
+    def model_for(self, stage: str) -> str:
+        """The model that serves ``stage`` in the plan (the stage itself if not a variant
+        stage)."""
+        return self.choice.get(stage, stage)
+
+    def stage_models(self) -> dict[str, tuple[str, ...]]:
+        """Every variant stage and the names of its variants, in the document's order."""
+        stages = as_mapping(self.spec.get("stages", {}), "variants.spec.stages")
+        return {
+            s: tuple(str(v["name"]) for v in as_mapping(d, s).get("variants", []))
+            for s, d in stages.items()
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "choice": dict(self.choice),
+            "accuracy": self.accuracy,
+            "spec": dict(self.spec),
+            "pipeline": dict(self.pipeline),
+            "profiles": dict(self.profiles),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "variants") -> PlanVariants:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"choice", "accuracy", "spec", "pipeline", "profiles"}, where)
+        choice = {
+            as_str(k, f"{where}.choice"): as_str(v, f"{where}.choice.{k}")
+            for k, v in as_mapping(req(m, "choice", where), f"{where}.choice").items()
+        }
+        return cls(
+            choice,
+            as_float(req(m, "accuracy", where), f"{where}.accuracy", lo=0.0, hi=1.0),
+            dict(as_mapping(req(m, "spec", where), f"{where}.spec")),
+            dict(as_mapping(req(m, "pipeline", where), f"{where}.pipeline")),
+            dict(as_mapping(req(m, "profiles", where), f"{where}.profiles")),
+        )
+
+
+def _check_variants(v: PlanVariants, models: Mapping[str, ModelConfig]) -> None:
+    """The documents parse, describe this plan's stages, and profile every variant on its
+    stage's planned hardware (what the tuner prices a switch with)."""
+    from ._pipeline import Pipeline
+    from ._profiles import Profiles
+    from ._variants import PipelineVariants
+
+    def refused(what: str, e: ValidationError | NotFoundError) -> ValidationError:
+        if isinstance(e, ValidationError):
+            return ValidationError(f"variants.{what}.{e.field}", e.expected, e.got)
+        return ValidationError(f"variants.{what}", f"a known {e.kind}", e.name)
+
+    def parsed(what: str, fn: Any, doc: Any) -> Any:
+        try:
+            return fn(doc)
+        except (ValidationError, NotFoundError) as e:
+            raise refused(what, e) from None
+
+    spec = parsed("spec", PipelineVariants.from_dict, v.spec)
+    pipeline = parsed("pipeline", Pipeline.from_dict, v.pipeline)
+    profiles = parsed("profiles", Profiles.from_dict, v.profiles)
+    if set(pipeline.models) != set(models):
+        raise ValidationError(
+            "variants.pipeline.models", f"the plan's models {sorted(models)!r}", pipeline.models
+        )
+    try:
+        spec.check(pipeline)
+    except (ValidationError, NotFoundError) as e:
+        raise refused("spec", e) from None
+    if set(v.choice) != set(spec.stages):
+        raise ValidationError(
+            "variants.choice", f"a variant for each of {sorted(spec.stages)!r}", sorted(v.choice)
+        )
+    for stage, sv in spec.stages.items():
+        names = [x.name for x in sv.variants]
+        if v.choice[stage] not in names:
+            raise ValidationError(f"variants.choice.{stage}", f"one of {names!r}", v.choice[stage])
+        hw = models[stage].hardware
+        for name in names:
+            if not profiles.has(name, hw):
+                raise ValidationError(
+                    f"variants.profiles.models.{name}", f"a profile on {hw!r}", "none"
+                )
+
+
+@dataclass(frozen=True)
 class Plan:
     """A configuration of every model of a pipeline, as chosen by a planner."""
 
@@ -192,6 +299,7 @@ class Plan:
     estimated_latency_s: float = 0.0
     strategy: str = "inferline"
     tuner: TunerInputs | None = None
+    variants: PlanVariants | None = None  # a plan made with model variants
 
     def config(self, model: str) -> ModelConfig:
         try:
@@ -218,6 +326,8 @@ class Plan:
         }
         if self.tuner is not None:
             d["tuner"] = self.tuner.to_dict()
+        if self.variants is not None:
+            d["variants"] = self.variants.to_dict()
         return d
 
     @classmethod
@@ -235,6 +345,7 @@ class Plan:
                 "strategy",
                 "models",
                 "tuner",
+                "variants",
             },
             "",
         )
@@ -245,6 +356,10 @@ class Plan:
         tuner = TunerInputs.from_dict(m["tuner"]) if m.get("tuner") is not None else None
         if tuner is not None:
             _check_ladder(tuner, models)
+        variants = None
+        if m.get("variants") is not None:
+            variants = PlanVariants.from_dict(m["variants"])
+            _check_variants(variants, models)
         return cls(
             pipeline=as_str(req(m, "pipeline", ""), "pipeline"),
             slo_s=as_float(req(m, "slo_s", ""), "slo_s", positive=True),
@@ -256,6 +371,7 @@ class Plan:
             ),
             strategy=as_str(m.get("strategy", "inferline"), "strategy"),
             tuner=tuner,
+            variants=variants,
         )
 
 

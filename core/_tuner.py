@@ -596,6 +596,38 @@ class TunerPolicy:
             return count / self.config.down_window_s
         return self.inputs.mean_rate_qps * count / max(self._planned_down, 1.0)
 
+    def _down_need(
+        self, down_peaks: Sequence[tuple[float, float]], up_peaks: Sequence[tuple[float, float]]
+    ) -> dict[str, int]:
+        """Replica-only scale-down: what each model keeps for the remembered traffic (the
+        largest down-window count of the horizon, the exceeding rates of the keep horizon, the
+        floor); a scale-down takes the smaller of this and the current count."""
+        cfg = self.config
+        down_count = int(down_peaks[0][1]) if down_peaks else 0
+        rho = self._rho_min if cfg.down_rho == "min" else None
+        need = self.need(self._down_rate(down_count), rho)
+        # Traffic back within the planned envelope at the down window: the plan is proven
+        # for it, so the rate asks no more than the plan. Without the cap, rho_min and the
+        # 5 s burst rate ask more than the plan even at the planned workload itself
+        # (ceil(k_m rho_m / rho_min) > k_m), and a burst is never undone.
+        if cfg.down_cap == "plan" and down_count <= self._planned_down:
+            need = {m: min(n, self.planned[m]) for m, n in need.items()}
+        recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 and up_peaks else 0.0
+        keep = self.need(recent_up) if recent_up > 0 else {}
+        floor = self.planned if cfg.floor == "plan" else dict.fromkeys(self.planned, 1)
+        return {m: max(need[m], keep.get(m, 0), floor[m]) for m in self.planned}
+
+    def traffic_need(self, state: TunerState, now_s: float) -> dict[str, int]:
+        """The replicas this policy's scale-down would provision for the traffic ``state``
+        remembers over its horizons (the stabilization delay aside). Whether a configuration
+        still suffices for the recent traffic, over more than one tick: ``VariantTuner``
+        returns to the plan's variants only when the plan's counts cover this."""
+        if self._steps is None:
+            return self._down_need(state.down_peaks, state.up_peaks)
+        rate, _, _ = _ladder_rate(self, state.recent, state.trend, now_s)
+        k, _, _ = self.target(rate * (1.0 + self.config.headroom))
+        return k
+
     def step(
         self, state: TunerState, now_s: float, peaks: Sequence[int]
     ) -> tuple[TunerState, TunerDecision | None]:
@@ -648,21 +680,9 @@ class TunerPolicy:
         if now_s - state.last_change_s >= cfg.stabilization_delay_s:
             down_count = int(down_peaks[0][1])
             down_rate = self._down_rate(down_count)
-            rho = self._rho_min if cfg.down_rho == "min" else None
-            need = self.need(down_rate, rho)
-            # Traffic back within the planned envelope at the down window: the plan is proven
-            # for it, so the rate asks no more than the plan. Without the cap, rho_min and the
-            # 5 s burst rate ask more than the plan even at the planned workload itself
-            # (ceil(k_m rho_m / rho_min) > k_m), and a burst is never undone.
             within = cfg.down_cap == "plan" and down_count <= self._planned_down
-            if within:
-                need = {m: min(n, self.planned[m]) for m, n in need.items()}
-            recent_up = up_peaks[0][1] if cfg.keep_horizon_s > 0 else 0.0
-            keep = self.need(recent_up) if recent_up > 0 else {}
-            new = {}
-            for m, n in cur.items():
-                floor = self.planned[m] if cfg.floor == "plan" else 1
-                new[m] = min(n, max(need[m], keep.get(m, 0), floor))
+            keep = self._down_need(down_peaks, up_peaks)
+            new = {m: min(n, keep[m]) for m, n in cur.items()}
             if new != cur:
                 reason = (
                     f"scale down: max rate over the last {cfg.down_horizon_s:g} s in "
@@ -743,17 +763,7 @@ def _ladder_step(
         held = [(r, bs) for r, ks, bs in configs if all(cur[m] >= ks[m] for m in cur)]
         return dict(max(held, key=lambda x: x[0])[1]) if held else None
 
-    # The largest count of every window up to the horizon over the horizon, as the planned
-    # rate scaled by its excess (the scale-up rule): the bursts of the last 30 s count as well
-    # as its rate. Scale-down provisions it with the headroom; while it still rises, ahead.
-    ratios = [
-        r[0][1] / max(n, 1)
-        for r, n, w in zip(recent, self._planned_counts, self.windows, strict=False)
-        if w <= cfg.down_horizon_s * (1 + _EPS)
-    ]
-    j = int(np.argmax(ratios))
-    down_rate = self.inputs.mean_rate_qps * ratios[j]
-    rate = down_rate + min(rise * cfg.lookahead_s, down_rate)
+    rate, down_rate, j = _ladder_rate(self, recent, trend, now_s)
     if up_rate > 0:
         k, b, i = self.target(up_rate * h)
         new = {m: max(cur[m], k[m]) for m in cur}
@@ -842,6 +852,31 @@ def _ladder_step(
             # a batch size is no replica change: the stabilization delay keeps running
             return replace(state, down_peaks=down_peaks, up_peaks=up_peaks, batch=bs), d
     return replace(state, down_peaks=down_peaks, up_peaks=up_peaks), None
+
+
+def _ladder_rate(
+    self: TunerPolicy,
+    recent: Sequence[Sequence[tuple[float, float]]],
+    trend: Sequence[tuple[float, float]],
+    now_s: float,
+) -> tuple[float, float, int]:
+    """Ladder scale-down: ``(rate with the look-ahead, rate, index of the binding window)``.
+
+    The largest count of every window up to the horizon over the horizon, as the planned
+    rate scaled by its excess (the scale-up rule): the bursts of the last 30 s count as well
+    as its rate. Scale-down provisions it with the headroom; while it still rises, ahead."""
+    cfg = self.config
+    ratios = [
+        (r[0][1] if r else 0.0) / max(n, 1)
+        for r, n, w in zip(recent, self._planned_counts, self.windows, strict=False)
+        if w <= cfg.down_horizon_s * (1 + _EPS)
+    ]
+    if not ratios:
+        return 0.0, 0.0, 0
+    j = int(np.argmax(ratios))
+    down_rate = self.inputs.mean_rate_qps * ratios[j]
+    rise = _rise(trend, now_s, cfg.down_window_s) if cfg.lookahead_s > 0 else 0.0
+    return down_rate + min(rise * cfg.lookahead_s, down_rate), down_rate, j
 
 
 def _moved(

@@ -54,7 +54,7 @@ import numpy as np
 
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
-from ._plan import LadderStep, ModelConfig, Plan, TunerModel
+from ._plan import LadderStep, ModelConfig, Plan, PlanVariants, TunerModel
 from ._profiles import Profiles
 from ._tuner import TunerConfig, TunerDecision, TunerPolicy, TunerState
 from ._validate import as_float, as_list, as_mapping, as_str, check_format, no_extra_keys, req
@@ -70,6 +70,7 @@ __all__ = [
     "VariantTuner",
     "pipeline_accuracy",
     "plan_with_variants",
+    "plan_with_variants_section",
     "stage_profiles",
 ]
 
@@ -329,6 +330,37 @@ def plan_with_variants(
     return VariantPlan(best[0], best[1], best[2], tuple(considered))
 
 
+def plan_with_variants_section(
+    vplan: VariantPlan,
+    pipeline: Pipeline,
+    variants: PipelineVariants,
+    profiles: Profiles,
+    plan: Plan | None = None,
+) -> Plan:
+    """``plan`` (default ``vplan.plan``, e.g. with its ladder added) carrying the variant
+    choice and what a live tuner needs to switch stages later (``Plan.variants``): the
+    variants document, the pipeline graph, and the profiles of every stage and variant on the
+    planned hardware (other hardware is left out: a switch keeps the stage's hardware)."""
+    p = plan if plan is not None else vplan.plan
+    keep: dict[str, Any] = {}
+    for stage in pipeline.models:
+        hw = p.models[stage].hardware
+        names = [stage]
+        if stage in variants.stages:
+            names = [v.name for v in variants.stages[stage].variants]
+        for name in names:
+            if profiles.has(name, hw):
+                keep.setdefault(name, {})[hw] = profiles.models[name][hw]
+    section = PlanVariants(
+        dict(vplan.choice),
+        vplan.accuracy,
+        variants.to_dict(),
+        pipeline.to_dict(),
+        Profiles(keep).to_dict(),
+    )
+    return replace(p, variants=section)
+
+
 # ---------------------------------------------------------------- tuning
 
 
@@ -400,8 +432,34 @@ class VariantTuner:
         self._plan_choice = dict(vplan.choice)
         self._plan_policy = self.policy
 
+    @classmethod
+    def from_plan(cls, plan: Plan, config: TunerConfig | None = None, **kw: Any) -> VariantTuner:
+        """The tuner of a plan made with variants (``Plan.variants``, what ``inferline plan
+        --variants`` writes); raises ``ValidationError`` for a plan without them."""
+        v = plan.variants
+        if v is None:
+            raise ValidationError("plan.variants", "a plan made with variants", None)
+        vplan = VariantPlan(plan, dict(v.choice), v.accuracy)
+        return cls(
+            Pipeline.from_dict(v.pipeline),
+            PipelineVariants.from_dict(v.spec),
+            Profiles.from_dict(v.profiles),
+            vplan,
+            config,
+            **kw,
+        )
+
     def initial_state(self, now_s: float = 0.0) -> TunerState:
         return self.policy.initial_state(now_s)
+
+    def warm(self) -> float:
+        """Run the estimator once on the plan (loads or compiles its kernel, up to seconds on
+        a fresh machine), so a live tuner's first switch decision does not pay for it; the
+        plan's estimated tail latency at its planned rate."""
+        k = {m: c.replicas for m, c in self.plan.models.items()}
+        b = {m: c.max_batch_size for m, c in self.plan.models.items()}
+        rate = max(self.policy.inputs.mean_rate_qps, 1.0)
+        return self._estimate(self.choice, k, b, rate)
 
     @property
     def windows(self) -> tuple[float, ...]:
@@ -456,13 +514,18 @@ class VariantTuner:
     def _plan_holds(
         self, state: TunerState, now_s: float, peaks: Sequence[int]
     ) -> tuple[TunerState, TunerDecision | None] | None:
-        """When the configuration is the plan's, stable for the stabilization delay, and the
-        plan's own tuner would not scale it up for this traffic (with the plan's variants):
-        that tuner's step (it may settle batch sizes); else None."""
+        """When the configuration is the plan's, stable for the stabilization delay, the plan's
+        own tuner would keep no more than the plan for the traffic of its horizons, and would
+        not scale it up now (with the plan's variants): that tuner's step (it may settle batch
+        sizes); else None."""
         c = self.plan.models
         if any(state.replicas[m] != c[m].replicas for m in c):
             return None
         if now_s - state.last_change_s < self.config.stabilization_delay_s:
+            return None
+        # over the tuner's horizons, not this tick's peaks alone: a tick may see no arrival
+        need = self._plan_policy.traffic_need(state, now_s)
+        if any(need[m] > c[m].replicas for m in c):
             return None
         st, d = self._plan_policy.step(state, now_s, peaks)
         return None if d is not None and d.action == "up" else (st, d)

@@ -27,20 +27,26 @@ from inferline.core import (
     EstimatorOptions,
     HardwareCatalog,
     Pipeline,
+    PipelineVariants,
     Plan,
     PlannerOptions,
     PlanProgress,
     Profiles,
     SimResult,
     ValidationError,
+    VariantPlan,
     load_catalog,
+    load_json,
     load_pipeline,
     load_plan,
     load_profiles,
     load_trace,
     make_plan,
+    plan_with_variants,
+    plan_with_variants_section,
     save,
     simulate,
+    stage_profiles,
 )
 
 __all__ = [
@@ -94,17 +100,23 @@ def _plan(args: argparse.Namespace) -> int:
                 ),
             )
 
-        plan = make_plan(
-            args.strategy,
-            pipeline,
-            profiles,
-            trace,
-            args.slo_s,
-            percentile=args.percentile,
-            catalog=catalog,
-            options=options,
-            progress=progress,
-        )
+        variants = vplan = None
+        plan_profiles = profiles
+        if args.variants:
+            vplan, variants = _plan_variants(args, pipeline, profiles, trace, catalog, options)
+            plan, plan_profiles = vplan.plan, stage_profiles(profiles, vplan.choice)
+        else:
+            plan = make_plan(
+                args.strategy,
+                pipeline,
+                profiles,
+                trace,
+                args.slo_s,
+                percentile=args.percentile,
+                catalog=catalog,
+                options=options,
+                progress=progress,
+            )
         if args.strategy == "inferline" and not args.no_ladder:
             from inferline.core import plan_ladder
 
@@ -114,7 +126,7 @@ def _plan(args: argparse.Namespace) -> int:
 
             steps = plan_ladder(
                 pipeline,
-                profiles,
+                plan_profiles,
                 trace,
                 plan,
                 catalog=catalog,
@@ -124,6 +136,8 @@ def _plan(args: argparse.Namespace) -> int:
             )
             assert plan.tuner is not None
             plan = replace(plan, tuner=replace(plan.tuner, ladder=steps))
+        if vplan is not None and variants is not None:
+            plan = plan_with_variants_section(vplan, pipeline, variants, profiles, plan)
     elapsed = time.monotonic() - t0
     save(plan, args.output)
     print(
@@ -131,6 +145,8 @@ def _plan(args: argparse.Namespace) -> int:
         f"${plan.cost_per_hour:.4f}/h, estimated P{plan.percentile:g} "
         f"{plan.estimated_latency_s:.4f} s (SLO {plan.slo_s:g} s), planned in {elapsed:.1f} s"
     )
+    if vplan is not None:
+        _print_variants(vplan)
     _print_configs(pipeline, plan, catalog)
     if plan.tuner is not None and plan.tuner.ladder:
         print(
@@ -141,6 +157,52 @@ def _plan(args: argparse.Namespace) -> int:
         )
         print(_room_note(plan, options.rate_margin))
     return 0
+
+
+def _plan_variants(
+    args: argparse.Namespace,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    catalog: HardwareCatalog,
+    options: PlannerOptions,
+) -> tuple[VariantPlan, PipelineVariants]:
+    """The cheapest combination of variants meeting the floors and the SLO (docs/variants.md)."""
+    try:
+        variants = PipelineVariants.from_dict(load_json(args.variants))
+    except ValidationError as e:
+        raise ValidationError(f"{args.variants}: {e.field}", e.expected, e.got) from None
+    if variants.pipeline != pipeline.name:
+        raise ValidationError(
+            f"{args.variants}: pipeline",
+            f"the pipeline's name {pipeline.name!r}",
+            variants.pipeline,
+        )
+    vplan = plan_with_variants(
+        pipeline,
+        variants,
+        profiles,
+        trace,
+        args.slo_s,
+        accuracy_floor=args.accuracy_floor,
+        strategy=args.strategy,
+        catalog=catalog,
+        percentile=args.percentile,
+        options=options,
+    )
+    return vplan, variants
+
+
+def _print_variants(vplan: VariantPlan) -> None:
+    print(
+        "variants: "
+        + ", ".join(f"{s} -> {v}" for s, v in vplan.choice.items())
+        + f" (pipeline accuracy {vplan.accuracy:.4f}); combinations:"
+    )
+    for choice, acc, cost, note in vplan.considered:
+        what = f"${cost:.3f}/h" if cost is not None else "-"
+        names = ", ".join(f"{s}={v}" for s, v in choice.items())
+        print(f"  {names}: accuracy {acc:.4f}, {what} ({note})")
 
 
 # Below this room over the sample's rate the note suggests ``--rate-margin``: in
@@ -222,8 +284,13 @@ def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> 
         t.add_column(col, justify="left" if col in ("model", "hardware") else "right")
     for m in pipeline.models:
         c = plan.config(m)
+        served = plan.variants.model_for(m) if plan.variants is not None else m
         t.add_row(
-            m, c.hardware, str(c.max_batch_size), str(c.replicas), f"{c.cost_per_hour(catalog):.4f}"
+            m if served == m else f"{m} ({served})",
+            c.hardware,
+            str(c.max_batch_size),
+            str(c.replicas),
+            f"{c.cost_per_hour(catalog):.4f}",
         )
     Console().print(t)
 
@@ -291,6 +358,10 @@ def _simulate(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     catalog = load_catalog(args.hardware)
     _check_plan_matches(pipeline, plan)
+    if plan.variants is not None:
+        # the stages run the variants the plan chose (a tuner in the estimator's loop changes
+        # replicas and batch sizes; switching variants is the live tuner's, docs/variants.md)
+        profiles = stage_profiles(profiles, plan.variants.choice)
     opts = EstimatorOptions(
         seed=args.seed, activation_delay_s=getattr(args, "activation_delay_s", 0.0)
     )
@@ -425,6 +496,21 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         type=_count,
         default=None,
         help="threads planning the ladder's rate factors at once (default: one per CPU)",
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        metavar="FILE",
+        help="model variants per stage (inferline.variants/1): plan the cheapest combination "
+        "meeting the accuracy floors and the SLO; the plan records the choice so that the live "
+        "tuner can switch stages (docs/variants.md)",
+    )
+    p.add_argument(
+        "--accuracy-floor",
+        type=float,
+        default=None,
+        metavar="A",
+        help="with --variants: floor on the pipeline accuracy (overrides the document's)",
     )
     p.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
     p.set_defaults(func=_plan)

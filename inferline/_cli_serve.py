@@ -137,6 +137,7 @@ async def serve_forever(
     ready_file: str | None,
     tuner: str = "inferline",
     tuner_config: TunerConfig | None = None,
+    variant_switching: bool = True,
 ) -> None:
     from ._admin import make_admin_router
     from ._app import bind_socket, create_app, serve_app
@@ -153,7 +154,7 @@ async def serve_forever(
     if tuner != "none" and plan is not None and plan.tuner is not None:
         from ._tuning import start_live_tuner
 
-        await start_live_tuner(svc, plan, tuner_config or TunerConfig())
+        await start_live_tuner(svc, plan, tuner_config or TunerConfig(), variants=variant_switching)
     routers: list[Any] = [make_admin_router]
     if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
         from ._selection_routes import make_selection_router
@@ -212,21 +213,26 @@ def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             ready_file=args.ready_file,
             tuner=getattr(args, "tuner", "inferline"),
             tuner_config=tuner_config,
+            variant_switching=getattr(args, "variant_switching", True),
         )
     )
     return 0
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from ._deploy import load_deployment
+    from ._deploy import load_deployment, planned_models
 
     dep = load_deployment(args.deployment)
     plan = load_plan(args.plan)
     names = {m.name for m in dep.models}
-    unknown = sorted(set(plan.models) - names)
+    planned = planned_models(plan)
+    unknown = sorted(set(planned) - names)
     if unknown:
-        raise ValidationError(f"{args.plan}: models", f"models of deployment {dep.name!r}", unknown)
-    for m in sorted(names - set(plan.models)):
+        where = "variants" if plan.variants is not None else "models"
+        raise ValidationError(
+            f"{args.plan}: {where}", f"models of deployment {dep.name!r}", unknown
+        )
+    for m in sorted(names - set(planned)):
         log.warning(
             "plan %s has no configuration for %r: it gets 1 cpu replica, batch 1", args.plan, m
         )
@@ -244,7 +250,7 @@ def _deploy(args: argparse.Namespace) -> int:
         for model, what in r.json()["applied"].items():
             print(f"{model}: {what}")
         return 0
-    for model, cfg in plan.models.items():
+    for model, cfg in planned.items():
         print(f"{model}: {cfg.replicas} x {cfg.hardware}, max batch {cfg.max_batch_size}")
     if args.dry_run:
         return 0
@@ -262,6 +268,13 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         choices=("inferline", "none"),
         default="inferline",
         help="scale replicas as traffic changes (needs a plan with tuner inputs)",
+    )
+    p.add_argument(
+        "--no-variant-switching",
+        dest="variant_switching",
+        action="store_false",
+        help="with a plan made with --variants: keep every stage on the planned variant (by "
+        "default the tuner may switch a stage to a cheaper variant instead of adding replicas)",
     )
     add_ladder_knobs(p)
 

@@ -57,8 +57,10 @@ __all__ = [
     "Deployment",
     "QueueSpec",
     "apply_plan",
+    "drain",
     "import_object",
     "load_deployment",
+    "planned_models",
     "start_service",
 ]
 
@@ -314,18 +316,54 @@ def load_deployment(path: str) -> Deployment:
         raise ValidationError(f"{path}: {e.field}", e.expected, e.got) from None
 
 
+def planned_models(plan: Plan) -> dict[str, ModelConfig]:
+    """The plan's configurations by the deployment model that serves them: a variant stage by
+    its chosen variant, the stage's other variants idle (no replicas, the stage's hardware and
+    batch size, so a switch only has to start replicas)."""
+    if plan.variants is None:
+        return dict(plan.models)
+    out: dict[str, ModelConfig] = {}
+    variants = plan.variants.stage_models()
+    for stage, cfg in plan.models.items():
+        for name in variants.get(stage, ()):
+            out[name] = ModelConfig(cfg.hardware, cfg.max_batch_size, 0)
+        out[plan.variants.model_for(stage)] = cfg
+    return out
+
+
 def _configs(dep: Deployment, plan: Plan | None) -> dict[str, ModelConfig]:
+    planned = planned_models(plan) if plan is not None else {}
     out = {}
     for spec in dep.models:
-        if plan is not None and spec.name in plan.models:
-            out[spec.name] = plan.models[spec.name]
-        else:
-            out[spec.name] = ModelConfig("cpu", 1, 1)
-    if plan is not None:
-        unknown = sorted(set(plan.models) - {m.name for m in dep.models})
-        if unknown:
-            raise ValidationError("plan.models", f"models of deployment {dep.name!r}", unknown)
+        out[spec.name] = planned.get(spec.name, ModelConfig("cpu", 1, 1))
+    unknown = sorted(set(planned) - {m.name for m in dep.models})
+    if unknown:
+        what = "plan.models" if plan is None or plan.variants is None else "plan.variants"
+        raise ValidationError(what, f"models of deployment {dep.name!r}", unknown)
     return out
+
+
+async def drain(dispatcher: Any, model: str, timeout_s: float = 30.0) -> bool:
+    """Wait until ``model``'s queue has no query waiting or in a replica (before its replicas
+    go, so nothing queued is stranded); False if ``timeout_s`` passed first."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = dispatcher.stats(model)
+        if st.queued + st.in_flight == 0:
+            return True
+        if time.monotonic() >= deadline:
+            log.warning("%r still has %d queries after %.0f s", model, st.queued, timeout_s)
+            return False
+        await asyncio.sleep(0.01)
+
+
+def _routes(plan: Plan | None) -> dict[str, str]:
+    """Stage -> the variant serving it (stages served by a model of another name)."""
+    if plan is None or plan.variants is None:
+        return {}
+    return {s: v for s, v in plan.variants.choice.items() if s != v}
 
 
 async def start_service(
@@ -375,6 +413,8 @@ async def start_service(
                 expire_late=dep.queue.expire_late,
                 max_retries=dep.queue.max_retries,
             )
+        for stage, model in _routes(plan).items():
+            dispatcher.route(stage, model)
         dispatcher.attach(backend)
         svc.metrics.watch(dispatcher)
         for a in dep.apps:
@@ -418,22 +458,29 @@ async def start_service(
 
 async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
     """Move a running service to ``plan``: replica counts and batch sizes change in place; a
-    model whose hardware changes is redeployed (its queue keeps its queries meanwhile)."""
+    model whose hardware changes is redeployed (its queue keeps its queries meanwhile). With
+    model variants, a stage moves to another variant only once that variant's replicas serve,
+    and the variant it leaves drains its queue before its replicas go (nothing queued is
+    lost)."""
     from inferline.queueing import FixedBatching
 
     dep: Deployment | None = getattr(svc, "deployment", None)
     if dep is None or svc.backend is None or svc.dispatcher is None:
         raise ValidationError("service", "a service started from a deployment", None)
     configs = _configs(dep, plan)
+    planned = planned_models(plan)
+    # without a plan the service runs the deployment's defaults (one CPU replica, batch 1)
+    olds = _configs(dep, getattr(svc, "plan", None))
     done: dict[str, str] = {}
-    for name, cfg in configs.items():
-        if name not in plan.models:
-            continue
-        # without a plan the service runs the deployment's defaults (one CPU replica, batch 1)
-        current = svc.plan if getattr(svc, "plan", None) is not None else None
-        old = current.models.get(name) if current is not None else _configs(dep, None)[name]
+    routes = _routes(plan)
+    stages = set(plan.models) | set(getattr(getattr(svc, "plan", None), "models", {}))
+    # models that shrink do so last: after the others have grown and the stages moved
+    leaving = {n for n, c in configs.items() if n in planned and c.replicas < olds[n].replicas}
+
+    async def one(name: str, cfg: ModelConfig) -> None:
+        old = olds[name]
         try:
-            if old is not None and old.hardware != cfg.hardware:
+            if old.hardware != cfg.hardware:
                 await svc.backend.remove(name)
                 await svc.backend.deploy(dep.model(name), cfg)
                 done[name] = f"redeployed on {cfg.hardware}"
@@ -448,6 +495,22 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
         except InferlineError as e:
             done[name] = f"failed: {e}"
             log.error("applying plan to %r failed: %s", name, e)
+
+    for name, cfg in configs.items():
+        if name in planned and name not in leaving:
+            await one(name, cfg)
+    for stage in stages:
+        target = routes.get(stage, stage)
+        if svc.dispatcher.resolve(stage) != target:
+            if target != stage and done.get(target, "").startswith("failed"):
+                done[stage] = f"still served by {svc.dispatcher.resolve(stage)}"
+                continue
+            svc.dispatcher.route(stage, target if target != stage else None)
+            done[stage] = f"served by {target}"
+    for name in sorted(leaving):
+        if configs[name].replicas == 0:  # nothing would serve what it still has queued
+            await drain(svc.dispatcher, name)
+        await one(name, configs[name])
     svc.plan = plan
     live = getattr(svc, "live_tuner", None)
     if live is not None:

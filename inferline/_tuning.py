@@ -31,6 +31,8 @@ from inferline.core import (
     TunerDecision,
     TunerPolicy,
     ValidationError,
+    VariantDecision,
+    VariantTuner,
 )
 
 __all__ = ["AppliedDecision", "LiveTuner", "start_live_tuner"]
@@ -67,6 +69,8 @@ class LiveTuner:
         dispatcher: Any = None,
         retry_s: float = 0.5,
         retry_max_s: float = 8.0,
+        variants: bool = True,
+        drain_timeout_s: float = 30.0,
     ) -> None:
         """``observer(model, before, after, time_s=, reason=)`` is called for every model a
         decision changes (``PluginHost.scaling_observer("tuner")`` fits). ``dispatcher``: the
@@ -74,7 +78,13 @@ class LiveTuner:
         one, only replica counts change). A ``scale()`` that fails is retried after
         ``retry_s``, doubling up to ``retry_max_s``, for as long as no newer decision has set
         that model's target (the tuner's state already counts the replicas it asked for; a
-        backend that is restarting would otherwise be left short until the next decision)."""
+        backend that is restarting would otherwise be left short until the next decision).
+
+        A plan made with model variants (``Plan.variants``) gets the variant-aware tuner
+        (``VariantTuner``, unless ``variants=False``): a scale-up may instead switch a stage to
+        a cheaper variant. A switch starts the new variant's replicas, moves the stage to them
+        once they serve (``Dispatcher.route``), then lets the old variant drain its queue (at
+        most ``drain_timeout_s``) before its replicas go."""
         if retry_s <= 0 or retry_max_s < retry_s:
             raise ValidationError("retry_s", "0 < retry_s <= retry_max_s", (retry_s, retry_max_s))
         self.retry_s = float(retry_s)
@@ -86,10 +96,15 @@ class LiveTuner:
         self.plan = plan
         self.config = config
         self._clock = clock
+        self.use_variants = bool(variants)
+        self.drain_timeout_s = float(drain_timeout_s)
         self.policy = TunerPolicy.from_plan(plan, config)
         self.tuner = Tuner(self.policy, start_s=clock())
+        self.variant_tuner = self._variant_tuner(plan)
+        self.variant_decisions: list[VariantDecision] = []
         self._arrivals: list[float] = []
-        self._targets: dict[str, int] = {}
+        self._targets: dict[str, int] = {}  # by deployment model
+        self._switches: dict[str, tuple[str, str]] = {}  # stage -> (old, new) variant
         self._pending_decision: TunerDecision | None = None
         self._applier: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -102,8 +117,21 @@ class LiveTuner:
         self.policy = TunerPolicy.from_plan(plan, self.config)
         self.plan = plan
         self.tuner = Tuner(self.policy, start_s=self._clock())
+        self.variant_tuner = self._variant_tuner(plan)
         self._targets = {}
+        self._switches = {}
         log.info("tuner follows the new plan: planned counts %s", self.policy.planned)
+
+    def _variant_tuner(self, plan: Plan) -> VariantTuner | None:
+        if not self.use_variants or plan.variants is None:
+            return None
+        return VariantTuner.from_plan(plan, self.config)
+
+    def model_of(self, stage: str) -> str:
+        """The deployment model serving ``stage`` as the tuner has decided (a variant)."""
+        if self.variant_tuner is None:
+            return stage
+        return self.variant_tuner.choice.get(stage, stage)
 
     # -- feeding ---------------------------------------------------------------------------
     def record(self, t: float | None = None) -> None:
@@ -151,12 +179,26 @@ class LiveTuner:
         batch, self._arrivals = self._arrivals, []
         if batch:
             self.tuner.record(np.sort(np.asarray(batch, dtype=np.float64)))
-        before = self.tuner.replicas
-        d = self.tuner.tick(now)
+        before = {self.model_of(m): n for m, n in self.tuner.replicas.items()}
+        switched: Mapping[str, tuple[str, str]] = {}
+        if self.variant_tuner is None:
+            d = self.tuner.tick(now)
+        else:
+            self.tuner.state, vd = self.variant_tuner.step(
+                self.tuner.state, now, self.tuner.envelope.take_peaks()
+            )
+            d = vd.decision if vd is not None else None
+            if vd is not None:
+                self.tuner.decisions.append(vd.decision)
+                self.variant_decisions.append(vd)
+                switched = vd.switched
         if d is not None:
+            after = {self.model_of(m): n for m, n in d.replicas.items()}
+            for old, _ in switched.values():
+                after.setdefault(old, 0)
             if self._observer is not None:
-                for m, n in d.replicas.items():
-                    if before.get(m) != n:
+                for m, n in after.items():
+                    if before.get(m, 0) != n:
                         try:
                             self._observer(m, before.get(m, 0), n, time_s=d.time_s, reason=d.reason)
                         except Exception:  # an observer never stops the tuner
@@ -164,8 +206,10 @@ class LiveTuner:
             log.info("tuner %s at %.3f s: %s", d.action, d.time_s, d.reason, extra={"decision": d})
             if self._metrics is not None:
                 self._metrics.decided(d)
+                for stage, (_, new) in switched.items():
+                    self._metrics.switched(stage, new)
             self._apply_batch(d)
-            self._apply(d)
+            self._apply(d, switched)
         return d
 
     def _apply_batch(self, d: TunerDecision) -> None:
@@ -173,7 +217,8 @@ class LiveTuner:
         its replicas start, which is capacity available now."""
         if not d.batch or self.dispatcher is None:
             return
-        for m, b in d.batch.items():
+        for stage, b in d.batch.items():
+            m = self.model_of(stage)  # a switched stage: the variant that will serve it
             try:
                 policy = self.dispatcher.batching(m)
                 if policy.max_batch_size == b:
@@ -196,10 +241,18 @@ class LiveTuner:
                 nxt = self._clock()  # fell far behind (suspended loop): do not burst ticks
 
     # -- applying --------------------------------------------------------------------------
-    def _apply(self, d: TunerDecision) -> None:
+    def _apply(
+        self, d: TunerDecision, switched: Mapping[str, tuple[str, str]] | None = None
+    ) -> None:
         prev = {m: n for m, n in self._targets.items()}
-        changed = {m: n for m, n in d.replicas.items() if prev.get(m) != n}
+        wanted = {self.model_of(m): n for m, n in d.replicas.items()}
+        changed = {m: n for m, n in wanted.items() if prev.get(m) != n}
         self._targets.update(changed)
+        for stage, (old, new) in (switched or {}).items():
+            # a switch back before the first was carried out still drains what it left
+            first = self._switches.get(stage, (old, new))[0]
+            self._switches[stage] = (first, new)
+            self._targets.pop(old, None)  # the old variant goes only after the stage moved
         self._pending_decision = d
         if self._wake is not None:
             self._wake.set()  # a new target ends a retry's wait
@@ -209,20 +262,28 @@ class LiveTuner:
     async def _apply_loop(self) -> None:
         self._wake = asyncio.Event()
         delay = self.retry_s
-        while self._targets:
+        while self._targets or self._switches:
             self._wake.clear()
             d = self._pending_decision
             assert d is not None
             targets, self._targets = self._targets, {}
+            switches, self._switches = self._switches, {}
             t0 = self._clock()
             results = await asyncio.gather(
                 *(self.backend.scale(m, n) for m, n in targets.items()), return_exceptions=True
             )
-            failed = {
+            failed: dict[str, tuple[int, BaseException | str]] = {
                 m: (n, r)
                 for (m, n), r in zip(targets.items(), results, strict=True)
                 if isinstance(r, Exception)
             }
+            for stage, (old, new) in switches.items():
+                if new in failed:  # the stage stays where it is until its variant serves
+                    self._switches.setdefault(stage, (old, new))
+                    continue
+                err_s = await self._switch(stage, old, new)
+                if err_s is not None:
+                    failed[old] = (0, err_s)
             err = "; ".join(f"{m}: {r}" for m, (_, r) in failed.items()) or None
             self.applied.append(AppliedDecision(d, t0, self._clock(), err))
             if self._metrics is not None:
@@ -237,6 +298,23 @@ class LiveTuner:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
             delay = min(2.0 * delay, self.retry_max_s)
+
+    async def _switch(self, stage: str, old: str, new: str) -> str | None:
+        """Move ``stage`` to ``new`` (its replicas serve by now), let ``old`` drain, then give
+        up ``old``'s replicas; an error text if that last step failed (it is retried)."""
+        from ._deploy import drain
+
+        if self.dispatcher is not None and old != new:
+            self.dispatcher.route(stage, new if new != stage else None)
+            log.info("tuner moved stage %r from %r to %r", stage, old, new)
+            await drain(self.dispatcher, old, self.drain_timeout_s)
+        if old == new or self.model_of(stage) == old:
+            return None  # switched back meanwhile: the old variant serves again
+        try:
+            await self.backend.scale(old, 0)
+        except Exception as e:  # retried with the other failed targets
+            return str(e)
+        return None
 
 
 def _with_max_batch(policy: Any, b: int) -> Any:
@@ -267,8 +345,10 @@ async def start_live_tuner(
     config: TunerConfig = TunerConfig(),  # noqa: B008 (frozen)
     *,
     apps: Iterable[str] | None = None,
+    variants: bool = True,
 ) -> LiveTuner:
-    """Attach a running tuner to a started ``Service`` (``inferline serve`` does this)."""
+    """Attach a running tuner to a started ``Service`` (``inferline serve`` does this).
+    ``variants``: switch variant stages of a plan made with variants (``LiveTuner``)."""
     host = getattr(service, "plugins", None)
     tuner = LiveTuner(
         service.backend,
@@ -277,7 +357,11 @@ async def start_live_tuner(
         clock=getattr(service, "_clock", time.perf_counter),
         observer=host.scaling_observer("tuner") if host is not None else None,
         dispatcher=getattr(service, "dispatcher", None),
+        variants=variants,
     )
+    if tuner.variant_tuner is not None:
+        # the estimator prices switches inside a tick: load its kernel now, off the loop
+        await asyncio.to_thread(tuner.variant_tuner.warm)
     tuner.attach(service, apps)
     tuner.start()
     service.live_tuner = tuner  # PUT /admin/plan hands it the new plan
@@ -290,6 +374,12 @@ async def start_live_tuner(
         if tuner.policy.uses_ladder and plan.tuner
         else "replica counts only",
     )
+    if tuner.variant_tuner is not None:
+        log.info(
+            "tuner may switch variants: %s (pipeline accuracy floor %s)",
+            {s: v for s, v in tuner.variant_tuner.choice.items()},
+            tuner.variant_tuner.floor,
+        )
     return tuner
 
 
@@ -331,6 +421,12 @@ class _TunerMetrics:
         )
         self._last = Info(
             "inferline_tuner_last_decision", "The last tuner decision", registry=registry
+        )
+        self._switches = Counter(
+            "inferline_tuner_variant_switches",
+            "Stages the tuner switched to another model variant, by stage and new variant",
+            ["stage", "variant"],
+            registry=registry,
         )
         self._batch = Gauge(
             "inferline_tuner_target_max_batch_size",
@@ -390,6 +486,9 @@ class _TunerMetrics:
                 "reason": d.reason,
             }
         )
+
+    def switched(self, stage: str, variant: str) -> None:
+        self._switches.labels(stage, variant).inc()
 
     def applied(self, ok: bool) -> None:
         self._applied.labels("ok" if ok else "error").inc()

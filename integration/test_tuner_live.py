@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from live_burst import SHORT_TUNER, burst_offsets, planned_inputs, replay_and_watch
 
 from inferline._deploy import Deployment, start_service
 from inferline._tuning import LiveTuner, start_live_tuner
@@ -16,12 +17,7 @@ from inferline.core import (
     Plan,
     TunerConfig,
     TunerDecision,
-    TunerInputs,
-    TunerModel,
     ValidationError,
-    envelope_windows,
-    gamma_trace,
-    trace_envelope,
 )
 from inferline.demo.simple import sleep_deployment
 
@@ -35,69 +31,33 @@ SLO_S = 0.5
 
 
 def _plan() -> Plan:
-    windows = envelope_windows(BATCH_S)
-    sample = gamma_trace(PLANNED_QPS, 1.0, 120.0, np.random.default_rng(0))
-    mu = 1.0 / BATCH_S
-    inputs = TunerInputs(
-        service_time_s=BATCH_S,
-        envelope=trace_envelope(sample, windows).points,
-        mean_rate_qps=PLANNED_QPS,
-        models={"m": TunerModel(1.0, mu, PLANNED_QPS / mu)},  # rho 0.3
-    )
+    inputs = planned_inputs(BATCH_S, PLANNED_QPS)  # rho 0.3
     return Plan("sleep", SLO_S, {"m": ModelConfig("cpu", 1, 1)}, tuner=inputs)
 
 
 def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
     dep = Deployment.from_dict(sleep_deployment(base_s=BATCH_S, slo_ms=SLO_S * 1e3))
     plan = _plan()
-    # Short horizons so the test takes seconds: stabilization 3 s, 2 s scale-down memory.
-    cfg = TunerConfig(
-        stabilization_delay_s=3.0,
-        down_horizon_s=2.0,
-        down_window_s=0.5,
-        keep_horizon_s=2.0,
-        interval_s=0.05,
-        up_rate="scaled",
-    )
-    rng = np.random.default_rng(1)
-    calm1 = gamma_trace(PLANNED_QPS, 1.0, 3.0, rng)
-    burst = gamma_trace(BURST_QPS, 1.0, 8.0, rng, start_s=3.0)
-    calm2 = gamma_trace(PLANNED_QPS / 3, 1.0, 5.0, rng, start_s=11.0)
-    offsets = np.concatenate([calm1, burst, calm2])
+    cfg = SHORT_TUNER
+    offsets = burst_offsets(PLANNED_QPS, BURST_QPS, 8.0, 5.0)
 
     async def main():
         svc = await start_service(dep, plan)
         try:
             tuner = await start_live_tuner(svc, plan, cfg)
-            replicas_seen: list[tuple[float, int]] = []
-            t0 = time.perf_counter()
             results: list[tuple[float, float]] = []
 
             async def one(at: float) -> None:
-                start = time.perf_counter()
                 p = await svc.predict("app", np.asarray([at], dtype=np.float32))
-                results.append((start - t0, p.latency_s))
+                results.append((at, p.latency_s))
 
-            async def watch() -> None:
-                while True:
-                    replicas_seen.append((time.perf_counter() - t0, len(svc.backend.replicas("m"))))
-                    await asyncio.sleep(0.05)
-
-            watcher = asyncio.create_task(watch())
-            tasks = []
-            for at in offsets:
-                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-                tasks.append(asyncio.create_task(one(float(at))))
-            await asyncio.gather(*tasks)
             # Quiet tail: each scale-down step waits for the stabilization delay (3 s).
-            deadline = time.perf_counter() + 20.0
-            while time.perf_counter() < deadline and (
-                tuner.replicas != {"m": 1} or len(svc.backend.replicas("m")) != 1
-            ):
-                await asyncio.sleep(0.1)
-            watcher.cancel()
-            # the watcher's last sample may predate the final change
-            replicas_seen.append((time.perf_counter() - t0, len(svc.backend.replicas("m"))))
+            t0, replicas_seen = await replay_and_watch(
+                offsets,
+                one,
+                lambda t: (t, len(svc.backend.replicas("m"))),
+                lambda: tuner.replicas == {"m": 1} and len(svc.backend.replicas("m")) == 1,
+            )
             metrics = svc.metrics.render().decode()
             return tuner, t0, results, replicas_seen, metrics
         finally:

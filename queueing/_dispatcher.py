@@ -104,6 +104,7 @@ class Dispatcher:
         self._listeners: list[Listener] = []
         self._backends: list[Backend] = []
         self._known: dict[str, list[ReplicaHandle]] = {}  # handles of models not added yet
+        self._routes: dict[str, str] = {}  # stage -> the model whose queue serves it
         self._seq = 0
         self._closed = False
 
@@ -158,6 +159,25 @@ class Dispatcher:
 
     def batching(self, model: str) -> BatchingPolicy:
         return self._queue(model).policy
+
+    def route(self, name: str, model: str | None) -> None:
+        """Serve queries submitted for ``name`` (a pipeline stage) from ``model``'s queue from
+        now on, or from ``name``'s own queue again with ``None``. Model variants switch this
+        way; queries already queued finish where they are."""
+        if model is None or model == name:
+            self._routes.pop(name, None)
+            return
+        if model not in self._queues:
+            raise NotFoundError("model", model, list(self._queues))
+        self._routes[name] = model
+
+    @property
+    def routes(self) -> dict[str, str]:
+        return dict(self._routes)
+
+    def resolve(self, name: str) -> str:
+        """The model whose queue serves queries submitted for ``name``."""
+        return self._routes.get(name, name)
 
     def add_listener(self, listener: Listener) -> None:
         """Call ``listener(event)`` for every ``ArrivalEvent`` and ``BatchEvent`` (metrics,
@@ -535,7 +555,7 @@ class Dispatcher:
         submission), so queries that arrived together keep their order at every model as in
         the estimator. Raises ``OverloadedError`` at once when the queue is full, ``NotFoundError`` for
         an unknown model. Cancelling the caller removes the query (it is skipped)."""
-        q = self._queues.get(model)
+        q = self._queues.get(self._routes.get(model, model))
         if q is None:
             raise NotFoundError("model", model, list(self._queues))
         return await self._enqueue(q, x, deadline, arrival, query_id)
@@ -546,7 +566,7 @@ class Dispatcher:
         """Queue all of ``xs`` at once (admitted all or none) and return one entry per input:
         the output, or the exception instance for an input that failed (the narrow waist's
         convention), so one bad input does not hide the others' results."""
-        q = self._queue(model)
+        q = self._queue(self._routes.get(model, model))
         if len(q.heap) + q.in_flight + len(xs) > q.max_queue:
             q.rejected += len(xs)
             raise OverloadedError(q.name, q.max_queue)

@@ -126,6 +126,7 @@ class PipelineRunner:
         assert self.cache is not None
         from ._cache import cache_key  # the cache is optional; import it only when used
 
+        model = self.dispatcher.resolve(model)  # the variant serving a stage keys its outputs
         try:
             key = cache_key(model, self.versions.get(model, "1"), x)
         except ValidationError:

@@ -271,3 +271,50 @@ def test_room_note_names_what_a_tight_plan_risks():
     note = _room_note(dear)
     assert f"runs the {mean * 1.6:.1f} q/s step at $0.133/h (the plan: $0.067/h)" in note
     assert "keeps 20% headroom" in note and "--tuner-headroom" in note
+
+
+def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_path, capsys):
+    """``--variants``: the cheapest combination meeting the floors and the SLO; the plan file
+    carries the choice and what the tuner needs to switch stages (docs/variants.md)."""
+    prof = Profiles.from_latencies(
+        {
+            "pre": {"cpu": {b: 0.004 * b for b in (1, 2, 4)}},
+            "cls-big": {"gpu-v100": {b: 0.03 + 0.004 * b for b in (1, 2, 4, 8)}},
+            "cls-small": {"gpu-v100": {b: 0.01 + 0.002 * b for b in (1, 2, 4, 8)}},
+        }
+    )
+    save(prof, files["profiles"])
+    doc = {
+        "format": "inferline.variants/1",
+        "pipeline": "img",
+        "stages": {
+            "cls": {
+                "variants": [
+                    {"name": "cls-big", "accuracy": 0.95},
+                    {"name": "cls-small", "accuracy": 0.9},
+                ]
+            }
+        },
+    }
+    vfile = tmp_path / "variants.json"
+    vfile.write_text(json.dumps(doc))
+    args = _plan_args(files, "--slo-s", "0.1", "--variants", str(vfile), "--workers", "1")
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    plan = load_plan(files["plan"])
+    assert plan.variants is not None and plan.variants.choice == {"cls": "cls-small"}
+    assert "cls -> cls-small" in out and "cls (cls-small)" in out
+    assert plan.tuner is not None and plan.tuner.ladder  # planned on the chosen variant
+    assert set(plan.variants.profiles["models"]) == {"pre", "cls-big", "cls-small"}
+    # a floor only the big variant meets
+    assert main([*args, "--accuracy-floor", "0.93"]) == 0
+    capsys.readouterr()
+    assert load_plan(files["plan"]).variants.choice == {"cls": "cls-big"}
+    # simulate runs the chosen variant's profile
+    assert main(_sim_args(files, "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["latency_p99_s"] <= 0.1
+    # a variants file for another pipeline is refused by field
+    doc["pipeline"] = "other"
+    vfile.write_text(json.dumps(doc))
+    assert main(args) == 2
+    assert "pipeline" in capsys.readouterr().err

@@ -392,3 +392,37 @@ def test_removed_replica_finishes_its_batch_then_takes_no_more(vrun: Any) -> Non
     assert outs == list(range(6))
     assert old.batch_sizes == [2] and new.batch_sizes == [2, 2]
     assert st.replicas == 1 and st.failed == 0
+
+
+def test_a_stage_routed_to_a_variant_is_served_from_its_queue(vrun: Any) -> None:
+    """``route``: queries for a stage go to the variant's queue from then on (model variants);
+    already-queued queries stay; ``None`` routes back; unknown targets are refused."""
+
+    async def scenario() -> tuple[list[Any], list[list[Any]], list[list[Any]]]:
+        loop = asyncio.get_running_loop()
+        d = Dispatcher(clock=loop.time)
+        d.add_model("slow")
+        d.add_model("fast")
+        slow, fast = Recorder(), Recorder()
+        d.set_replicas("slow", [InProcessReplica("slow", slow, service_s=0.5)])
+        d.set_replicas("fast", [InProcessReplica("fast", fast, service_s=0.01)])
+        with pytest.raises(NotFoundError, match="nope"):
+            d.route("stage", "nope")
+        d.route("stage", "slow")
+        assert d.resolve("stage") == "slow" and d.routes == {"stage": "slow"}
+        first = [asyncio.ensure_future(d.submit("stage", i, deadline=99.0)) for i in range(3)]
+        await asyncio.sleep(0.1)
+        d.route("stage", "fast")  # q1, q2 are still queued at slow: they finish there
+        later = [asyncio.ensure_future(d.submit("stage", i, deadline=99.0)) for i in (3, 4)]
+        outs = await asyncio.gather(*first, *later)
+        d.route("stage", None)
+        assert d.resolve("stage") == "stage" and d.routes == {}
+        with pytest.raises(NotFoundError):
+            await d.submit("stage", 5, deadline=99.0)
+        await d.close()
+        return outs, slow.batches, fast.batches
+
+    outs, slow_batches, fast_batches = vrun(scenario)
+    assert outs == [("out", i) for i in range(5)]
+    assert sorted(x for b in slow_batches for x in b) == [0, 1, 2]
+    assert sorted(x for b in fast_batches for x in b) == [3, 4]

@@ -230,3 +230,32 @@ def test_tuner_without_a_ladder_switches_back_once_the_traffic_fits_the_plan():
         t += 0.5
         state, again = tuner.step(state, t, quiet)
         assert again is None or not again.switched
+
+
+def test_a_tick_without_arrivals_during_a_burst_does_not_switch_back():
+    """The return to the plan's variants looks at the tuner's horizons, not at one tick: on a
+    live service a 50 ms tick often sees no arrival even in a burst (found live: the stage
+    went back to the slow variant mid-burst and forward again 50 ms later)."""
+    pipe = Pipeline("p", ("cls",), ())
+    vp = plan_with_variants(pipe, VARIANTS, PROFILES, _trace(20.0, n=1500), 0.15)
+    tuner = VariantTuner(pipe, VARIANTS, PROFILES, vp)
+    env = dict(vp.plan.tuner.envelope)
+    burst = [int(2 * env.get(w, 0)) for w in tuner.windows]
+    state, d = tuner.step(tuner.initial_state(0.0), 1.0, burst)
+    assert d is not None and d.switched == {"cls": ("cls-big", "cls-mid")}
+    # the cheap variant serves the burst with the plan's replica count: whether to return to
+    # the plan is a question of every tick
+    assert d.decision.replicas == {"cls": vp.plan.models["cls"].replicas}
+    t = 1.0
+    while t < 60.0:  # the burst goes on; every other tick sees nothing
+        t += 0.5
+        state, d = tuner.step(state, t, burst if int(t * 2) % 2 else [0] * len(burst))
+        assert d is None or not d.switched, (t, d)
+    assert tuner.choice == {"cls": "cls-mid"}
+    # once it is over, back at the plan's variant
+    quiet = [int(0.5 * env.get(w, 0)) for w in tuner.windows]
+    back = None
+    while back is None and t < 200.0:
+        t += 0.5
+        state, back = tuner.step(state, t, quiet)
+    assert back is not None and back.switched == {"cls": ("cls-mid", "cls-big")}
