@@ -56,6 +56,20 @@ def _profile(args: argparse.Namespace) -> int:
         hardware=tuple(args.hardware) if args.hardware else None,
     )
     console = Console(stderr=True)
+    stages = None
+    if args.variants:
+        from inferline.core import PipelineVariants, load_json
+
+        try:
+            doc = PipelineVariants.from_dict(load_json(args.variants))
+        except ValidationError as e:
+            raise ValidationError(f"{args.variants}: {e.field}", e.expected, e.got) from None
+        stages = {s: [v.name for v in sv.variants] for s, sv in doc.stages.items()}
+        unknown = sorted({n for ns in stages.values() for n in ns} - {m.name for m in dep.models})
+        if unknown:
+            raise ValidationError(
+                f"{args.variants}: stages", f"variants that are models of {dep.name!r}", unknown
+            )
     samples = None
     if args.samples is not None:
         samples = dep.load_sample_inputs()[: args.samples]
@@ -73,7 +87,9 @@ def _profile(args: argparse.Namespace) -> int:
             bar.update(task, description=f"{model} on {hw}, batch {b}", completed=done, total=total)
 
         result, pipeline = run(
-            profile_deployment(dep, opts, app=args.app, samples=samples, progress=progress)
+            profile_deployment(
+                dep, opts, app=args.app, samples=samples, progress=progress, stages=stages
+            )
         )
     save(result.profiles, args.output)
     print(f"wrote profiles of {len(result.profiles.models)} models to {args.output}")
@@ -416,6 +432,13 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     p.add_argument("--hardware", nargs="*", default=None, help="only these hardware kinds")
     p.add_argument("--quick", action="store_true", help="fewer samples (noisier, faster)")
+    p.add_argument(
+        "--variants",
+        default=None,
+        metavar="FILE",
+        help="model variants per stage (inferline.variants/1): a pipeline call of a stage runs "
+        "its first variant while tracing, and every variant is profiled on the stage's inputs",
+    )
     p.set_defaults(func=_profile)
 
     s = sub.add_parser("serve", help="serve a deployment over HTTP")

@@ -75,8 +75,13 @@ async def trace_deployment(
     app: str | None = None,
     samples: Sequence[Any] | None = None,
     containers: Mapping[str, Any] | None = None,
+    stages: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[Pipeline, dict[str, list[Any]]]:
-    """``(pipeline DAG, {model: inputs it received})`` from the sample queries."""
+    """``(pipeline DAG, {model: inputs it received})`` from the sample queries.
+
+    ``stages`` (model variants, ``{stage: [variant, ...]}``): a pipeline call of a stage
+    that is not a model of the deployment runs the stage's first variant (the pipeline's
+    control flow follows its outputs); the stage keeps its name in the DAG and its inputs."""
     from inferline.queueing import trace_pipeline
 
     a = _app(dep, app)
@@ -85,9 +90,12 @@ async def trace_deployment(
         xs = [a.input.check(x, "sample") for x in xs]
     models = dict(containers) if containers is not None else load_containers(dep)
     seen: dict[str, list[Any]] = {}
+    variants = dict(stages or {})
 
     async def call(model: str, x: Any) -> Any:
         c = models.get(model)
+        if c is None and model in variants and variants[model]:
+            c = models.get(variants[model][0])
         if c is None:
             raise ValidationError(
                 "pipeline call", f"a model of the deployment {sorted(models)}", model
@@ -108,9 +116,19 @@ async def profile_deployment(
     app: str | None = None,
     samples: Sequence[Any] | None = None,
     progress: Progress | None = None,
+    stages: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[ProfileResult, Pipeline]:
-    """Trace the pipeline, then profile its models on ``backend`` (default: the deployment's)."""
-    pipeline, inputs = await trace_deployment(dep, app=app, samples=samples)
+    """Trace the pipeline, then profile its models on ``backend`` (default: the deployment's).
+
+    ``stages`` (model variants, ``{stage: [variant, ...]}``, e.g. from an
+    ``inferline.variants/1`` document): every variant is profiled on the inputs its stage
+    received; the DAG names the stages (what ``inferline plan --variants`` takes)."""
+    stages = dict(stages or {})
+    pipeline, inputs = await trace_deployment(dep, app=app, samples=samples, stages=stages)
+    for stage, names in stages.items():
+        for name in names:
+            if stage in inputs and name not in inputs:
+                inputs[name] = inputs[stage]
     specs = [s for s in dep.models if s.name in inputs]
     missing = [s.name for s in dep.models if s.name not in inputs]
     if missing:

@@ -197,3 +197,41 @@ def test_a_deployment_missing_a_variant_is_refused_by_name():
     only_slow = replace(dep, models=tuple(m for m in dep.models if m.name == "m-slow"))
     with pytest.raises(ValidationError, match="m-fast"):
         asyncio.run(start_service(only_slow, _plan()))
+
+
+def test_profile_plan_and_deploy_a_variant_deployment_from_the_command_line(tmp_path, capsys):
+    """The whole chain on the real runtime: ``inferline profile --variants`` traces the stage
+    (running its first variant) and profiles both variants on its inputs; ``inferline plan
+    --variants`` picks the cheap variant where the accurate one needs more replicas;
+    ``inferline deploy --dry-run`` lists what would run."""
+    import subprocess
+    import sys
+
+    from inferline.cli import main
+    from inferline.core import gamma_trace, load_pipeline, load_plan, load_profiles, save_trace
+
+    d, v = tmp_path / "d.json", tmp_path / "v.json"
+    d.write_text(json.dumps(_deployment().to_dict()))
+    v.write_text(json.dumps(VARIANTS.to_dict()))
+    prof, pipe = tmp_path / "prof.json", tmp_path / "pipe.json"
+    cmd = [sys.executable, "-m", "inferline", "profile", "--deployment", str(d), "-o", str(prof)]
+    cmd += ["--pipeline-out", str(pipe), "--variants", str(v), "--max-batch", "2", "--quick"]
+    cmd += ["--no-contention", "--samples", "8"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert load_pipeline(pipe).models == ("m",)
+    profiles = load_profiles(prof)
+    slow, fast = (profiles.latency(m, "cpu", 1) for m in ("m-slow", "m-fast"))
+    assert SLOW_S <= slow < SLOW_S + 0.03 and FAST_S <= fast < FAST_S + 0.03, (slow, fast)
+    trace = tmp_path / "t.txt"
+    save_trace(gamma_trace(60.0, 1.0, 60.0, np.random.default_rng(0)), trace)
+    plan_file = tmp_path / "plan.json"
+    args = ["plan", "--pipeline", str(pipe), "--profiles", str(prof), "--trace", str(trace)]
+    args += ["--slo-s", "0.5", "--variants", str(v), "-o", str(plan_file), "--workers", "1"]
+    assert main(args) == 0
+    plan = load_plan(plan_file)
+    assert plan.variants.choice == {"m": "m-fast"}, capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["deploy", str(plan_file), "--deployment", str(d), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "m-fast: 1 x cpu" in out and "m-slow: 0 x cpu" in out, out
