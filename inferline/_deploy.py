@@ -474,8 +474,16 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
     done: dict[str, str] = {}
     routes = _routes(plan)
     stages = set(plan.models) | set(getattr(getattr(svc, "plan", None), "models", {}))
+
+    def active(name: str) -> int:
+        """Replicas serving now: a live tuner may have moved the service off the old plan."""
+        try:
+            return len(svc.backend.replicas(name))
+        except InferlineError:
+            return olds[name].replicas
+
     # models that shrink do so last: after the others have grown and the stages moved
-    leaving = {n for n, c in configs.items() if n in planned and c.replicas < olds[n].replicas}
+    leaving = {n for n, c in configs.items() if n in planned and c.replicas < active(n)}
 
     async def one(name: str, cfg: ModelConfig) -> None:
         old = olds[name]

@@ -235,3 +235,33 @@ def test_profile_plan_and_deploy_a_variant_deployment_from_the_command_line(tmp_
     assert main(["deploy", str(plan_file), "--deployment", str(d), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "m-fast: 1 x cpu" in out and "m-slow: 0 x cpu" in out, out
+
+
+def test_apply_plan_after_the_tuner_switched_drains_the_variant_that_serves():
+    """The service left the old plan (a live tuner switched the stage to the cheap variant);
+    re-applying the plan moves the stage back only after the accurate variant serves and
+    lets the cheap one drain, though by the old plan it had no replicas to give up."""
+    dep = _deployment()
+    plan = _plan("m-slow")
+
+    async def main():
+        svc = await start_service(dep, plan)
+        try:
+            # what the tuner's switch leaves behind
+            await svc.backend.scale("m-fast", 1)
+            svc.dispatcher.route("m", "m-fast")
+            await svc.backend.scale("m-slow", 0)
+            pending = [
+                asyncio.create_task(svc.predict("app", np.asarray([float(i)], np.float32)))
+                for i in range(40)  # about 0.5 s of work queued at the cheap variant
+            ]
+            await asyncio.sleep(0.02)
+            done = await apply_plan(svc, plan)
+            outs = await asyncio.wait_for(asyncio.gather(*pending), 20.0)
+            return done, outs, svc.dispatcher.resolve("m"), _counts(svc)
+        finally:
+            await svc.close()
+
+    done, outs, route, counts = asyncio.run(main())
+    assert len(outs) == 40 and all(isinstance(p.output, dict) for p in outs)
+    assert route == "m-slow" and counts == {"m-slow": 1, "m-fast": 0}, (route, counts, done)
