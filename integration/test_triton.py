@@ -622,3 +622,105 @@ def test_conformance_suite(triton: tuple[TritonServer, Digits]) -> None:
         "stats and remove",
         "close",
     ]
+
+
+def test_a_stage_moves_between_model_variants_on_triton(
+    triton: tuple[TritonServer, Digits],
+) -> None:
+    """Model variants on the real server: the repository's MLP and k-NN classifiers serve the
+    stage ``cls``. The plan's variant is loaded and the other deployed unloaded; a new plan
+    moves the stage to the other while queries flow, loading it before the stage moves and
+    unloading the first after its queue drained. Every query is answered."""
+    from inferline._deploy import Deployment, apply_plan, start_service
+    from inferline.core import Pipeline, Plan, Profiles
+    from inferline.core._variants import (
+        PipelineVariants,
+        VariantPlan,
+        plan_with_variants_section,
+    )
+
+    server, digits = triton
+    pipeline = Pipeline("digits", ("pre", "cls"), (("pre", "cls"),))
+    variants = PipelineVariants.from_dict(
+        {
+            "format": "inferline.variants/1",
+            "pipeline": "digits",
+            "stages": {
+                "cls": {
+                    "variants": [
+                        {"name": "cls-mlp", "accuracy": 0.97},
+                        {"name": "cls-knn", "accuracy": 0.98},
+                    ]
+                }
+            },
+        }
+    )
+    # what a switch is priced with; this test moves the stage by a plan, not by the tuner
+    profiles = Profiles.from_latencies(
+        {m: {"cpu": {1: 0.005, 4: 0.01}} for m in ("pre", "cls-mlp", "cls-knn")}
+    )
+
+    def plan(variant: str) -> Plan:
+        p = Plan("digits", 1.0, {"pre": ModelConfig("cpu", 4, 1), "cls": ModelConfig("cpu", 4, 1)})
+        vp = VariantPlan(p, {"cls": variant}, variants.stages["cls"].accuracy_of(variant))
+        return plan_with_variants_section(vp, pipeline, variants, profiles)
+
+    dep = Deployment.from_dict(
+        {
+            "format": "inferline.deployment/1",
+            "name": "digits",
+            "backend": "triton://" + server.http_url.split("://", 1)[1],
+            "models": [
+                {"name": "pre", "source": "digits_pre"},
+                {"name": "cls-mlp", "source": "digits_mlp", "params": {"outputs": ["label"]}},
+                {"name": "cls-knn", "source": "digits_knn"},
+            ],
+            "apps": {
+                "digits": {
+                    "pipeline": "triton_harness.models:digits_stage_pipeline",
+                    "slo_ms": 5000,
+                }
+            },
+        }
+    )
+
+    async def main() -> tuple[list[Any], dict[str, str], dict[str, bool]]:
+        tb = TritonBackend(server.http_url, oversubscribe=True)
+        try:
+            svc = await start_service(dep, plan("cls-mlp"), backend=tb)
+            try:
+                assert svc.dispatcher.resolve("cls") == "cls-mlp"
+                assert len(tb.replicas("cls-mlp")) == 1 and len(tb.replicas("cls-knn")) == 0
+                assert not await tb.client.model_ready("digits_knn")
+                images = digits.test_images
+                tasks = [
+                    asyncio.create_task(svc.predict("digits", images[i % len(images)]))
+                    for i in range(60)
+                ]
+                await asyncio.sleep(0.05)
+                done = await apply_plan(svc, plan("cls-knn"))
+                tasks += [
+                    asyncio.create_task(svc.predict("digits", images[i % len(images)]))
+                    for i in range(60, 90)
+                ]
+                outs = await asyncio.gather(*tasks)
+                ready = {m: await tb.client.model_ready(m) for m in ("digits_mlp", "digits_knn")}
+                assert svc.dispatcher.resolve("cls") == "cls-knn", done
+                return outs, done, ready
+            finally:
+                await svc.close()
+        finally:
+            await tb.close()
+            fresh = TritonBackend(server.http_url)  # leave the server as other tests expect it
+            try:
+                if not await fresh.client.model_ready("digits_pre"):
+                    await fresh.client.load("digits_pre")
+            finally:
+                await fresh.close()
+
+    outs, done, ready = run(main())
+    truth = digits.test_labels[np.arange(90) % len(digits.test_images)]
+    assert np.mean([p.output for p in outs] == truth) >= 0.9, [p.output for p in outs][:10]
+    assert not any(p.default for p in outs)
+    assert done["cls"] == "served by cls-knn" and done["cls-mlp"].startswith("0 replicas"), done
+    assert ready == {"digits_mlp": False, "digits_knn": True}

@@ -19,10 +19,11 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["MODELS", "Digits", "build_repository", "load_digits_split"]
+__all__ = ["MODELS", "Digits", "build_repository", "digits_stage_pipeline", "load_digits_split"]
 
 SRC = Path(__file__).parent / "model_src"
 MODELS = ("digits_pre", "digits_mlp", "digits_knn", "digit_name")
@@ -148,3 +149,10 @@ def build_repository(
             cfg.replace(f'name: "{name}"', f'name: "{alias}"', 1)
         )
     return Digits(test_images=xte.reshape(-1, 8, 8), test_labels=yte, mlp_accuracy=acc)
+
+
+async def digits_stage_pipeline(x: Any, ctx: Any) -> int:
+    """``digits_pre``, then the stage ``cls`` (whichever digit classifier variant serves it):
+    an 8x8 image -> its label. For the model-variant test on Triton."""
+    features = await ctx.predict("pre", x)
+    return int(np.asarray(await ctx.predict("cls", features)).reshape(-1)[0])
