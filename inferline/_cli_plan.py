@@ -362,6 +362,12 @@ def _simulate(args: argparse.Namespace) -> int:
         # the stages run the variants the plan chose (a tuner in the estimator's loop changes
         # replicas and batch sizes; switching variants is the live tuner's, docs/variants.md)
         profiles = stage_profiles(profiles, plan.variants.choice)
+        if getattr(args, "tuner", "none") != "none":
+            log.warning(
+                "the plan has model variants %s: the simulated tuner changes replicas and batch "
+                "sizes only; switching variants is not simulated (docs/variants.md)",
+                dict(plan.variants.choice),
+            )
     opts = EstimatorOptions(
         seed=args.seed, activation_delay_s=getattr(args, "activation_delay_s", 0.0)
     )
