@@ -3,7 +3,7 @@
 ``GET /admin/plan`` the plan in force; ``PUT /admin/plan`` apply a new plan (replica counts
 and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends);
 ``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
-activation delays). They sit behind the same bearer token as every other endpoint.
+activation delays; with model variants, ``serves_stages``: the stages a variant serves now). They sit behind the same bearer token as every other endpoint.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def make_admin_router(service: Service) -> APIRouter:
     @r.get("/models", summary="Queue and backend statistics per model")
     async def models() -> Response:
         out: dict[str, Any] = {}
+        routes = service.dispatcher.routes if service.dispatcher is not None else {}
         for m in service.models:
             entry: dict[str, Any] = {}
             if service.dispatcher is not None:
@@ -59,6 +60,9 @@ def make_admin_router(service: Service) -> APIRouter:
                     entry["backend"] = dict(await service.backend.stats(m))
                 except InferlineError as e:
                     entry["backend"] = {"error": str(e)}
+            stages = [s for s, v in routes.items() if v == m]
+            if stages:  # model variants: the pipeline stages this model serves now
+                entry["serves_stages"] = stages
             out[m] = entry
         return _json(out)
 

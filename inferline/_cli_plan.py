@@ -103,7 +103,9 @@ def _plan(args: argparse.Namespace) -> int:
         variants = vplan = None
         plan_profiles = profiles
         if args.variants:
-            vplan, variants = _plan_variants(args, pipeline, profiles, trace, catalog, options)
+            vplan, variants = _plan_variants(
+                args, pipeline, profiles, trace, catalog, options, progress
+            )
             plan, plan_profiles = vplan.plan, stage_profiles(profiles, vplan.choice)
         else:
             plan = make_plan(
@@ -166,6 +168,7 @@ def _plan_variants(
     trace: np.ndarray,
     catalog: HardwareCatalog,
     options: PlannerOptions,
+    progress: Any = None,
 ) -> tuple[VariantPlan, PipelineVariants]:
     """The cheapest combination of variants meeting the floors and the SLO (docs/variants.md)."""
     try:
@@ -189,6 +192,7 @@ def _plan_variants(
         catalog=catalog,
         percentile=args.percentile,
         options=options,
+        progress=progress,
     )
     return vplan, variants
 

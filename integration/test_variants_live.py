@@ -9,10 +9,13 @@ import asyncio
 import json
 from dataclasses import replace
 
+import httpx
 import numpy as np
 import pytest
 from live_burst import SHORT_TUNER, burst_offsets, planned_inputs, replay_and_watch
 
+from inferline._admin import make_admin_router
+from inferline._app import create_app
 from inferline._deploy import Deployment, apply_plan, planned_models, start_service
 from inferline._tuning import start_live_tuner
 from inferline.core import (
@@ -180,6 +183,13 @@ def test_apply_plan_moves_a_stage_to_another_variant_without_losing_queries():
             done = await apply_plan(svc, new)
             after = [svc.predict("app", np.asarray([1.0], np.float32)) for _ in range(10)]
             outs = await asyncio.gather(*pending, *after)
+            # the operator's view: which variant serves the stage now
+            app = create_app(svc, routers=[make_admin_router])
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                admin = (await c.get("/admin/models")).json()
+            assert admin["m-fast"]["serves_stages"] == ["m"], admin
+            assert "serves_stages" not in admin["m-slow"]
             return done, outs, svc.dispatcher.resolve("m"), _counts(svc), svc.dispatcher.routes
         finally:
             await svc.close()
