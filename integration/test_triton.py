@@ -76,6 +76,16 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 120))
 
 
+async def _restore_pre(server: TritonServer) -> None:
+    """Leave the server as the other tests expect it: ``digits_pre`` loaded."""
+    fresh = TritonBackend(server.http_url)
+    try:
+        if not await fresh.client.model_ready("digits_pre"):
+            await fresh.client.load("digits_pre")
+    finally:
+        await fresh.close()
+
+
 # -- attach / discover -----------------------------------------------------------------------
 
 
@@ -574,12 +584,7 @@ def test_attach_profile_plan_deploy_serve_across_triton_and_the_bundled_runtime(
             await d.close()
             await lb.close()
             await tb.close()
-            fresh = TritonBackend(server.http_url)  # leave the server as other tests expect it
-            try:
-                if not await fresh.client.model_ready("digits_pre"):
-                    await fresh.client.load("digits_pre")
-            finally:
-                await fresh.close()
+            await _restore_pre(server)
 
     run(main())
 
@@ -711,12 +716,7 @@ def test_a_stage_moves_between_model_variants_on_triton(
                 await svc.close()
         finally:
             await tb.close()
-            fresh = TritonBackend(server.http_url)  # leave the server as other tests expect it
-            try:
-                if not await fresh.client.model_ready("digits_pre"):
-                    await fresh.client.load("digits_pre")
-            finally:
-                await fresh.close()
+            await _restore_pre(server)
 
     outs, done, ready = run(main())
     truth = digits.test_labels[np.arange(90) % len(digits.test_images)]
