@@ -50,6 +50,7 @@ from inferline.queueing._cache import cache_key
 from inferline.velox import (
     FeatureTable,
     MFResult,
+    NewObservation,
     SQLiteStore,
     StalenessConfig,
     TableModel,
@@ -196,7 +197,7 @@ async def online_predictions(
         store.append_many(
             "movielens",
             [
-                (u, i, y, 1, None, 0.0)
+                NewObservation(u, i, y, 1, 0.0)
                 for u, i, y in zip(train.users, train.items, train.y, strict=True)
             ],
         )

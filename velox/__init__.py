@@ -13,6 +13,7 @@ from ._mf import MFResult, train_mf
 from ._model import (
     FeatureFn,
     FeatureTable,
+    NewObservation,
     Observation,
     RetrainResult,
     SplitModel,
@@ -33,6 +34,7 @@ __all__ = [
     "FeatureTable",
     "LossStats",
     "MFResult",
+    "NewObservation",
     "Observation",
     "ObserveResult",
     "Prediction",

@@ -32,6 +32,7 @@ from ._ridge import ridge_solve
 __all__ = [
     "FeatureFn",
     "FeatureTable",
+    "NewObservation",
     "Observation",
     "RetrainResult",
     "SplitModel",
@@ -45,20 +46,29 @@ FeatureFn = Callable[[Any], Awaitable[np.ndarray]]
 
 
 @dataclass(frozen=True)
-class Observation:
-    """One logged feedback event; the observation log is the retraining data set.
+class NewObservation:
+    """A feedback event to append to the observation log (the log assigns its ``seq``): what
+    every store's ``append_observation`` and ``append_many`` take, so the fields are declared
+    once rather than in each store's signature."""
 
-    ``features`` are those computed by version ``version`` when the observation arrived (kept so
-    a restart can replay the log without recomputing them); None when not logged.
-    """
-
-    seq: int
     uid: str
     x: Any
     y: float
     version: int
     ts: float
     features: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Observation(NewObservation):
+    """One logged feedback event: the event and its position in the log (``seq``, keyword
+    only); the observation log is the retraining data set.
+
+    ``features`` are those computed by version ``version`` when the observation arrived (kept so
+    a restart can replay the log without recomputing them); None when not logged.
+    """
+
+    seq: int = field(kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -23,7 +23,7 @@ import numpy as np
 from inferline.core.errors import NotFoundError, ValidationError
 
 from ._codec import dumps, loads, vector_from_bytes, vector_to_bytes
-from ._model import Observation
+from ._model import NewObservation, Observation
 from ._store import UserRow, VersionRecord
 
 __all__ = ["RedisStore"]
@@ -77,24 +77,15 @@ class RedisStore:
 
     # -- observation log
 
-    def append_observation(
-        self,
-        model: str,
-        uid: str,
-        x: Any,
-        y: float,
-        version: int,
-        features: np.ndarray | None,
-        ts: float,
-    ) -> int:
+    def append_observation(self, model: str, obs: NewObservation) -> int:
         rec = json.dumps(
             {
-                "uid": uid,
-                "x": dumps(x),
-                "y": float(y),
-                "version": int(version),
-                "f": None if features is None else _b64(features),
-                "ts": float(ts),
+                "uid": obs.uid,
+                "x": dumps(obs.x),
+                "y": float(obs.y),
+                "version": int(obs.version),
+                "f": None if obs.features is None else _b64(obs.features),
+                "ts": float(obs.ts),
             }
         )
         return int(self._append(keys=[self._k(model, "seq"), self._k(model, "obs")], args=[rec]))
@@ -109,13 +100,13 @@ class RedisStore:
             d = json.loads(body)
             out.append(
                 Observation(
-                    int(seq),
                     d["uid"],
                     loads(d["x"]),
                     d["y"],
                     d["version"],
                     d["ts"],
                     None if d["f"] is None else _unb64(d["f"]),
+                    seq=int(seq),
                 )
             )
         return out

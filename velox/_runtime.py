@@ -35,7 +35,14 @@ from inferline.core.errors import InferlineError, NotFoundError, ValidationError
 from inferline.queueing._cache import PredictionCache, cache_key, key_prefix
 
 from ._config import VeloxConfig
-from ._model import FeatureFn, Observation, RetrainResult, VeloxModel, check_features
+from ._model import (
+    FeatureFn,
+    NewObservation,
+    Observation,
+    RetrainResult,
+    VeloxModel,
+    check_features,
+)
 from ._partition import WrongPartitionError, check_uid, partition_of
 from ._results import ObserveResult, Prediction, Ranked, RetrainJob, TopK
 from ._ridge import UserRidge
@@ -248,7 +255,8 @@ class Runtime:
             u = UserRidge(live.average(), self.config.ridge_lambda)
         y_hat = u.predict(f)
         loss = float(self.model.loss(y, y_hat, x, uid))
-        seq = self.store.append_observation(self.name, uid, x, y, live.version, f, self.clock())
+        obs = NewObservation(uid, x, y, live.version, self.clock(), f)
+        seq = self.store.append_observation(self.name, obs)
         if new:
             live.add_user(uid, u)
         live.w_sum -= u.w

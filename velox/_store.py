@@ -27,7 +27,7 @@ import numpy as np
 from inferline.core.errors import NotFoundError, ValidationError
 
 from ._codec import dumps, loads, vector_from_bytes, vector_to_bytes
-from ._model import Observation
+from ._model import NewObservation, Observation
 
 __all__ = ["SQLiteStore", "UserRow", "VeloxStore", "VersionRecord"]
 
@@ -84,16 +84,7 @@ class UserRow:
 
 @runtime_checkable
 class VeloxStore(Protocol):
-    def append_observation(
-        self,
-        model: str,
-        uid: str,
-        x: Any,
-        y: float,
-        version: int,
-        features: np.ndarray | None,
-        ts: float,
-    ) -> int: ...
+    def append_observation(self, model: str, obs: NewObservation) -> int: ...
     def observations(
         self, model: str, after_seq: int = 0, upto_seq: int | None = None
     ) -> list[Observation]: ...
@@ -116,12 +107,10 @@ _INSERT_OBS = (
 )
 
 
-def _obs_row(
-    model: str, uid: str, x: Any, y: float, version: int, features: Any, ts: float
-) -> tuple[Any, ...]:
+def _obs_row(model: str, o: NewObservation) -> tuple[Any, ...]:
     """One observation as the columns of ``_INSERT_OBS`` (one encoding for single and bulk)."""
-    f = None if features is None else vector_to_bytes(features)
-    return (model, uid, dumps(x), float(y), int(version), f, float(ts))
+    f = None if o.features is None else vector_to_bytes(o.features)
+    return (model, o.uid, dumps(o.x), float(o.y), int(o.version), f, float(o.ts))
 
 
 _SCHEMA = """
@@ -202,29 +191,17 @@ class SQLiteStore:
 
     # -- observation log
 
-    def append_observation(
-        self,
-        model: str,
-        uid: str,
-        x: Any,
-        y: float,
-        version: int,
-        features: np.ndarray | None,
-        ts: float,
-    ) -> int:
-        row = _obs_row(model, uid, x, y, version, features, ts)
-        cur = self._conn().execute(_INSERT_OBS, row)
+    def append_observation(self, model: str, obs: NewObservation) -> int:
+        cur = self._conn().execute(_INSERT_OBS, _obs_row(model, obs))
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
 
-    def append_many(
-        self, model: str, rows: Sequence[tuple[str, Any, float, int, np.ndarray | None, float]]
-    ) -> int:
-        """Bulk-load (uid, x, y, version, features, ts) rows in one transaction; returns last seq."""
+    def append_many(self, model: str, rows: Sequence[NewObservation]) -> int:
+        """Bulk-load observations in one transaction; returns the last seq."""
         c = self._conn()
         c.execute("BEGIN IMMEDIATE")
         try:
-            c.executemany(_INSERT_OBS, [_obs_row(model, *r) for r in rows])
+            c.executemany(_INSERT_OBS, [_obs_row(model, r) for r in rows])
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -242,13 +219,13 @@ class SQLiteStore:
         rows = self._conn().execute(q + " ORDER BY seq", args).fetchall()
         return [
             Observation(
-                seq,
                 uid,
                 loads(x),
                 y,
                 version,
                 ts,
                 None if f is None else vector_from_bytes(f, (len(f) // 8,)),
+                seq=seq,
             )
             for seq, uid, x, y, version, f, ts in rows
         ]

@@ -97,7 +97,7 @@ def test_result_dataclasses_round_trip() -> None:
     ]
     for v in values:
         assert type(v).from_dict(v.to_dict()) == v
-    o = Observation(1, "u", {"a": [1, 2]}, 3.0, 1, 5.0, np.arange(3.0))
+    o = Observation("u", {"a": [1, 2]}, 3.0, 1, 5.0, np.arange(3.0), seq=1)
     back = Observation.from_dict(o.to_dict())
     assert back.x == o.x and np.array_equal(back.features, o.features) and back.seq == 1
 
