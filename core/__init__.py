@@ -25,6 +25,7 @@ from ._estimator import (
     EstimatorOptions,
     ModelSimStats,
     SimResult,
+    StageSwitch,
     SystemState,
     draw_visits,
     simulate,
@@ -75,6 +76,7 @@ from ._tuner import (
     TunerPolicy,
     TunerState,
 )
+from ._variant_controller import VariantController
 from ._variants import (
     VARIANTS_FORMAT,
     PipelineVariants,
@@ -157,6 +159,7 @@ __all__ = [
     "ReplicaError",
     "ReplicaHandle",
     "SimResult",
+    "StageSwitch",
     "StageVariants",
     "SystemState",
     "Trace",
@@ -169,6 +172,7 @@ __all__ = [
     "TunerPolicy",
     "TunerState",
     "ValidationError",
+    "VariantController",
     "VariantDecision",
     "VariantPlan",
     "VariantSpec",

@@ -4,7 +4,8 @@ One EDF queue per model, pull-based identical replicas taking ``min(max_batch_si
 queries at once, all arrivals and completions of an instant applied before any replica takes
 a batch, fan-out to visited children, joins on the last visited parent, seeded conditional
 visits. Optional: per-hop overhead, delayed batching, replica activation delay, replica-count
-schedules and a controller (tuner) called every ``interval_s`` of simulated time.
+schedules and a controller (tuner) called every ``interval_s`` of simulated time, which may
+also switch a stage to another model variant (:class:`StageSwitch`).
 
 The event loop is the compiled kernel in ``_estimator_kernel.py``; this module validates
 inputs, lays out the arrays, drives the kernel segment by segment and summarizes the result.
@@ -33,6 +34,7 @@ __all__ = [
     "EstimatorOptions",
     "ModelSimStats",
     "SimResult",
+    "StageSwitch",
     "SystemState",
     "draw_visits",
     "simulate",
@@ -140,7 +142,9 @@ class SimResult:
 
     ``replica_timeline``: ``(time_s, model, serving replicas)`` at the start and at every
     change. ``cost_per_hour``: replica cost integrated from request to removal, averaged over
-    the trace span (first to last arrival).
+    the trace span (first to last arrival). ``variant_switches``: ``(time_s, stage, variant)``
+    for every :class:`StageSwitch` a controller made (at the decision; the variant serves
+    from the activation delay later).
     """
 
     arrivals_s: np.ndarray
@@ -148,6 +152,7 @@ class SimResult:
     models: Mapping[str, ModelSimStats]
     cost_per_hour: float
     replica_timeline: tuple[tuple[float, str, int], ...] = ()
+    variant_switches: tuple[tuple[float, str, str], ...] = ()
 
     def percentile(self, p: float = 99.0) -> float:
         if self.latencies_s.size == 0:
@@ -181,6 +186,22 @@ class SystemState:
     in_system: int
 
 
+@dataclass(frozen=True)
+class StageSwitch:
+    """A controller's value for a stage: serve it with model ``variant`` (one of the stage's
+    variants given to :func:`simulate`) as ``config`` (on the stage's hardware).
+
+    As the live tuner does it: ``config.replicas`` replicas of the variant are billed at once
+    and serve after the activation delay, with ``config.max_batch_size``; the previous
+    variant's replicas serve the stage's queue until then and leave at that time (busy ones
+    after their batch). ``variant`` may be the stage's own name: its own profile (for a plan
+    made with variants, the variant the plan chose).
+    """
+
+    variant: str
+    config: ModelConfig
+
+
 class Controller(Protocol):
     """A tuner in the loop: called every ``interval_s`` of simulated time.
 
@@ -188,7 +209,8 @@ class Controller(Protocol):
     state reflects every event strictly before ``now_s``. Return desired absolute replica
     counts (only the models to change) or None. A value may also be a ``ModelConfig`` on the
     configured hardware: its ``max_batch_size`` applies to the next batch the model forms
-    (at once; batches in service finish as they are), its ``replicas`` as a count.
+    (at once; batches in service finish as they are), its ``replicas`` as a count; or a
+    :class:`StageSwitch` to another variant of the stage.
     """
 
     interval_s: float
@@ -240,8 +262,9 @@ def _check_arrivals(arrivals: Any) -> np.ndarray:
 @dataclass
 class _Prep:
     order: tuple[str, ...]
-    maxb: np.ndarray
-    table: np.ndarray
+    maxb: np.ndarray  # by table row
+    table: np.ndarray  # rows 0..M-1 the stages, then the variants of ``rows``
+    rows: Mapping[tuple[str, str], int]  # (stage, variant) -> table row
     waitv: np.ndarray
     replicas: np.ndarray
     price: np.ndarray
@@ -257,6 +280,7 @@ def _prepare(
     options: EstimatorOptions,
     catalog: HardwareCatalog,
     resizable: bool = False,
+    variants: Mapping[str, Sequence[str]] | None = None,
 ) -> _Prep:
     order = pipeline.topological_order
     pos = {m: j for j, m in enumerate(order)}
@@ -302,11 +326,31 @@ def _prepare(
         profiles.max_batch(m, configs[m].hardware) if resizable else int(maxb[j])
         for j, m in enumerate(order)
     ]
-    B = int(max(top))
-    table = np.zeros((M, B + 1), dtype=np.float64)
+    # the variants a controller may switch stages to: one more table row each
+    rows: dict[tuple[str, str], int] = {}
+    row_of: list[tuple[str, int, int]] = []  # (variant, stage index, largest batch)
+    for stage, names in (variants or {}).items():
+        if stage not in pos:
+            raise ValidationError("variants", f"stages from {list(order)!r}", stage)
+        hw = configs[stage].hardware
+        for v in names:
+            if not isinstance(v, str) or not profiles.has(v, hw):
+                raise ValidationError(
+                    f"variants.{stage}", f"models profiled on the stage's hardware {hw!r}", v
+                )
+            if (stage, v) not in rows:
+                rows[(stage, v)] = M + len(row_of)
+                row_of.append((v, pos[stage], profiles.max_batch(v, hw)))
+    B = int(max([*top, *(r[2] for r in row_of)]))
+    R = M + len(row_of)
+    table = np.zeros((R, B + 1), dtype=np.float64)
     for j, m in enumerate(order):
         hw = configs[m].hardware
         table[j, : top[j] + 1] = _latency_table(profiles, m, hw, int(top[j]))
+    rmaxb = np.concatenate([maxb, np.zeros(len(row_of), dtype=np.int64)])
+    for k, (v, j, vtop) in enumerate(row_of):
+        table[M + k, : vtop + 1] = _latency_table(profiles, v, configs[order[j]].hardware, vtop)
+        rmaxb[M + k] = min(int(maxb[j]), vtop)  # until a switch names its batch size
     waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
@@ -316,8 +360,9 @@ def _prepare(
     is_root = np.array([not pipeline.parents[m] for m in order], dtype=np.uint8)
     return _Prep(
         order,
-        maxb,
+        rmaxb,
         table,
+        rows,
         waitv,
         replicas,
         price,
@@ -390,6 +435,7 @@ def _new_state(
     cap = max(16, 2 * S0)
     rep_m = np.full(cap, -1, dtype=np.int64)
     rep_m[:S0] = np.repeat(np.arange(M, dtype=np.int64), p.replicas)
+    rep_row = rep_m.copy()  # every replica starts on its stage's own row
     rep_st = np.full(cap, K.REMOVED, dtype=np.int64)
     rep_st[:S0] = K.IDLE
     rep_next = np.full(cap, -1, dtype=np.int64)
@@ -402,7 +448,7 @@ def _new_state(
     ist[K.I_NSLOTS] = S0
     fst = np.zeros(4, dtype=np.float64)
     fst[K.F_HOP] = hop
-    ecap = cap + M + 8
+    ecap = 2 * cap + M + 8  # per slot: a completion or activation, and a switch's retirement
     return K.KState(
         arr=arr,
         vis=visf,
@@ -430,6 +476,7 @@ def _new_state(
         ev_k=np.zeros(ecap, dtype=np.int64),
         ev_a=np.zeros(ecap, dtype=np.int64),
         rep_m=rep_m,
+        rep_row=rep_row,
         rep_st=rep_st,
         rep_b=np.zeros(cap, dtype=np.int64),
         rep_batch=np.zeros((cap, B), dtype=np.int64),
@@ -440,6 +487,7 @@ def _new_state(
         rep_stop=np.full(cap, np.inf),
         rep_end=np.full(cap, np.inf),
         idle_head=idle_head,
+        cur_row=np.arange(M, dtype=np.int64),
         inflight=np.zeros(M, dtype=np.int64),
         nbatch=np.zeros(M, dtype=np.int64),
         busy=np.zeros(M),
@@ -463,15 +511,11 @@ def _ensure_slots(S: K.KState, extra: int) -> K.KState:
         out[:cap] = a
         return out
 
-    M = S.maxb.shape[0]
-    ecap = new + M + 8
-    ev_t = np.zeros(ecap)
-    ev_k = np.zeros(ecap, dtype=np.int64)
-    ev_a = np.zeros(ecap, dtype=np.int64)
-    n = int(S.ist[K.I_EVN])
-    ev_t[:n], ev_k[:n], ev_a[:n] = S.ev_t[:n], S.ev_k[:n], S.ev_a[:n]
+    M = S.cur_row.shape[0]
+    S = _ensure_events(S, 2 * new + M + 8 - int(S.ist[K.I_EVN]))
     return S._replace(
         rep_m=grow(S.rep_m, -1),
+        rep_row=grow(S.rep_row, -1),
         rep_st=grow(S.rep_st, K.REMOVED),
         rep_b=grow(S.rep_b, 0),
         rep_batch=grow(S.rep_batch, 0),
@@ -481,10 +525,20 @@ def _ensure_slots(S: K.KState, extra: int) -> K.KState:
         rep_act=grow(S.rep_act, np.inf),
         rep_stop=grow(S.rep_stop, np.inf),
         rep_end=grow(S.rep_end, np.inf),
-        ev_t=ev_t,
-        ev_k=ev_k,
-        ev_a=ev_a,
     )
+
+
+def _ensure_events(S: K.KState, extra: int) -> K.KState:
+    """Grow the event heap so ``extra`` more events fit."""
+    n = int(S.ist[K.I_EVN])
+    if n + extra <= S.ev_t.shape[0]:
+        return S
+    ecap = max(2 * S.ev_t.shape[0], n + extra)
+    ev_t = np.zeros(ecap)
+    ev_k = np.zeros(ecap, dtype=np.int64)
+    ev_a = np.zeros(ecap, dtype=np.int64)
+    ev_t[:n], ev_k[:n], ev_a[:n] = S.ev_t[:n], S.ev_k[:n], S.ev_a[:n]
+    return S._replace(ev_t=ev_t, ev_k=ev_k, ev_a=ev_a)
 
 
 def _system_state(S: K.KState, order: tuple[str, ...], now: float) -> SystemState:
@@ -514,6 +568,7 @@ def simulate(
     catalog: HardwareCatalog = DEFAULT_CATALOG,
     schedule: Sequence[tuple[float, str, int]] = (),
     controller: Controller | None = None,
+    variants: Mapping[str, Sequence[str]] | None = None,
 ) -> SimResult:
     """Simulate ``arrivals`` through ``pipeline`` served as ``configs``; see the module doc.
 
@@ -529,11 +584,14 @@ def simulate(
       serving from T + ``activation_delay_s``. Scale-down: cancel pending replicas (latest
       first), then remove idle ones, then retire busy ones finishing soonest; a retired replica
       finishes its batch and is billed until then.
+    * ``variants``: stage -> models of ``profiles`` (on the stage's hardware) the controller
+      may switch the stage to with a :class:`StageSwitch`; the stage starts on its own
+      profile (``profiles[stage]``). Replicas are billed at the stage's hardware price.
     * Static configurations (no schedule, no controller) must give every visited model a
       replica; they run as one compiled segment.
     """
     arr = _check_arrivals(arrivals)
-    prep = _prepare(pipeline, configs, profiles, options, catalog, controller is not None)
+    prep = _prepare(pipeline, configs, profiles, options, catalog, controller is not None, variants)
     order = prep.order
     pos = {m: j for j, m in enumerate(order)}
     sched = _check_schedule(schedule, pos)
@@ -555,11 +613,12 @@ def simulate(
                 )
     S = _new_state(prep, arr, vis, rem, left, options.hop_overhead_s)
     delay = options.activation_delay_s
+    switches: list[tuple[float, str, str]] = []
     if not sched and controller is None:
         K.run(S, np.inf)
     else:
-        S = _drive(S, arr, order, pos, sched, controller, interval, delay, prep, configs)
-    return _result(S, prep, arr, vis)
+        S = _drive(S, arr, order, pos, sched, controller, interval, delay, prep, configs, switches)
+    return _result(S, prep, arr, vis, tuple(switches))
 
 
 def _check_schedule(
@@ -591,8 +650,10 @@ def _drive(
     delay: float,
     prep: _Prep | None = None,
     configs: Mapping[str, ModelConfig] | None = None,
+    switches: list[tuple[float, str, str]] | None = None,
 ) -> K.KState:
-    """Run in segments between schedule entries and controller calls."""
+    """Run in segments between schedule entries and controller calls (``switches`` collects
+    the controller's variant switches)."""
     t0 = float(arr[0]) if arr.size else 0.0
     j = 0
     k = 1
@@ -627,6 +688,15 @@ def _drive(
                         raise ValidationError(
                             "controller.observe()", f"model names from {list(order)!r}", name
                         )
+                    if isinstance(n, StageSwitch):
+                        row, n = _switch(S, prep, configs, pos[name], name, n)
+                        S = _ensure_slots(S, n)
+                        S = _ensure_events(S, S.rep_m.shape[0])
+                        K.apply_switch(S, pos[name], row, n, T, delay)
+                        if switches is not None:
+                            switches.append((T, name, want[name].variant))
+                        changed = True
+                        continue
                     if isinstance(n, ModelConfig):
                         n = _resize(S, prep, configs, pos[name], name, n)
                     if isinstance(n, np.integer):
@@ -656,16 +726,63 @@ def _resize(
         raise ValidationError(
             f"{where}.hardware", f"the configured hardware {configs[name].hardware!r}", c.hardware
         )
+    row = int(S.cur_row[j])
     top = prep.table.shape[1] - 1
-    if c.max_batch_size > top or prep.table[j, c.max_batch_size] <= 0.0:
+    if c.max_batch_size > top or prep.table[row, c.max_batch_size] <= 0.0:
         raise ValidationError(
             f"{where}.max_batch_size", "at most the largest profiled batch size", c.max_batch_size
         )
-    S.maxb[j] = c.max_batch_size
+    S.maxb[row] = c.max_batch_size
     return c.replicas
 
 
-def _result(S: K.KState, p: _Prep, arr: np.ndarray, vis: np.ndarray) -> SimResult:
+def _switch(
+    S: K.KState,
+    prep: _Prep | None,
+    configs: Mapping[str, ModelConfig] | None,
+    j: int,
+    name: str,
+    sw: StageSwitch,
+) -> tuple[int, int]:
+    """A controller's ``StageSwitch``: the variant's table row (its batch size set), and the
+    replica count."""
+    assert prep is not None and configs is not None
+    where = f"controller.observe()[{name!r}]"
+    if not isinstance(sw.config, ModelConfig):
+        raise ValidationError(f"{where}.config", "a ModelConfig", sw.config)
+    row = j if sw.variant == name else prep.rows.get((name, sw.variant))  # own profile
+    if row is None:
+        have = [name, *sorted(v for s, v in prep.rows if s == name)]
+        raise ValidationError(
+            f"{where}.variant",
+            f"the stage or a variant given to simulate() for it ({have!r})",
+            sw.variant,
+        )
+    c = sw.config
+    if c.hardware != configs[name].hardware:
+        raise ValidationError(
+            f"{where}.config.hardware",
+            f"the configured hardware {configs[name].hardware!r}",
+            c.hardware,
+        )
+    top = prep.table.shape[1] - 1
+    if c.max_batch_size > top or prep.table[row, c.max_batch_size] <= 0.0:
+        raise ValidationError(
+            f"{where}.config.max_batch_size",
+            f"at most the largest batch size profiled for {sw.variant!r}",
+            c.max_batch_size,
+        )
+    S.maxb[row] = c.max_batch_size
+    return row, as_int(c.replicas, f"{where}.config.replicas", minimum=0)
+
+
+def _result(
+    S: K.KState,
+    p: _Prep,
+    arr: np.ndarray,
+    vis: np.ndarray,
+    switches: tuple[tuple[float, str, str], ...] = (),
+) -> SimResult:
     N = arr.shape[0]
     M = len(p.order)
     lat = S.fin - arr
@@ -708,6 +825,7 @@ def _result(S: K.KState, p: _Prep, arr: np.ndarray, vis: np.ndarray) -> SimResul
         models=models,
         cost_per_hour=cost,
         replica_timeline=_timeline(rm, act, stop, p, t0),
+        variant_switches=switches,
     )
 
 

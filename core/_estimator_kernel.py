@@ -5,7 +5,10 @@ stop at any time ``t_stop`` (before the events of that instant) and resume later
 driver in ``_estimator.py`` uses this to apply replica schedules and controller decisions.
 
 Indexing: models are numbered in topological order; a visit of query ``i`` to model ``m`` is the
-flat index ``i * M + m``. Because the trace is sorted and every query has the same SLO, the EDF
+flat index ``i * M + m``. A model (a pipeline stage) has one queue; its replicas may run
+different model variants: each replica slot names a row of the latency table (``rep_row``),
+rows ``0..M-1`` being the stages' own profiles and further rows their variants'
+(:func:`apply_switch`). Because the trace is sorted and every query has the same SLO, the EDF
 order (deadline, then arrival) is simply the query index, so each model's queue is a binary
 min-heap of query indices.
 """
@@ -24,10 +27,12 @@ __all__ = [
     "IDLE",
     "PENDING",
     "REMOVED",
+    "RETIRE",
     "RETIRING",
     "WAKE",
     "KState",
     "apply_scale",
+    "apply_switch",
     "run",
 ]
 
@@ -35,6 +40,7 @@ __all__ = [
 COMPLETE = 0
 ACTIVATE = 1
 WAKE = 2
+RETIRE = 3  # a replica of a stage's previous variant leaves (its successor serves now)
 # replica states
 PENDING = 0
 IDLE = 1
@@ -64,8 +70,8 @@ class KState(NamedTuple):
     ch_ptr: np.ndarray  # i8[M+1] children CSR
     ch_idx: np.ndarray  # i8[E]
     is_root: np.ndarray  # u1[M]
-    maxb: np.ndarray  # i8[M]
-    table: np.ndarray  # f8[M, B+1] batch latency by size
+    maxb: np.ndarray  # i8[R] batch size by table row
+    table: np.ndarray  # f8[R, B+1] batch latency by size; rows 0..M-1: the stages, then variants
     waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy)
     rem: np.ndarray  # i4[N*M] visited parents not yet finished
     left: np.ndarray  # i4[N] visits not yet finished
@@ -85,6 +91,7 @@ class KState(NamedTuple):
     ev_k: np.ndarray  # i8[C]
     ev_a: np.ndarray  # i8[C]
     rep_m: np.ndarray  # i8[S] model of each replica slot
+    rep_row: np.ndarray  # i8[S] latency-table row (variant) of each replica slot
     rep_st: np.ndarray  # i8[S] state
     rep_b: np.ndarray  # i8[S] size of the batch in flight
     rep_batch: np.ndarray  # i8[S, B] queries of the batch in flight
@@ -95,6 +102,7 @@ class KState(NamedTuple):
     rep_stop: np.ndarray  # f8[S] stops taking work (scale-down)
     rep_end: np.ndarray  # f8[S] gone (billing ends)
     idle_head: np.ndarray  # i8[M]
+    cur_row: np.ndarray  # i8[M] the row (variant) new replicas of each model run
     inflight: np.ndarray  # i8[M] queries in service
     nbatch: np.ndarray  # i8[M]
     busy: np.ndarray  # f8[M] replica-seconds spent processing
@@ -187,9 +195,9 @@ def run(S: KState, t_stop: float) -> float:
     return _loop(
         S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.waitv, S.rem, S.left,
         S.fin, S.enq, S.qd, S.qheap, S.qlen, S.fifo, S.fhead, S.ftail, S.wake_at, S.hq_i, S.hq_m,
-        S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_st, S.rep_b, S.rep_batch, S.rep_next,
-        S.rep_fin, S.rep_end, S.idle_head, S.inflight, S.nbatch, S.busy, S.dirty, S.dlist,
-        S.ist, S.fst, t_stop,
+        S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_row, S.rep_st, S.rep_b, S.rep_batch,
+        S.rep_next, S.rep_fin, S.rep_stop, S.rep_end, S.idle_head, S.cur_row, S.inflight,
+        S.nbatch, S.busy, S.dirty, S.dlist, S.ist, S.fst, t_stop,
     )  # fmt: skip
 
 
@@ -199,12 +207,12 @@ def run(S: KState, t_stop: float) -> float:
 def _loop(  # type: ignore[no-untyped-def]
     arr, vis, ch_ptr, ch_idx, is_root, maxb, table, waitv, rem, left,
     fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
-    hq_t, ev_t, ev_k, ev_a, rep_m, rep_st, rep_b, rep_batch, rep_next,
-    rep_fin, rep_end, idle_head, inflight, nbatch, busy, dirty, dlist,
-    ist, fst, t_stop,
+    hq_t, ev_t, ev_k, ev_a, rep_m, rep_row, rep_st, rep_b, rep_batch,
+    rep_next, rep_fin, rep_stop, rep_end, idle_head, cur_row, inflight,
+    nbatch, busy, dirty, dlist, ist, fst, t_stop,
 ):  # fmt: skip
     N = arr.shape[0]
-    M = maxb.shape[0]
+    M = is_root.shape[0]
     hop = fst[F_HOP]
     while True:
         ap = ist[I_AP]
@@ -302,6 +310,17 @@ def _loop(  # type: ignore[no-untyped-def]
                     rep_next[s] = idle_head[m]
                     idle_head[m] = s
                     _mark(dirty, dlist, ist, m)
+            elif kind == RETIRE:
+                m = rep_m[s]
+                if rep_row[s] != cur_row[m]:  # not if the stage switched back meanwhile
+                    if rep_st[s] == IDLE:
+                        _unlink_idle(idle_head, rep_next, m, s)
+                        rep_st[s] = REMOVED
+                        rep_stop[s] = t
+                        rep_end[s] = t
+                    elif rep_st[s] == BUSY:
+                        rep_st[s] = RETIRING
+                        rep_stop[s] = t
             else:  # WAKE (the argument is the model)
                 if wake_at[s] == t:
                     wake_at[s] = INF
@@ -318,10 +337,12 @@ def _loop(  # type: ignore[no-untyped-def]
             m = dlist[d]
             dirty[m] = 0
             base = m * N
-            B = maxb[m]
             w = waitv[m]
             while idle_head[m] >= 0 and qlen[m] > 0:
                 n = qlen[m]
+                s = idle_head[m]
+                r = rep_row[s]
+                B = maxb[r]
                 if w > 0.0 and n < B:
                     # Delayed batching: wait until the batch fills or the oldest queued visit
                     # has waited w. Insertion order is enqueue-time order; skip taken visits.
@@ -336,7 +357,6 @@ def _loop(  # type: ignore[no-untyped-def]
                             _ev_push(ev_t, ev_k, ev_a, ist, deadline, WAKE, m)
                         break
                 b = B if n > B else n
-                s = idle_head[m]
                 idle_head[m] = rep_next[s]
                 rep_st[s] = BUSY
                 rep_b[s] = b
@@ -362,7 +382,7 @@ def _loop(  # type: ignore[no-untyped-def]
                     idx = top * M + m
                     qd[idx] = t - enq[idx]
                 qlen[m] = n
-                lat = table[m, b]
+                lat = table[r, b]
                 done = t + lat
                 rep_fin[s] = done
                 _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
@@ -372,19 +392,36 @@ def _loop(  # type: ignore[no-untyped-def]
         ist[I_ND] = 0
 
 
+@njit(cache=True, inline="always")
+def _unlink_idle(idle_head, rep_next, m, s):  # type: ignore[no-untyped-def]
+    """Take slot ``s`` out of model ``m``'s idle stack."""
+    if idle_head[m] == s:
+        idle_head[m] = rep_next[s]
+        return
+    p = idle_head[m]
+    while p >= 0:
+        if rep_next[p] == s:
+            rep_next[p] = rep_next[s]
+            return
+        p = rep_next[p]
+
+
 @njit(cache=True, nogil=True)
 def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
-    """Set model ``m``'s replica count (active + pending) to ``n`` at time ``t``.
+    """Set model ``m``'s replica count (active + pending) of its current variant to ``n`` at
+    time ``t``.
 
     Scale-up: new replicas are billed from ``t`` and serve from ``t + delay``. Scale-down:
     cancel pending replicas (latest first), then remove idle ones, then retire busy ones (the
-    ones finishing soonest first), which leave after their batch. The caller guarantees slot
-    and event-heap capacity.
+    ones finishing soonest first), which leave after their batch. Replicas of a previous
+    variant are not counted (they leave on their own, see :func:`apply_switch`). The caller
+    guarantees slot and event-heap capacity.
     """
+    row = S.cur_row[m]
     ns = S.ist[I_NSLOTS]
     cur = 0
     for s in range(ns):
-        if S.rep_m[s] == m:
+        if S.rep_m[s] == m and S.rep_row[s] == row:
             st = S.rep_st[s]
             if st == PENDING or st == IDLE or st == BUSY:
                 cur += 1
@@ -393,6 +430,7 @@ def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
             s = S.ist[I_NSLOTS]
             S.ist[I_NSLOTS] = s + 1
             S.rep_m[s] = m
+            S.rep_row[s] = row
             S.rep_st[s] = PENDING
             S.rep_b[s] = 0
             S.rep_next[s] = -1
@@ -406,23 +444,32 @@ def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
     k = cur - n
     s = ns - 1
     while k > 0 and s >= 0:  # newer slots were requested later, so they activate later
-        if S.rep_m[s] == m and S.rep_st[s] == PENDING:
+        if S.rep_m[s] == m and S.rep_row[s] == row and S.rep_st[s] == PENDING:
             S.rep_st[s] = REMOVED
             S.rep_act[s] = INF
             S.rep_end[s] = t
             k -= 1
         s -= 1
-    while k > 0 and S.idle_head[m] >= 0:
-        s = S.idle_head[m]
-        S.idle_head[m] = S.rep_next[s]
-        S.rep_st[s] = REMOVED
-        S.rep_stop[s] = t
-        S.rep_end[s] = t
-        k -= 1
+    p = -1
+    s = S.idle_head[m]
+    while k > 0 and s >= 0:  # the idle stack from its top, skipping other variants
+        nx = S.rep_next[s]
+        if S.rep_row[s] == row:
+            if p < 0:
+                S.idle_head[m] = nx
+            else:
+                S.rep_next[p] = nx
+            S.rep_st[s] = REMOVED
+            S.rep_stop[s] = t
+            S.rep_end[s] = t
+            k -= 1
+        else:
+            p = s
+        s = nx
     while k > 0:
         best = -1
         for s in range(ns):
-            if S.rep_m[s] == m and S.rep_st[s] == BUSY:
+            if S.rep_m[s] == m and S.rep_row[s] == row and S.rep_st[s] == BUSY:
                 if best < 0 or S.rep_fin[s] < S.rep_fin[best]:
                     best = s
         if best < 0:
@@ -430,3 +477,29 @@ def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
         S.rep_st[best] = RETIRING
         S.rep_stop[best] = t
         k -= 1
+
+
+@njit(cache=True, nogil=True)
+def apply_switch(S: KState, m: int, row: int, n: int, t: float, delay: float) -> None:
+    """Switch model ``m`` (a stage) to the variant of table row ``row`` with ``n`` replicas at
+    time ``t``, in the live tuner's order: the new variant's replicas are billed from ``t``
+    and serve from ``t + delay``; the previous variant's pending replicas are cancelled at
+    once, its serving ones go at ``t + delay`` (a busy one after its batch) unless the stage
+    has switched back by then. Until then both serve the stage's queue. The caller
+    guarantees slot and event-heap capacity (one more event per slot).
+    """
+    old = S.cur_row[m]
+    if row != old:
+        S.cur_row[m] = row
+        ns = S.ist[I_NSLOTS]
+        for s in range(ns):
+            if S.rep_m[s] != m or S.rep_row[s] == row:
+                continue
+            st = S.rep_st[s]
+            if st == PENDING:
+                S.rep_st[s] = REMOVED
+                S.rep_act[s] = INF
+                S.rep_end[s] = t
+            elif st == IDLE or st == BUSY:
+                _ev_push(S.ev_t, S.ev_k, S.ev_a, S.ist, t + delay, RETIRE, s)
+    apply_scale(S, m, n, t, delay)

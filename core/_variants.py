@@ -481,7 +481,11 @@ class VariantTuner:
             return new_state, None
         plain_cost = self.cost(d.replicas)
         if d.action != "up":
-            if self.choice != self._plan_choice and self._at_plan(d):
+            if (
+                self.choice != self._plan_choice
+                and self._at_plan(d)
+                and self._plan_fits(new_state, now_s)
+            ):
                 return self._switch_back(new_state, d, plain_cost)
             return new_state, VariantDecision(d, dict(self.choice), {}, plain_cost)
         alt = self._cheaper_variant(d)
@@ -523,12 +527,18 @@ class VariantTuner:
             return None
         if now_s - state.last_change_s < self.config.stabilization_delay_s:
             return None
-        # over the tuner's horizons, not this tick's peaks alone: a tick may see no arrival
-        need = self._plan_policy.traffic_need(state, now_s)
-        if any(need[m] > c[m].replicas for m in c):
+        if not self._plan_fits(state, now_s):
             return None
         st, d = self._plan_policy.step(state, now_s, peaks)
         return None if d is not None and d.action == "up" else (st, d)
+
+    def _plan_fits(self, state: TunerState, now_s: float) -> bool:
+        """Whether the plan's own tuner would keep no more than the plan's counts for the
+        traffic of its horizons (not this tick's peaks alone: a tick may see no arrival). A
+        scale-down of the switched variants' policy may reach the plan's counts at traffic
+        the plan's variants cannot serve with them."""
+        need = self._plan_policy.traffic_need(state, now_s)
+        return all(need[m] <= c.replicas for m, c in self.plan.models.items())
 
     def _return_to_plan(
         self, state: TunerState, now_s: float, d: TunerDecision | None
@@ -661,15 +671,74 @@ class VariantTuner:
 
     def _rewrite_ladder(self, choice: Mapping[str, str]) -> tuple[LadderStep, ...]:
         """The current ladder with the switched stages resized (throughput kept), each step
-        re-checked at its rate for the new variants; steps that fail are dropped."""
-        out = []
+        re-checked at its rate for the new variants (steps that fail are dropped) and given
+        the rate it is proven for with them (:meth:`_capacity`)."""
+        out: list[LadderStep] = []
         for st in self.policy.inputs.ladder:
             batch = {m: c.max_batch_size for m, c in st.models.items()}
-            k = self._resized({m: c.replicas for m, c in st.models.items()}, batch, choice)
+            old = {m: c.replicas for m, c in st.models.items()}
+            k = self._resized(old, batch, choice)
             if k is None or self._estimate(choice, k, batch, st.rate_qps) > self.plan.slo_s:
                 continue
+            rate = self._capacity(
+                choice, k, batch, st.rate_qps, self._speedup(old, k, batch, choice)
+            )
             models = {
                 m: ModelConfig(c.hardware, c.max_batch_size, k[m]) for m, c in st.models.items()
             }
-            out.append(LadderStep(st.rate_qps, models, self.cost(k)))
-        return tuple(out)
+            out.append(LadderStep(rate, models, self.cost(k)))
+        # a step another one serves more at no higher cost is dropped, as the ladder does
+        out.sort(key=lambda x: (x.rate_qps, x.cost_per_hour))
+        keep: list[LadderStep] = []
+        for x in out:
+            while keep and keep[-1].cost_per_hour >= x.cost_per_hour:
+                keep.pop()
+            keep.append(x)
+        return tuple(keep)
+
+    def _speedup(
+        self,
+        old: Mapping[str, int],
+        new: Mapping[str, int],
+        batch: Mapping[str, int],
+        choice: Mapping[str, str],
+    ) -> float:
+        """The largest throughput gain of a switched stage (its new replicas and variant
+        against the old): no stage can carry more than this over the step's rate."""
+        best = 1.0
+        for s, v in choice.items():
+            if v == self.choice[s]:
+                continue
+            hw, b = self.plan.models[s].hardware, batch[s]
+            mu_old = self.profiles.throughput(self.choice[s], hw, b)
+            best = max(best, new[s] * self.profiles.throughput(v, hw, b) / (old[s] * mu_old))
+        return best
+
+    def _capacity(
+        self,
+        choice: Mapping[str, str],
+        replicas: Mapping[str, int],
+        batch: Mapping[str, int],
+        rate: float,
+        speedup: float,
+        iterations: int = 4,
+    ) -> float:
+        """The highest rate in ``[rate, rate * speedup]`` the configuration meets the SLO at
+        (``rate`` assumed to; bisection). Without it, a step rewritten for a faster variant
+        keeps the slower one's rate, and above it the tuner adds replicas the new variant
+        does not need (found simulating a 12x burst: a switch cost more than adding replicas
+        of the slow variant)."""
+        hi = rate * speedup
+        if hi <= rate * 1.01:
+            return rate
+        slo = self.plan.slo_s
+        if self._estimate(choice, replicas, batch, hi) <= slo:
+            return hi
+        lo = rate
+        for _ in range(iterations):
+            mid = 0.5 * (lo + hi)
+            if self._estimate(choice, replicas, batch, mid) <= slo:
+                lo = mid
+            else:
+                hi = mid
+        return lo

@@ -363,15 +363,9 @@ def _simulate(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.hardware)
     _check_plan_matches(pipeline, plan)
     if plan.variants is not None:
-        # the stages run the variants the plan chose (a tuner in the estimator's loop changes
-        # replicas and batch sizes; switching variants is the live tuner's, docs/variants.md)
+        # the stages start on the variants the plan chose; a variant-aware tuner in the loop
+        # may switch them (the profiles keep every variant's own entry)
         profiles = stage_profiles(profiles, plan.variants.choice)
-        if getattr(args, "tuner", "none") != "none":
-            log.warning(
-                "the plan has model variants %s: the simulated tuner changes replicas and batch "
-                "sizes only; switching variants is not simulated (docs/variants.md)",
-                dict(plan.variants.choice),
-            )
     opts = EstimatorOptions(
         seed=args.seed, activation_delay_s=getattr(args, "activation_delay_s", 0.0)
     )
@@ -386,8 +380,14 @@ def _simulate(args: argparse.Namespace) -> int:
             options=ctx.options,
             catalog=catalog,
             controller=controller,
+            variants=getattr(controller, "stage_variants", None),
         )
     summary = result.summary(plan.slo_s, plan.percentile)
+    if hasattr(controller, "stage_variants"):  # the variant-aware tuner ran
+        summary["variant_switches"] = [
+            {"time_s": t - float(trace[0]), "stage": st, "variant": v}
+            for t, st, v in result.variant_switches
+        ]
     if args.json:
         print(json.dumps(summary))
     else:

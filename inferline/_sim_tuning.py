@@ -19,6 +19,7 @@ from inferline.core import (
     InferLineController,
     ModelConfig,
     TunerConfig,
+    VariantController,
     packing_factor,
     pipeline_unit,
 )
@@ -160,6 +161,12 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
         default=15.0,
         help="AutoScale: idle time before a pipeline unit is turned off",
     )
+    g.add_argument(
+        "--no-variant-switching",
+        action="store_true",
+        help="InferLine, plan made with --variants: change replicas and batch sizes only, never "
+        "switch a stage to another variant (as serve --no-variant-switching)",
+    )
     g.add_argument("--timeline-plot", default=None, help="write a timeline plot (PNG, SVG...)")
     g.add_argument("--decisions-out", default=None, help="write the scaling decisions as JSON")
 
@@ -177,7 +184,11 @@ def make_tuner_controller(args: argparse.Namespace, ctx: Any) -> Any:
             down_cap=args.down_cap,
             **ladder_knobs(args),
         )
-        ctl = InferLineController(ctx.plan, cfg, start_s=start)
+        if ctx.plan.variants is not None and not getattr(args, "no_variant_switching", False):
+            # the variant-aware tuner, as inferline serve runs it (docs/variants.md)
+            ctl = VariantController.from_plan(ctx.plan, cfg, start_s=start, catalog=ctx.catalog)
+        else:
+            ctl = InferLineController(ctx.plan, cfg, start_s=start)
     elif tuner == "autoscale":
         unit, _ = pipeline_unit(ctx.plan.models)
         unit_cfg = {
@@ -220,9 +231,11 @@ def after_tuned_simulation(args: argparse.Namespace, ctx: Any, result: Any) -> N
         ups = sum(1 for d in decisions if d.action == "up")
         settles = sum(1 for d in decisions if getattr(d, "action", "") == "settle")
         downs = len(decisions) - ups - settles
+        switches = getattr(result, "variant_switches", ())
         print(
             f"tuner {args.tuner}: {ups} scale-ups, {downs} scale-downs"
             + (f", {settles} batch-size settles" if settles else "")
+            + (f", {len(switches)} variant switches" if switches else "")
         )
         for d in decisions[:20]:
             print(f"  {d.time_s - float(ctx.trace[0]):9.2f} s  {d.reason}")

@@ -75,6 +75,12 @@ def plot_timeline(
             lw=0.5,
             alpha=0.4,
         )
+    top = ax[1].get_ylim()[1]
+    for t, stage, variant in getattr(result, "variant_switches", ()):
+        # a variant switch: the stage's new model, written along the line
+        x = float(t) - t0
+        ax[1].axvline(x, color="tab:orange", lw=1, ls=":")
+        ax[1].text(x, top, f" {stage}: {variant}", rotation=90, va="top", fontsize="x-small")
     ax[1].set_ylabel("serving replicas")
     if models:
         ax[1].legend(loc="upper left", fontsize="small", ncol=min(5, len(models)))

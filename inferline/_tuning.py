@@ -176,9 +176,20 @@ class LiveTuner:
         """One step: ingest the recorded arrivals, decide, start applying. The loop calls it
         every ``interval_s``; tests may call it directly."""
         now = self._clock() if now_s is None else now_s
+        self._ingest()
+        return self._act(*self._decide(now))
+
+    def _ingest(self) -> None:
         batch, self._arrivals = self._arrivals, []
         if batch:
             self.tuner.record(np.sort(np.asarray(batch, dtype=np.float64)))
+
+    def _decide(
+        self, now: float
+    ) -> tuple[TunerDecision | None, Mapping[str, tuple[str, str]], dict[str, int]]:
+        """The policy's step (no I/O): the decision, the stages it switches, and the counts
+        before it. Pricing a variant switch runs the estimator (tens of ms), so the loop runs
+        this in a thread when variants may switch."""
         before = {self.model_of(m): n for m, n in self.tuner.replicas.items()}
         switched: Mapping[str, tuple[str, str]] = {}
         if self.variant_tuner is None:
@@ -192,6 +203,15 @@ class LiveTuner:
                 self.tuner.decisions.append(vd.decision)
                 self.variant_decisions.append(vd)
                 switched = vd.switched
+        return d, switched, before
+
+    def _act(
+        self,
+        d: TunerDecision | None,
+        switched: Mapping[str, tuple[str, str]],
+        before: Mapping[str, int],
+    ) -> TunerDecision | None:
+        """Log, count and start applying a decision (on the event loop)."""
         if d is not None:
             after = {self.model_of(m): n for m, n in d.replicas.items()}
             for old, _ in switched.values():
@@ -234,7 +254,13 @@ class LiveTuner:
             nxt += interval
             await asyncio.sleep(max(0.0, nxt - self._clock()))
             try:
-                self.tick()
+                now = self._clock()
+                self._ingest()
+                if self.variant_tuner is None:
+                    decided = self._decide(now)
+                else:  # the estimator releases the GIL: requests go on meanwhile
+                    decided = await asyncio.to_thread(self._decide, now)
+                self._act(*decided)
             except InferlineError:
                 log.exception("tuner tick failed")
             if self._clock() - nxt > 10 * interval:

@@ -273,12 +273,12 @@ def test_room_note_names_what_a_tight_plan_risks():
     assert "keeps 20% headroom" in note and "--tuner-headroom" in note
 
 
-def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_path, capsys):
-    """``--variants``: the cheapest combination meeting the floors and the SLO; the plan file
-    carries the choice and what the tuner needs to switch stages (docs/variants.md)."""
+def _variant_files(files: dict[str, Path], tmp_path: Path, pre_s: float) -> dict:
+    """Profiles with a big and a small variant of ``cls`` (the small 3x faster), and the
+    variants document (``tmp_path / "variants.json"``, also returned)."""
     prof = Profiles.from_latencies(
         {
-            "pre": {"cpu": {b: 0.004 * b for b in (1, 2, 4)}},
+            "pre": {"cpu": {b: pre_s * b for b in (1, 2, 4)}},
             "cls-big": {"gpu-v100": {b: 0.03 + 0.004 * b for b in (1, 2, 4, 8)}},
             "cls-small": {"gpu-v100": {b: 0.01 + 0.002 * b for b in (1, 2, 4, 8)}},
         }
@@ -296,8 +296,15 @@ def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_pat
             }
         },
     }
+    (tmp_path / "variants.json").write_text(json.dumps(doc))
+    return doc
+
+
+def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_path, capsys):
+    """``--variants``: the cheapest combination meeting the floors and the SLO; the plan file
+    carries the choice and what the tuner needs to switch stages (docs/variants.md)."""
+    doc = _variant_files(files, tmp_path, pre_s=0.004)
     vfile = tmp_path / "variants.json"
-    vfile.write_text(json.dumps(doc))
     args = _plan_args(files, "--slo-s", "0.1", "--variants", str(vfile), "--workers", "1")
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -318,3 +325,36 @@ def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_pat
     vfile.write_text(json.dumps(doc))
     assert main(args) == 2
     assert "pipeline" in capsys.readouterr().err
+
+
+def test_simulate_switches_variants_with_the_tuner_in_the_loop(files, tmp_path, capsys):
+    """``simulate --tuner inferline`` on a plan made with ``--variants`` runs the variant-aware
+    tuner, as ``serve`` does: a burst switches the stage to the cheaper variant and back;
+    ``--no-variant-switching`` adds replicas instead, at a higher cost."""
+    _variant_files(files, tmp_path, pre_s=0.002)
+    vfile = tmp_path / "variants.json"
+    save_trace(gamma_trace(10.0, 1.0, 120.0, np.random.default_rng(1)), files["trace"])
+    rng = np.random.default_rng(2)
+    parts = [gamma_trace(10.0, 1.0, 40.0, rng), 40 + gamma_trace(120.0, 1.0, 40.0, rng)]
+    parts.append(80 + gamma_trace(10.0, 1.0, 60.0, rng))
+    save_trace(np.concatenate(parts), files["eval"])
+    args = _plan_args(files, "--slo-s", "0.2", "--variants", str(vfile), "--workers", "1")
+    assert main(args) == 0
+    capsys.readouterr()
+    assert load_plan(files["plan"]).variants.choice == {"cls": "cls-big"}
+    plot = tmp_path / "timeline.png"
+    tuned = ["--tuner", "inferline", "--json"]
+    assert main(_sim_args(files, *tuned, "--timeline-plot", str(plot))) == 0
+    out = json.loads(capsys.readouterr().out)
+    switches = [(s["stage"], s["variant"]) for s in out["variant_switches"]]
+    assert switches == [("cls", "cls-small"), ("cls", "cls")], out["variant_switches"]
+    assert 40.0 < out["variant_switches"][0]["time_s"] < 43.0
+    assert plot.stat().st_size > 10_000
+    assert main(_sim_args(files, *tuned, "--no-variant-switching")) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "variant_switches" not in plain
+    assert out["cost_per_hour"] < plain["cost_per_hour"]
+    assert out["slo_miss_rate"] <= plain["slo_miss_rate"] + 0.005
+    # the readable output counts the switches
+    assert main(_sim_args(files, "--tuner", "inferline")) == 0
+    assert "2 variant switches" in capsys.readouterr().out
