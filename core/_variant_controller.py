@@ -13,7 +13,7 @@ a switch to the stage's own profile, named by the stage (what ``StageSwitch`` ex
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -81,10 +81,9 @@ class VariantController:
                 out[m] = cfg if d.batch else n
         return out
 
-    def switches(self) -> Mapping[str, int]:
-        """How many times each stage was switched."""
-        out: dict[str, int] = {}
-        for vd in self.variant_decisions:
-            for s in vd.switched:
-                out[s] = out.get(s, 0) + 1
-        return out
+    def named(
+        self, switches: Sequence[tuple[float, str, str]]
+    ) -> tuple[tuple[float, str, str], ...]:
+        """A ``SimResult.variant_switches`` with a switch back to a stage's own profile named
+        by the plan's variant (what it is), for reports."""
+        return tuple((t, s, self._plan_choice.get(s, v) if v == s else v) for t, s, v in switches)

@@ -382,8 +382,10 @@ def _simulate(args: argparse.Namespace) -> int:
             controller=controller,
             variants=getattr(controller, "stage_variants", None),
         )
+    if hasattr(controller, "stage_variants"):  # the variant-aware tuner ran: name them
+        result = replace(result, variant_switches=controller.named(result.variant_switches))
     summary = result.summary(plan.slo_s, plan.percentile)
-    if hasattr(controller, "stage_variants"):  # the variant-aware tuner ran
+    if hasattr(controller, "stage_variants"):
         summary["variant_switches"] = [
             {"time_s": t - float(trace[0]), "stage": st, "variant": v}
             for t, st, v in result.variant_switches

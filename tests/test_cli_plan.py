@@ -347,7 +347,7 @@ def test_simulate_switches_variants_with_the_tuner_in_the_loop(files, tmp_path, 
     assert main(_sim_args(files, *tuned, "--timeline-plot", str(plot))) == 0
     out = json.loads(capsys.readouterr().out)
     switches = [(s["stage"], s["variant"]) for s in out["variant_switches"]]
-    assert switches == [("cls", "cls-small"), ("cls", "cls")], out["variant_switches"]
+    assert switches == [("cls", "cls-small"), ("cls", "cls-big")], out["variant_switches"]
     assert 40.0 < out["variant_switches"][0]["time_s"] < 43.0
     assert plot.stat().st_size > 10_000
     assert main(_sim_args(files, *tuned, "--no-variant-switching")) == 0
