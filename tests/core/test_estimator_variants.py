@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from inferline.core import (
     DEFAULT_CATALOG,
@@ -129,3 +131,63 @@ def test_bad_switches_name_the_field(decision, variants, field) -> None:  # type
             variants=variants,
         )
     assert e.value.field.startswith(field)
+
+
+# -- properties ------------------------------------------------------------------------------
+PIPE2 = Pipeline.linear("p2", ["a", "b"])
+PROF2 = Profiles.from_latencies(
+    {
+        "a": {"cpu": {1: 0.20, 2: 0.25, 4: 0.30}},
+        "a-v": {"cpu": {1: 0.05, 2: 0.06, 4: 0.08}},
+        "b": {"cpu": {1: 0.10, 2: 0.15, 4: 0.20}},
+        "b-v": {"cpu": {1: 0.30, 2: 0.35, 4: 0.40}},
+    }
+)
+
+
+@st.composite
+def scripts(draw: st.DrawFn):  # type: ignore[no-untyped-def]
+    """Random switches and scalings at random ticks, each leaving the stage a replica (a
+    stage starved of replicas ends the simulation unless the controller reacts at once: the
+    driver's rule for a tuner that sees no arrivals)."""
+    at: dict[float, dict[str, object]] = {}
+    for _ in range(draw(st.integers(0, 8))):
+        t = 0.25 * draw(st.integers(1, 40))
+        stage = draw(st.sampled_from(["a", "b"]))
+        n = draw(st.integers(1, 3))
+        b = draw(st.sampled_from([1, 2, 4]))
+        kind = draw(st.sampled_from(["own", "variant", "count"]))
+        if kind == "count":
+            at.setdefault(t, {})[stage] = cpu(b, n)
+        else:
+            at.setdefault(t, {})[stage] = StageSwitch(
+                stage if kind == "own" else f"{stage}-v", cpu(b, n)
+            )
+    at[10.5] = {s: cpu(1, 1) for s in ("a", "b")}
+    n = draw(st.integers(1, 80))
+    arr = np.sort(np.array(draw(st.lists(st.floats(0.0, 10.0), min_size=n, max_size=n))))
+    delay = draw(st.sampled_from([0.0, 0.5, 1.0]))
+    return at, arr, delay
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scripts())
+def test_every_query_finishes_no_faster_than_its_fastest_variants(script) -> None:  # type: ignore[no-untyped-def]
+    """Nothing is lost or served impossibly fast however switches and scalings interleave
+    (a switch back before the old replicas left, a count set mid-switch)."""
+    at, arr, delay = script
+    ctl = Script(at)
+    ctl.interval_s = 0.25
+    r = simulate(
+        PIPE2,
+        {"a": cpu(), "b": cpu()},
+        PROF2,
+        arr,
+        options=EstimatorOptions(activation_delay_s=delay),
+        controller=ctl,
+        variants={"a": ["a-v"], "b": ["b-v"]},
+    )
+    assert np.all(np.isfinite(r.latencies_s))
+    assert np.all(r.latencies_s >= 0.05 + 0.10 - 1e-12)
+    assert r.cost_per_hour >= 0.0
+    assert all(s.visits == arr.size for s in r.models.values())
