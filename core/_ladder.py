@@ -98,11 +98,23 @@ def capacity_factor(
     instead of stepping up at every factor of the ladder."""
     opts = options or PlannerOptions()
     t = np.asarray(trace, dtype=np.float64)
-    if _feasible(pipeline, configs, profiles, t, hi, plan, catalog, opts):
+    return largest_feasible(
+        lambda f: _feasible(pipeline, configs, profiles, t, f, plan, catalog, opts),
+        lo,
+        hi,
+        iterations,
+    )
+
+
+def largest_feasible(ok: Callable[[float], bool], lo: float, hi: float, iterations: int) -> float:
+    """``hi`` if ``ok(hi)``, else the largest value bisection finds in ``[lo, hi]`` after
+    ``iterations`` halvings (``lo`` assumed ok): how a configuration's capacity is found,
+    for the ladder's steps and for steps rewritten for another model variant."""
+    if ok(hi):
         return hi
     for _ in range(iterations):
         mid = 0.5 * (lo + hi)
-        if _feasible(pipeline, configs, profiles, t, mid, plan, catalog, opts):
+        if ok(mid):
             lo = mid
         else:
             hi = mid

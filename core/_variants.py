@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
+from ._ladder import largest_feasible
 from ._pipeline import Pipeline
 from ._plan import LadderStep, ModelConfig, Plan, PlanVariants, TunerModel
 from ._profiles import Profiles
@@ -672,17 +673,24 @@ class VariantTuner:
     def _rewrite_ladder(self, choice: Mapping[str, str]) -> tuple[LadderStep, ...]:
         """The current ladder with the switched stages resized (throughput kept), each step
         re-checked at its rate for the new variants (steps that fail are dropped) and given
-        the rate it is proven for with them (:meth:`_capacity`)."""
+        the rate it is proven for with them (bisection, 4 halvings, between its rate and its
+        rate times the switched stages' throughput gain)."""
         out: list[LadderStep] = []
+        slo = self.plan.slo_s
         for st in self.policy.inputs.ladder:
             batch = {m: c.max_batch_size for m, c in st.models.items()}
             old = {m: c.replicas for m, c in st.models.items()}
             k = self._resized(old, batch, choice)
-            if k is None or self._estimate(choice, k, batch, st.rate_qps) > self.plan.slo_s:
+            if k is None or self._estimate(choice, k, batch, st.rate_qps) > slo:
                 continue
-            rate = self._capacity(
-                choice, k, batch, st.rate_qps, self._speedup(old, k, batch, choice)
-            )
+            # Without its own rate, a step rewritten for a faster variant keeps the slower
+            # one's, and above it the tuner adds replicas the new variant does not need (found
+            # simulating a 12x burst: a switch cost more than adding slow replicas).
+            rate, hi = st.rate_qps, st.rate_qps * self._speedup(old, k, batch, choice)
+            if hi > rate * 1.01:
+                rate = largest_feasible(
+                    lambda r, k=k, b=batch: self._estimate(choice, k, b, r) <= slo, rate, hi, 4
+                )
             models = {
                 m: ModelConfig(c.hardware, c.max_batch_size, k[m]) for m, c in st.models.items()
             }
@@ -713,32 +721,3 @@ class VariantTuner:
             mu_old = self.profiles.throughput(self.choice[s], hw, b)
             best = max(best, new[s] * self.profiles.throughput(v, hw, b) / (old[s] * mu_old))
         return best
-
-    def _capacity(
-        self,
-        choice: Mapping[str, str],
-        replicas: Mapping[str, int],
-        batch: Mapping[str, int],
-        rate: float,
-        speedup: float,
-        iterations: int = 4,
-    ) -> float:
-        """The highest rate in ``[rate, rate * speedup]`` the configuration meets the SLO at
-        (``rate`` assumed to; bisection). Without it, a step rewritten for a faster variant
-        keeps the slower one's rate, and above it the tuner adds replicas the new variant
-        does not need (found simulating a 12x burst: a switch cost more than adding replicas
-        of the slow variant)."""
-        hi = rate * speedup
-        if hi <= rate * 1.01:
-            return rate
-        slo = self.plan.slo_s
-        if self._estimate(choice, replicas, batch, hi) <= slo:
-            return hi
-        lo = rate
-        for _ in range(iterations):
-            mid = 0.5 * (lo + hi)
-            if self._estimate(choice, replicas, batch, mid) <= slo:
-                lo = mid
-            else:
-                hi = mid
-        return lo
