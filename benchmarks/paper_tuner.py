@@ -460,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger", choices=("room", "envelope"), default=TunerConfig().trigger)
     ap.add_argument("--down-to", choices=("saving", "step"), default=TunerConfig().down_to)
     ap.add_argument(
+        "--step-lookahead", choices=("hold", "move"), default=TunerConfig().step_lookahead
+    )
+    ap.add_argument(
         "--headroom-sweep",
         type=float,
         nargs="*",
@@ -497,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         hysteresis=args.hysteresis,
         trigger=args.trigger,
         down_to=args.down_to,
+        step_lookahead=args.step_lookahead,
     )
     by_seed: dict[int, list[Case]] = {}
     for seed in args.seeds:
@@ -545,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         f"tuner: reconfigure={cfg.reconfigure}, lookahead {cfg.lookahead_s:g} s, "
         f"margin {cfg.margin_sigmas:g} sigma, headroom {cfg.headroom:g} "
         f"(hysteresis {cfg.hysteresis:g}), trigger={cfg.trigger}, down_to={cfg.down_to}, "
+        f"step_lookahead={cfg.step_lookahead}, "
         f"up_rate={cfg.up_rate}, down_rate={cfg.down_rate}, "
         f"down_rho={cfg.down_rho}, down_cap={cfg.down_cap}, "
         f"stabilization {cfg.stabilization_delay_s:g} s, keep {cfg.keep_horizon_s:g} s; "

@@ -117,6 +117,7 @@ DownCap = Literal["plan", "none"]
 Reconfigure = Literal["ladder", "replicas"]
 Trigger = Literal["room", "envelope"]
 DownTo = Literal["saving", "step"]
+StepLookahead = Literal["hold", "move"]
 
 
 def _ceil(x: float) -> int:
@@ -184,6 +185,14 @@ class TunerConfig:
     # for 4% more mean cost (docs/tuner.md). "saving": a model takes the step's count only
     # where that saves a replica.
     down_to: DownTo = "step"
+    # Ladder: what the look-ahead does after the stabilization delay. "hold": it keeps a
+    # configuration from being scaled down while the rate rises, but a move up to the step
+    # needs the measured rate (without the look-ahead) to ask for it; a rise that lasts soon
+    # exceeds the planned envelope, and that trigger provisions ahead. A step change of the
+    # rate (the minute-shaped traces change every 30 s) reads as a rise for one window's time,
+    # and with "move" (the earlier behaviour) each such rise moved the configuration up for a
+    # stabilization delay and back (docs/tuner.md).
+    step_lookahead: StepLookahead = "hold"
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -214,6 +223,8 @@ class TunerConfig:
             raise ValidationError("reconfigure", "'ladder' or 'replicas'", self.reconfigure)
         if self.trigger not in ("room", "envelope"):
             raise ValidationError("trigger", "'room' or 'envelope'", self.trigger)
+        if self.step_lookahead not in ("hold", "move"):
+            raise ValidationError("step_lookahead", "'hold' or 'move'", self.step_lookahead)
         if self.down_to not in ("saving", "step"):
             raise ValidationError("down_to", "'saving' or 'step'", self.down_to)
 
@@ -239,6 +250,7 @@ class TunerConfig:
             "trigger": self.trigger,
             "settle_s": self.settle_s,
             "down_to": self.down_to,
+            "step_lookahead": self.step_lookahead,
         }
 
     @classmethod
@@ -256,6 +268,7 @@ class TunerConfig:
             "reconfigure",
             "trigger",
             "down_to",
+            "step_lookahead",
         }
         for k in keys - strs - {"resolution_s", "settle_s"}:
             if k in m:
@@ -800,6 +813,15 @@ def _ladder_step(
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     if now_s - state.last_change_s >= cfg.stabilization_delay_s:
         k, b, i = self.target(rate * h)
+        provision = rate
+        if cfg.step_lookahead == "hold" and rate > down_rate and any(k[m] > cur[m] for m in cur):
+            # the look-ahead alone moves nothing up here: a rise the measured rate does not
+            # yet ask for holds the configuration (no scale-down while rising); a real rise
+            # soon exceeds the planned envelope and the trigger, look-ahead included, acts
+            k, b, i = self.target(down_rate * h)
+            if all(k[m] <= cur[m] for m in cur):
+                k, b = dict(cur), dict(cur_b)
+            provision, rise = down_rate, 0.0  # what this decision provisions for
         new, new_b = dict(cur), dict(cur_b)
         for m in cur:
             if k[m] < cur[m]:
@@ -836,7 +858,9 @@ def _ladder_step(
                 f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
             action: Literal["up", "down"] = "up" if adds else "down"
-            d = TunerDecision(float(now_s), new, reason, cfg.down_window_s, rate, action, new_b)
+            d = TunerDecision(
+                float(now_s), new, reason, cfg.down_window_s, provision, action, new_b
+            )
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     # after a scale-down, which moves batch sizes with the replicas
     if cfg.settle_s is not None and now_s - state.last_change_s >= cfg.settle_s:

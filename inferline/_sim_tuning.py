@@ -23,7 +23,7 @@ from inferline.core import (
     packing_factor,
     pipeline_unit,
 )
-from inferline.core._tuner import DownTo, Trigger
+from inferline.core._tuner import DownTo, StepLookahead, Trigger
 
 __all__ = [
     "add_ladder_knobs",
@@ -74,6 +74,15 @@ def add_ladder_knobs(g: Any) -> None:
         f"4%% cheaper in the benchmark, less safe; default {_DEFAULT.down_to})",
     )
     g.add_argument(
+        "--tuner-step-lookahead",
+        choices=get_args(StepLookahead),
+        default=_DEFAULT.step_lookahead,
+        help="tuner with a ladder: after the stabilization delay, a rising rate keeps the "
+        "configuration but a move up needs the measured rate to ask for it (hold), or the "
+        "rise extrapolated ahead may move it up as well (move: the earlier rule; a step "
+        f"change of the rate then moves it up and back; default {_DEFAULT.step_lookahead})",
+    )
+    g.add_argument(
         "--tuner-settle-s",
         type=_settle,
         default=_DEFAULT.settle_s,
@@ -104,6 +113,7 @@ def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "trigger": getattr(args, "tuner_trigger", _DEFAULT.trigger),
         "settle_s": getattr(args, "tuner_settle_s", _DEFAULT.settle_s),
         "down_to": getattr(args, "tuner_down_to", _DEFAULT.down_to),
+        "step_lookahead": getattr(args, "tuner_step_lookahead", _DEFAULT.step_lookahead),
     }
 
 

@@ -411,6 +411,52 @@ def test_lookahead_provisions_a_rising_rate_ahead():
     assert d is not None and "rising" not in d.reason and d.rate_qps < 101.0
 
 
+def test_after_the_stabilization_delay_a_rise_alone_moves_nothing_up():
+    """``step_lookahead="hold"`` (default): after the stabilization delay the look-ahead keeps
+    a configuration (no scale-down while the rate rises) but a move up needs the measured rate
+    to ask for it. A step change of the rate reads as a rise for one window's time; "move"
+    (the earlier rule) moved up on it and back a stabilization delay later."""
+    kw = {"lookahead_s": 10.0, "stabilization_delay_s": 1.0, "keep_horizon_s": 0.0}
+
+    def ramp(i):  # the 5 s count rises 3 per tick (6 q/s per s), inside the planned envelope
+        return (0, 100, min(60 + 3 * i, 510))
+
+    def tuner(**extra):
+        return TunerPolicy(INPUTS, PLANNED, TunerConfig(**{**kw, **extra}), BATCH)
+
+    def run(**extra):
+        p = tuner(**extra)
+        return run_ticks(p, p.initial_state(0.0), 0.0, 16.0, ramp)[1]
+
+    # headroom 0: the measured rate (at most 94.4 q/s) never asks more than the plan's 100;
+    # the rise (read once 10 s of the 5 s counts exist) does
+    assert run(headroom=0.0) == []
+    moved = run(headroom=0.0, step_lookahead="move")
+    assert moved[0].action == "up" and "rising" in moved[0].reason
+    assert moved[0].reason.startswith("move up to the step") and moved[0].rate_qps > 100.0
+    # headroom 0.2: from 83.9 q/s (x 1.2 > 100) the measured rate asks for step 1 on its own;
+    # then the rise asks for step 2, which only "move" takes
+    held = run(headroom=0.2)
+    assert len(held) == 1 and "ladder step 1" in held[0].reason
+    assert "rising" not in held[0].reason and held[0].rate_qps < 100.0
+    moved = run(headroom=0.2, step_lookahead="move")
+    assert "ladder step 2" in moved[1].reason and "rising" in moved[1].reason
+    # while the rate rises, no scale-down: on step 2 the rise holds it, where without the
+    # look-ahead the measured rate goes back to step 1
+    p = tuner(headroom=0.2)
+    s, _ = run_ticks(p, p.initial_state(0.0), 0.0, 14.8, ramp)
+    at_2 = replace(s, replicas={"a": 5, "b": 6}, batch={"a": 8, "b": 2}, last_change_s=0.0)
+    assert run_ticks(p, at_2, 14.8, 16.0, lambda i: ramp(148 + i))[1] == []
+    flat = tuner(headroom=0.2, lookahead_s=0.0)
+    _, ds = run_ticks(flat, at_2, 14.8, 16.0, lambda i: ramp(148 + i))
+    assert ds and "ladder step 1" in ds[0].reason
+    assert TunerConfig().step_lookahead == "hold"
+    cfg = TunerConfig(step_lookahead="move")
+    assert TunerConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValidationError, match="step_lookahead"):
+        TunerConfig(step_lookahead="ahead")  # type: ignore[arg-type]
+
+
 def test_a_burst_is_not_a_rise_but_a_ramp_is():
     from inferline.core._tuner import _rise
 

@@ -139,6 +139,9 @@ def test_tuner_down_to_flag_reaches_the_config(capsys):
     saving = ap.parse_args(["--tuner-down-to", "saving"])
     assert TunerConfig(**ladder_knobs(saving)).down_to == "saving"
     assert TunerConfig(**ladder_knobs(ap.parse_args([]))).down_to == "step"
+    move = ap.parse_args(["--tuner-step-lookahead", "move"])
+    assert TunerConfig(**ladder_knobs(move)).step_lookahead == "move"
+    assert TunerConfig(**ladder_knobs(ap.parse_args([]))).step_lookahead == "hold"
     with pytest.raises(SystemExit):
         ap.parse_args(["--tuner-down-to", "exactly"])
     assert "--tuner-down-to" in capsys.readouterr().err
