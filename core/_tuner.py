@@ -71,7 +71,10 @@ Reading of the paper, and the choices made where it is silent:
   ``rho_min`` is not applied on top (the steps are estimator-proven configurations, not the
   proportional rule it makes conservative). ``lookahead_s`` (10 s)
   provisions a rising rate where it will be when new replicas serve: the rise of the
-  ``down_window_s`` rate over the last window, extrapolated. Replica-only scaling
+  ``down_window_s`` rate over the last window, extrapolated; after the stabilization delay
+  it only holds a configuration (``step_lookahead="hold"``): a move up there needs the
+  measured rate to ask for it, since a step change of the rate reads as a rise for one
+  window's time. Replica-only scaling
   (``reconfigure="replicas"``) is the paper's tuner; ``down_rate="window"`` with it is the
   paper's literal scale-down (the default ``down_rate`` is ``"scaled"``: the 5 s peak over the
   planned envelope, so traffic at the planned workload asks for the plan).
