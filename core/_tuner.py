@@ -72,9 +72,9 @@ Reading of the paper, and the choices made where it is silent:
   proportional rule it makes conservative). ``lookahead_s`` (10 s)
   provisions a rising rate where it will be when new replicas serve: the rise of the
   ``down_window_s`` rate over the last window, extrapolated; after the stabilization delay
-  it only holds a configuration (``step_lookahead="hold"``): a move up there needs the
-  measured rate to ask for it, since a step change of the rate reads as a rise for one
-  window's time. Replica-only scaling
+  it holds a configuration and sizes a move up but does not start one
+  (``step_lookahead="hold"``): the measured rate must ask for the move, since a step change
+  of the rate reads as a rise for one window's time. Replica-only scaling
   (``reconfigure="replicas"``) is the paper's tuner; ``down_rate="window"`` with it is the
   paper's literal scale-down (the default ``down_rate`` is ``"scaled"``: the 5 s peak over the
   planned envelope, so traffic at the planned workload asks for the plan).
@@ -189,9 +189,9 @@ class TunerConfig:
     # where that saves a replica.
     down_to: DownTo = "step"
     # Ladder: what the look-ahead does after the stabilization delay. "hold": it keeps a
-    # configuration from being scaled down while the rate rises, but a move up to the step
-    # needs the measured rate (without the look-ahead) to ask for it; a rise that lasts soon
-    # exceeds the planned envelope, and that trigger provisions ahead. A step change of the
+    # configuration from being scaled down while the rate rises, and it sizes a move up, but
+    # the measured rate (without it) must ask for the move, as a trigger's window must for a
+    # scale-up; a rise that lasts soon does one or the other. A step change of the
     # rate (the minute-shaped traces change every 30 s) reads as a rise for one window's time,
     # and with "move" (the earlier behaviour) each such rise moved the configuration up for a
     # stabilization delay and back (docs/tuner.md).
@@ -818,13 +818,11 @@ def _ladder_step(
         k, b, i = self.target(rate * h)
         provision = rate
         if cfg.step_lookahead == "hold" and rate > down_rate and any(k[m] > cur[m] for m in cur):
-            # the look-ahead alone moves nothing up here: a rise the measured rate does not
-            # yet ask for holds the configuration (no scale-down while rising); a real rise
-            # soon exceeds the planned envelope and the trigger, look-ahead included, acts
-            k, b, i = self.target(down_rate * h)
-            if all(k[m] <= cur[m] for m in cur):
-                k, b = dict(cur), dict(cur_b)
-            provision, rise = down_rate, 0.0  # what this decision provisions for
+            # the look-ahead sizes a move up but does not start one: a rise the measured rate
+            # does not yet ask for only holds the configuration (no scale-down while rising)
+            k0, _, _ = self.target(down_rate * h)
+            if all(k0[m] <= cur[m] for m in cur):
+                k, b, provision, rise = dict(cur), dict(cur_b), down_rate, 0.0
         new, new_b = dict(cur), dict(cur_b)
         for m in cur:
             if k[m] < cur[m]:

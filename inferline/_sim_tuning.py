@@ -78,9 +78,10 @@ def add_ladder_knobs(g: Any) -> None:
         choices=get_args(StepLookahead),
         default=_DEFAULT.step_lookahead,
         help="tuner with a ladder: after the stabilization delay, a rising rate keeps the "
-        "configuration but a move up needs the measured rate to ask for it (hold), or the "
-        "rise extrapolated ahead may move it up as well (move: the earlier rule; a step "
-        f"change of the rate then moves it up and back; default {_DEFAULT.step_lookahead})",
+        "configuration and sizes a move up, but the measured rate must ask for the move "
+        "(hold), or the rise extrapolated ahead may start one as well (move: the earlier "
+        "rule; a step change of the rate then moves it up and back; default "
+        f"{_DEFAULT.step_lookahead})",
     )
     g.add_argument(
         "--tuner-settle-s",

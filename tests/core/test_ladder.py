@@ -441,6 +441,12 @@ def test_after_the_stabilization_delay_a_rise_alone_moves_nothing_up():
     assert "rising" not in held[0].reason and held[0].rate_qps < 100.0
     moved = run(headroom=0.2, step_lookahead="move")
     assert "ladder step 2" in moved[1].reason and "rising" in moved[1].reason
+    # once the measured rate asks for a move, the look-ahead sizes it: at 16 s the 5 s count
+    # of 480 (88.9 q/s, x 1.2 > 100) asks for step 1, the rise of 6 q/s per s for step 2
+    late = tuner(headroom=0.2, stabilization_delay_s=16.0)
+    _, ds = run_ticks(late, late.initial_state(0.0), 0.0, 16.0, lambda i: (0, 100, 3 * i))
+    assert len(ds) == 1 and ds[0].time_s == 16.0 and "ladder step 2" in ds[0].reason
+    assert "rising 6.0 q/s per s" in ds[0].reason
     # while the rate rises, no scale-down: on step 2 the rise holds it, where without the
     # look-ahead the measured rate goes back to step 1
     p = tuner(headroom=0.2)
