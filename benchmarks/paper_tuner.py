@@ -315,6 +315,10 @@ def run_case(
     for h in sweep:
         cfg_h = replace(tuner_cfg, headroom=h)
         measure(f"h={h:g}", plan, InferLineController(plan, cfg_h, start_s=start))
+    # the other headroom basis (share of the plan's rate or of the current rate)
+    other = "rate" if tuner_cfg.headroom_basis == "plan" else "plan"
+    basis_cfg = replace(tuner_cfg, headroom_basis=other)
+    measure(f"basis={other}", plan, InferLineController(plan, basis_cfg, start_s=start))
     # the other trigger: also scale up when the configuration's room falls below the band
     room_cfg = replace(tuner_cfg, trigger="room")
     measure("room", plan, InferLineController(plan, room_cfg, start_s=start))
@@ -424,10 +428,14 @@ def tally(rows: list[Row], label: str) -> str:
         <= np.mean([r.results["oracle"][1] for r in rs]) * (1 + 1e-9)
         for rs in by_case.values()
     )
+    # and read as the mean over every case and seed
+    overall = np.mean([r.results[label][1] for r in rows])
+    overall_oracle = np.mean([r.results["oracle"][1] for r in rows])
     return (
         f"miss <= 1%: {miss}/{len(rows)}; {'; '.join(tenx)}; mean cost <= oracle: "
         f"{cost}/{len(rows)} (seed means per case: {case_cost}/{len(by_case)}); "
-        f"mean cost / oracle's: {ratio:.3f}"
+        f"mean cost / oracle's: {ratio:.3f}; mean over all: {overall:.3f} $/h against the "
+        f"oracle's {overall_oracle:.3f}"
     )
 
 
@@ -461,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--down-to", choices=("saving", "step"), default=TunerConfig().down_to)
     ap.add_argument(
         "--step-lookahead", choices=("hold", "move"), default=TunerConfig().step_lookahead
+    )
+    ap.add_argument(
+        "--headroom-basis", choices=("plan", "rate"), default=TunerConfig().headroom_basis
     )
     ap.add_argument(
         "--headroom-sweep",
@@ -501,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         trigger=args.trigger,
         down_to=args.down_to,
         step_lookahead=args.step_lookahead,
+        headroom_basis=args.headroom_basis,
     )
     by_seed: dict[int, list[Case]] = {}
     for seed in args.seeds:
@@ -549,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         f"tuner: reconfigure={cfg.reconfigure}, lookahead {cfg.lookahead_s:g} s, "
         f"margin {cfg.margin_sigmas:g} sigma, headroom {cfg.headroom:g} "
         f"(hysteresis {cfg.hysteresis:g}), trigger={cfg.trigger}, down_to={cfg.down_to}, "
-        f"step_lookahead={cfg.step_lookahead}, "
+        f"step_lookahead={cfg.step_lookahead}, headroom_basis={cfg.headroom_basis}, "
         f"up_rate={cfg.up_rate}, down_rate={cfg.down_rate}, "
         f"down_rho={cfg.down_rho}, down_cap={cfg.down_cap}, "
         f"stabilization {cfg.stabilization_delay_s:g} s, keep {cfg.keep_horizon_s:g} s; "
@@ -567,8 +579,10 @@ def main(argv: list[str] | None = None) -> int:
         dur = float(case.live[-1] - case.live[0])
         print(f"  {case.name:<15} live {dur:6.0f} s, {case.live.size:6d} queries: {case.note}")
     print_table(rows)
+    other = "rate" if cfg.headroom_basis == "plan" else "plan"
     print(
         "  room: the tuner with trigger=room (also scales up when its room falls below the band); "
+        f"basis={other}: the tuner with headroom_basis={other}; "
         "saving: the tuner with down_to=saving (scale-down moves a model only where that saves "
         "a replica); replicas: "
         "replica-only scaling (reconfigure=replicas, down_rate=window); paper-rule: the same "
@@ -596,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.from_plan:
             cells = " / ".join(f"{r.from_plan[k] * 100:.2f}%" for k in ("tuner", "room", "saving"))
             print(f"  {r.pipeline}/{r.case} seed {r.seed}: {cells}")
-    for label in ("tuner", "room", "saving", "replicas", "paper-rule"):
+    for label in ("tuner", f"basis={other}", "room", "saving", "replicas", "paper-rule"):
         for title, sel in (
             ("the paper's cases", [r for r in rows if not r.case.endswith("-raw")]),
             (

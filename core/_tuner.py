@@ -121,6 +121,7 @@ Reconfigure = Literal["ladder", "replicas"]
 Trigger = Literal["room", "envelope"]
 DownTo = Literal["saving", "step"]
 StepLookahead = Literal["hold", "move"]
+HeadroomBasis = Literal["rate", "plan"]
 
 
 def _ceil(x: float) -> int:
@@ -196,6 +197,13 @@ class TunerConfig:
     # and with "move" (the earlier behaviour) each such rise moved the configuration up for a
     # stabilization delay and back (docs/tuner.md).
     step_lookahead: StepLookahead = "hold"
+    # Ladder: what the headroom is a share of. "plan" (default): the plan's mean rate, so a
+    # configuration is chosen for rate + headroom x planned rate: the room is for what arrives
+    # while the measurement lags and replicas activate, a number of queries per second that
+    # does not grow with the level. "rate" (the earlier rule): (1 + headroom) x the rate, which
+    # at a 250 q/s peak planned at 150 asked 50 q/s of room, crossed a GPU step and cost more
+    # than the oracle in 26 of 30 rate cells (docs/tuner.md).
+    headroom_basis: HeadroomBasis = "plan"
 
     def __post_init__(self) -> None:
         as_float(self.stabilization_delay_s, "stabilization_delay_s", nonneg=True)
@@ -228,6 +236,8 @@ class TunerConfig:
             raise ValidationError("trigger", "'room' or 'envelope'", self.trigger)
         if self.step_lookahead not in ("hold", "move"):
             raise ValidationError("step_lookahead", "'hold' or 'move'", self.step_lookahead)
+        if self.headroom_basis not in ("rate", "plan"):
+            raise ValidationError("headroom_basis", "'rate' or 'plan'", self.headroom_basis)
         if self.down_to not in ("saving", "step"):
             raise ValidationError("down_to", "'saving' or 'step'", self.down_to)
 
@@ -254,6 +264,7 @@ class TunerConfig:
             "settle_s": self.settle_s,
             "down_to": self.down_to,
             "step_lookahead": self.step_lookahead,
+            "headroom_basis": self.headroom_basis,
         }
 
     @classmethod
@@ -272,6 +283,7 @@ class TunerConfig:
             "trigger",
             "down_to",
             "step_lookahead",
+            "headroom_basis",
         }
         for k in keys - strs - {"resolution_s", "settle_s"}:
             if k in m:
@@ -641,8 +653,26 @@ class TunerPolicy:
         if self._steps is None:
             return self._down_need(state.down_peaks, state.up_peaks)
         rate, _, _ = _ladder_rate(self, state.recent, state.trend, now_s)
-        k, _, _ = self.target(rate * (1.0 + self.config.headroom))
+        k, _, _ = self.target(self.room(rate, self.config.headroom))
         return k
+
+    def within_envelope(self, state: TunerState, now_s: float, span_s: float = 1.0) -> bool:
+        """No window's largest count of the last ``span_s`` (as ``state`` remembers it, with a
+        ladder; one tick may see no arrival) exceeds the planned envelope: the traffic would
+        trigger no scale-up now. A 60 s window holds a burst for a minute after it ends,
+        longer than the scale-down's 30 s horizon."""
+        start = now_s - span_s
+        return all(
+            max((v for t, v in r if t >= start), default=0.0) <= th
+            for r, th in zip(state.recent, self._thresholds, strict=False)
+        )
+
+    def room(self, rate: float, frac: float) -> float:
+        """``rate`` with ``frac`` of room: a share of the rate, or of the plan's mean rate
+        (``headroom_basis``)."""
+        if self.config.headroom_basis == "plan":
+            return rate + frac * self.inputs.mean_rate_qps
+        return rate * (1.0 + frac)
 
     def step(
         self, state: TunerState, now_s: float, peaks: Sequence[int]
@@ -754,8 +784,8 @@ def _ladder_step(
     if up_rate > 0 and rise > 0:
         # at most doubling: a step change of the rate is a steep rise for one window only
         up_rate += min(rise * cfg.lookahead_s, up_rate)
-    h = 1.0 + cfg.headroom
-    band = 1.0 + max(0.0, cfg.headroom - cfg.hysteresis)
+    hr, br = cfg.headroom, max(0.0, cfg.headroom - cfg.hysteresis)
+    of_plan = " of the planned rate as" if cfg.headroom_basis == "plan" else ""
 
     def covers(rate: float) -> bool:
         """The configuration holds one proven for ``rate``: the target for it, or any step
@@ -781,10 +811,10 @@ def _ladder_step(
 
     rate, down_rate, j = _ladder_rate(self, recent, trend, now_s)
     if up_rate > 0:
-        k, b, i = self.target(up_rate * h)
+        k, b, i = self.target(self.room(up_rate, hr))
         new = {m: max(cur[m], k[m]) for m in cur}
         new_b = {m: max(cur_b[m], b[m]) for m in cur}
-        if not covers(up_rate * band) and (new != cur or new_b != cur_b):
+        if not covers(self.room(up_rate, br)) and (new != cur or new_b != cur_b):
             ahead = (
                 f" (rising {rise:.1f} q/s per s, {cfg.lookahead_s:g} s ahead)" if rise > 0 else ""
             )
@@ -796,11 +826,11 @@ def _ladder_step(
             )
             d = TunerDecision(float(now_s), new, reason, up_window, up_rate, "up", new_b)
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
-    elif cfg.trigger == "room" and rate > 0 and not covers(rate * band):
+    elif cfg.trigger == "room" and rate > 0 and not covers(self.room(rate, br)):
         # Within the planned envelope, but the configuration has less room over the traffic
         # than the band (the plan itself may: it is the cheapest configuration for the sample,
         # and a rise from it overloads it before any window exceeds the planned envelope).
-        k, b, i = self.target(rate * h)
+        k, b, i = self.target(self.room(rate, hr))
         new = {m: max(cur[m], k[m]) for m in cur}
         new_b = {m: max(cur_b[m], b[m]) for m in cur}
         if new != cur or new_b != cur_b:
@@ -809,18 +839,18 @@ def _ladder_step(
                 f"scale up: the largest count of the last {cfg.down_horizon_s:g} s in {w:g} s "
                 f"windows stands for {down_rate:.1f} q/s"
                 + (f", rising {rise:.1f} q/s per s" if rise > 0 else "")
-                + f"; less than {band - 1:.0%} room for {rate:.1f} q/s: provisioning with "
+                + f"; less than {br:.0%}{of_plan} room for {rate:.1f} q/s: provisioning with "
                 f"{self._step_text(i)}: {_diff_config(cur, new, cur_b, new_b)}"
             )
             d = TunerDecision(float(now_s), new, reason, w, rate, "up", new_b)
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     if now_s - state.last_change_s >= cfg.stabilization_delay_s:
-        k, b, i = self.target(rate * h)
+        k, b, i = self.target(self.room(rate, hr))
         provision = rate
         if cfg.step_lookahead == "hold" and rate > down_rate and any(k[m] > cur[m] for m in cur):
             # the look-ahead sizes a move up but does not start one: a rise the measured rate
             # does not yet ask for only holds the configuration (no scale-down while rising)
-            k0, _, _ = self.target(down_rate * h)
+            k0, _, _ = self.target(self.room(down_rate, hr))
             if all(k0[m] <= cur[m] for m in cur):
                 k, b, provision, rise = dict(cur), dict(cur_b), down_rate, 0.0
         new, new_b = dict(cur), dict(cur_b)
@@ -865,7 +895,7 @@ def _ladder_step(
             return _moved(state, now_s, new, down_peaks, up_peaks, new_b), d
     # after a scale-down, which moves batch sizes with the replicas
     if cfg.settle_s is not None and now_s - state.last_change_s >= cfg.settle_s:
-        need = max(up_rate, rate) * band
+        need = self.room(max(up_rate, rate), br)
         bs = settled(need) if need > 0 else None
         if bs is not None and bs != cur_b:
             reason = (

@@ -395,7 +395,7 @@ class VariantTuner:
     With a ladder (the policy's configurations carry batch sizes), an alternative keeps the
     decision's configuration and gives each switched stage the replicas that keep its
     throughput at the same batch size and hardware (``ceil(k * mu_old(b) / mu_new(b))``); it is
-    checked at the rate the step was chosen for (``rate * (1 + headroom)``) at the decision's
+    checked at the rate the step was chosen for (the rate with the headroom) at the decision's
     batch sizes, which are what runs. After a switch the ladder's steps are rewritten the same
     way and re-checked (a step that fails is dropped), so the tuner goes on choosing proven
     configurations for the variants that serve. Without a ladder, the paper's replica rule.
@@ -535,11 +535,15 @@ class VariantTuner:
 
     def _plan_fits(self, state: TunerState, now_s: float) -> bool:
         """Whether the plan's own tuner would keep no more than the plan's counts for the
-        traffic of its horizons (not this tick's peaks alone: a tick may see no arrival). A
-        scale-down of the switched variants' policy may reach the plan's counts at traffic
-        the plan's variants cannot serve with them."""
+        traffic of its horizons (not this tick's peaks alone: a tick may see no arrival), and
+        no window exceeds the planned envelope. A scale-down of the switched variants' policy
+        may reach the plan's counts at traffic the plan's variants cannot serve with them."""
         need = self._plan_policy.traffic_need(state, now_s)
-        return all(need[m] <= c.replicas for m, c in self.plan.models.items())
+        if not all(need[m] <= c.replicas for m, c in self.plan.models.items()):
+            return False
+        # nor while a window still holds traffic above the planned envelope: the plan's
+        # tuner would scale up (and so switch again) as soon as a tick's rise reads it
+        return not self._plan_policy.uses_ladder or self._plan_policy.within_envelope(state, now_s)
 
     def _return_to_plan(
         self, state: TunerState, now_s: float, d: TunerDecision | None
@@ -634,7 +638,7 @@ class VariantTuner:
         batch = self._batch(d)
         ladder = self.policy.uses_ladder and bool(d.batch)
         # the ladder chose its step for the rate with the headroom: hold the alternative to it
-        rate = d.rate_qps * (1.0 + self.config.headroom) if ladder else d.rate_qps
+        rate = self.policy.room(d.rate_qps, self.config.headroom) if ladder else d.rate_qps
         options = []
         for ch in self.variants.choices():
             if ch == self.choice:

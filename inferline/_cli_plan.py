@@ -264,7 +264,7 @@ def _steady_note(plan: Plan, cfg: object) -> str:
     policy = TunerPolicy.from_plan(plan, cfg)
     if not policy.uses_ladder:
         return ""
-    _, _, i = policy.target(plan.tuner.mean_rate_qps * (1.0 + cfg.headroom))
+    _, _, i = policy.target(policy.room(plan.tuner.mean_rate_qps, cfg.headroom))
     if i == 0 or i > len(plan.tuner.ladder):
         return ""
     step = plan.tuner.ladder[i - 1]

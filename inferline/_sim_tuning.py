@@ -23,7 +23,7 @@ from inferline.core import (
     packing_factor,
     pipeline_unit,
 )
-from inferline.core._tuner import DownTo, StepLookahead, Trigger
+from inferline.core._tuner import DownTo, HeadroomBasis, StepLookahead, Trigger
 
 __all__ = [
     "add_ladder_knobs",
@@ -84,6 +84,14 @@ def add_ladder_knobs(g: Any) -> None:
         f"{_DEFAULT.step_lookahead})",
     )
     g.add_argument(
+        "--tuner-headroom-basis",
+        choices=get_args(HeadroomBasis),
+        default=_DEFAULT.headroom_basis,
+        help="tuner with a ladder: the headroom is a share of the plan's mean rate, the same "
+        "queries per second of room at every level (plan), or of the current rate (rate: the "
+        f"earlier rule, more room at a peak; default {_DEFAULT.headroom_basis})",
+    )
+    g.add_argument(
         "--tuner-settle-s",
         type=_settle,
         default=_DEFAULT.settle_s,
@@ -115,6 +123,7 @@ def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "settle_s": getattr(args, "tuner_settle_s", _DEFAULT.settle_s),
         "down_to": getattr(args, "tuner_down_to", _DEFAULT.down_to),
         "step_lookahead": getattr(args, "tuner_step_lookahead", _DEFAULT.step_lookahead),
+        "headroom_basis": getattr(args, "tuner_headroom_basis", _DEFAULT.headroom_basis),
     }
 
 

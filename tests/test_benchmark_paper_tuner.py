@@ -30,7 +30,8 @@ def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
     assert all(0.0 <= m < rows[0]["results"]["plan"][0] for m in late.values())
     assert len(rows) == 1 and rows[0]["seed"] == 0
     res = rows[0]["results"]
-    assert set(res) == set(paper_tuner.LABELS)
+    assert set(res) == {*paper_tuner.LABELS, "basis=rate"}
+    assert "targets for basis=rate over the paper's cases" in text and "mean over all:" in text
     # the plan alone cannot follow the rise; the tuner does, and under the replica-only cost
     assert res["plan"][0] > 0.2 and res["tuner"][0] < 0.01
     assert res["tuner"][1] < res["replicas"][1]

@@ -336,7 +336,8 @@ def test_simulate_switches_variants_with_the_tuner_in_the_loop(files, tmp_path, 
     save_trace(gamma_trace(10.0, 1.0, 120.0, np.random.default_rng(1)), files["trace"])
     rng = np.random.default_rng(2)
     parts = [gamma_trace(10.0, 1.0, 40.0, rng), 40 + gamma_trace(120.0, 1.0, 40.0, rng)]
-    parts.append(80 + gamma_trace(10.0, 1.0, 60.0, rng))
+    # the stage returns once no window exceeds the planned envelope: 60 s after the burst
+    parts.append(80 + gamma_trace(10.0, 1.0, 90.0, rng))
     save_trace(np.concatenate(parts), files["eval"])
     args = _plan_args(files, "--slo-s", "0.2", "--variants", str(vfile), "--workers", "1")
     assert main(args) == 0

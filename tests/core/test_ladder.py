@@ -241,7 +241,7 @@ def test_scale_up_never_shrinks_a_batch_or_a_count_then_scale_down_settles_on_a_
 
 
 def test_headroom_provisions_more_than_the_measured_rate():
-    p = policy(headroom=0.2)
+    p = policy(headroom_basis="rate", headroom=0.2)
     s = p.initial_state(0.0)
     # 1 s window at 156 (planned 120): scaled rate 130; x 1.2 = 156 -> step 2 (200 q/s)
     s, d = p.step(s, 1.0, (0, 156, 0))
@@ -252,13 +252,42 @@ def test_headroom_provisions_more_than_the_measured_rate():
     assert "ladder step 1 (150.0 q/s)" in d.reason
 
 
+def test_headroom_of_the_planned_rate_is_the_same_room_at_every_level():
+    """``headroom_basis="plan"`` (default): room of headroom x the plan's mean rate (100 q/s
+    here), not x the rate, so a peak well above the plan is not asked to hold a share of
+    itself on top (at a 250 q/s peak planned at 150, 1.2 x 250 crossed a GPU step)."""
+    by_plan, by_rate = policy(headroom=0.2), policy(headroom=0.2, headroom_basis="rate")
+    assert TunerConfig().headroom_basis == "plan"
+    assert by_plan.room(128.0, 0.2) == pytest.approx(148.0)
+    assert by_rate.room(128.0, 0.2) == pytest.approx(153.6)
+    assert by_plan.room(100.0, 0.2) == by_rate.room(100.0, 0.2)
+    # 1 s window of 154 (planned 120): scaled 128.3 q/s; + 20 = 148.3 fits step 1 (150),
+    # x 1.2 = 154 does not
+    _, d = by_plan.step(by_plan.initial_state(0.0), 1.0, (0, 154, 0))
+    assert d is not None and "ladder step 1 (150.0 q/s)" in d.reason
+    _, d = by_rate.step(by_rate.initial_state(0.0), 1.0, (0, 154, 0))
+    assert d is not None and "ladder step 2 (200.0 q/s)" in d.reason
+    # what scale-down keeps follows the same room
+    at_2 = TunerState({"a": 5, "b": 6}, 0.0, batch={"a": 8, "b": 2})
+    _, ds = run_ticks(by_plan, at_2, 0.0, 20.0, (0, 154, 0))
+    assert ds and ds[0].action == "down" and "ladder step 1" in ds[0].reason
+    _, ds = run_ticks(by_rate, at_2, 0.0, 20.0, (0, 154, 0))
+    assert all(d.action != "down" for d in ds)
+    cfg = TunerConfig(headroom_basis="rate")
+    assert TunerConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValidationError, match="headroom_basis"):
+        TunerConfig(headroom_basis="level")  # type: ignore[arg-type]
+
+
 def test_hysteresis_keeps_a_step_until_its_headroom_falls_below_the_band():
     at_step_1 = TunerState({"a": 5, "b": 3}, 0.0, batch={"a": 4, "b": 8})
     # 1 s window of 154 (planned 120): scaled 128.3 q/s; x 1.2 = 154 is above step 1 (150)
-    _, d = policy(headroom=0.2, hysteresis=0.0).step(at_step_1, 1.0, (0, 154, 0))
+    _, d = policy(headroom_basis="rate", headroom=0.2, hysteresis=0.0).step(
+        at_step_1, 1.0, (0, 154, 0)
+    )
     assert d is not None and "ladder step 2" in d.reason
     # with a band of 0.05 step 1 still has 1.15 x 128.3 = 147.6 q/s of room: it stays
-    banded = policy(headroom=0.2, hysteresis=0.05)
+    banded = policy(headroom_basis="rate", headroom=0.2, hysteresis=0.05)
     s, d = banded.step(at_step_1, 1.0, (0, 154, 0))
     assert d is None
     # 160 (133.3 q/s, x 1.15 = 153 > 150): it moves, and with the full headroom (160 q/s)
@@ -275,7 +304,7 @@ def test_room_trigger_leaves_a_plan_without_room_inside_the_planned_envelope():
     # traffic at 90% of the planned envelope at every window: 90 q/s as the tuner reads it.
     # The plan is proven for 100 q/s: 11% room, less than the band (headroom 0.2 - 0.05)
     at_90 = (27, 108, 486)
-    room = policy(headroom=0.2, hysteresis=0.05, trigger="room")
+    room = policy(headroom_basis="rate", headroom=0.2, hysteresis=0.05, trigger="room")
     s, ds = run_ticks(room, room.initial_state(0.0), 0.0, 3.0, at_90)
     assert len(ds) == 1 and ds[0].action == "up" and ds[0].time_s <= 0.2
     assert "less than 15% room for 90.0 q/s" in ds[0].reason
@@ -286,7 +315,7 @@ def test_room_trigger_leaves_a_plan_without_room_inside_the_planned_envelope():
     assert [(d.action, d.replicas) for d in ds] == [("down", {"a": 5, "b": 3})]
     assert "ladder step 1" in ds[0].reason
     # the paper's trigger waits for a window above the planned envelope: no scale-up
-    env = policy(headroom=0.2, hysteresis=0.05)  # the default trigger
+    env = policy(headroom_basis="rate", headroom=0.2, hysteresis=0.05)  # the default trigger
     _, ds = run_ticks(env, env.initial_state(0.0), 0.0, 40.0, at_90)
     assert all(d.action == "down" for d in ds) and ds[0].time_s >= 15.0
     # at 80% (80 q/s x 1.15 = 92 q/s) the plan has the room: no change either way
@@ -397,7 +426,11 @@ def test_lookahead_provisions_a_rising_rate_ahead():
     s, d = p.step(s, 15.0, (0, 100, 510))  # 94.4 q/s now, inside the planned envelope
     # the rise alone (trigger="room"): where the rate will be in 10 s is more than the plan
     # has room for
-    assert d is not None and d.action == "up" and "less than 0% room" in d.reason
+    assert (
+        d is not None
+        and d.action == "up"
+        and "less than 0% of the planned rate as room" in d.reason
+    )
     assert "rising" in d.reason and d.rate_qps > 150.0 and "ladder step 2" in d.reason
     s, d = p.step(s0, 15.0, (0, 121, 540))  # just above the plan at 1 s: 100.8 q/s now
     assert d is not None and "rising" in d.reason and "10 s ahead" in d.reason

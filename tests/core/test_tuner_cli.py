@@ -142,6 +142,9 @@ def test_tuner_down_to_flag_reaches_the_config(capsys):
     move = ap.parse_args(["--tuner-step-lookahead", "move"])
     assert TunerConfig(**ladder_knobs(move)).step_lookahead == "move"
     assert TunerConfig(**ladder_knobs(ap.parse_args([]))).step_lookahead == "hold"
+    by_rate = ap.parse_args(["--tuner-headroom-basis", "rate"])
+    assert TunerConfig(**ladder_knobs(by_rate)).headroom_basis == "rate"
+    assert TunerConfig(**ladder_knobs(ap.parse_args([]))).headroom_basis == "plan"
     with pytest.raises(SystemExit):
         ap.parse_args(["--tuner-down-to", "exactly"])
     assert "--tuner-down-to" in capsys.readouterr().err

@@ -183,7 +183,7 @@ def test_tuner_with_a_ladder_switches_at_the_steps_batch_sizes_and_back_at_the_p
     assert d.decision.batch == plain_d.batch and state.batch == plain_d.batch
     assert d.decision.replicas["pre"] == plain_d.replicas["pre"]
     assert d.decision.replicas["cls"] < plain_d.replicas["cls"]
-    rate = d.decision.rate_qps * (1 + tuner.config.headroom)
+    rate = plain.room(d.decision.rate_qps, tuner.config.headroom)
     assert f"at {rate:.1f} q/s" in d.decision.reason
     configs = {
         m: type(c)(c.hardware, d.decision.batch[m], d.decision.replicas[m])
