@@ -473,6 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--headroom-basis", choices=("plan", "rate"), default=TunerConfig().headroom_basis
     )
+    ap.add_argument("--headroom-rate-share", type=float, default=TunerConfig().headroom_rate_share)
     ap.add_argument(
         "--headroom-sweep",
         type=float,
@@ -513,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         down_to=args.down_to,
         step_lookahead=args.step_lookahead,
         headroom_basis=args.headroom_basis,
+        headroom_rate_share=args.headroom_rate_share,
     )
     by_seed: dict[int, list[Case]] = {}
     for seed in args.seeds:
@@ -561,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         f"tuner: reconfigure={cfg.reconfigure}, lookahead {cfg.lookahead_s:g} s, "
         f"margin {cfg.margin_sigmas:g} sigma, headroom {cfg.headroom:g} "
         f"(hysteresis {cfg.hysteresis:g}), trigger={cfg.trigger}, down_to={cfg.down_to}, "
-        f"step_lookahead={cfg.step_lookahead}, headroom_basis={cfg.headroom_basis}, "
+        f"step_lookahead={cfg.step_lookahead}, headroom_basis={cfg.headroom_basis} "
+        f"(rate share {cfg.headroom_rate_share:g}), "
         f"up_rate={cfg.up_rate}, down_rate={cfg.down_rate}, "
         f"down_rho={cfg.down_rho}, down_cap={cfg.down_cap}, "
         f"stabilization {cfg.stabilization_delay_s:g} s, keep {cfg.keep_horizon_s:g} s; "

@@ -92,6 +92,15 @@ def add_ladder_knobs(g: Any) -> None:
         f"earlier rule, more room at a peak; default {_DEFAULT.headroom_basis})",
     )
     g.add_argument(
+        "--tuner-headroom-rate-share",
+        type=float,
+        default=_DEFAULT.headroom_rate_share,
+        metavar="S",
+        help="tuner with a ladder, headroom basis plan: the headroom is a share of the larger "
+        "of the plan's mean rate and S x the rate, so far above the plan the room grows with "
+        f"the level (0: the plan's rate alone; default {_DEFAULT.headroom_rate_share:g})",
+    )
+    g.add_argument(
         "--tuner-settle-s",
         type=_settle,
         default=_DEFAULT.settle_s,
@@ -124,6 +133,9 @@ def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
         "down_to": getattr(args, "tuner_down_to", _DEFAULT.down_to),
         "step_lookahead": getattr(args, "tuner_step_lookahead", _DEFAULT.step_lookahead),
         "headroom_basis": getattr(args, "tuner_headroom_basis", _DEFAULT.headroom_basis),
+        "headroom_rate_share": getattr(
+            args, "tuner_headroom_rate_share", _DEFAULT.headroom_rate_share
+        ),
     }
 
 

@@ -261,6 +261,13 @@ def test_headroom_of_the_planned_rate_is_the_same_room_at_every_level():
     assert by_plan.room(128.0, 0.2) == pytest.approx(148.0)
     assert by_rate.room(128.0, 0.2) == pytest.approx(153.6)
     assert by_plan.room(100.0, 0.2) == by_rate.room(100.0, 0.2)
+    # far above the plan (from 1 / headroom_rate_share = 1.67x on) a share of the rate again:
+    # 0.2 x 0.6 x 250, not 0.2 x 100
+    assert by_plan.room(250.0, 0.2) == pytest.approx(280.0)
+    assert policy(headroom_rate_share=0.0).room(250.0, 0.2) == pytest.approx(270.0)
+    assert by_rate.room(250.0, 0.2) == pytest.approx(300.0)
+    with pytest.raises(ValidationError, match="headroom_rate_share"):
+        TunerConfig(headroom_rate_share=-1.0)
     # 1 s window of 154 (planned 120): scaled 128.3 q/s; + 20 = 148.3 fits step 1 (150),
     # x 1.2 = 154 does not
     _, d = by_plan.step(by_plan.initial_state(0.0), 1.0, (0, 154, 0))

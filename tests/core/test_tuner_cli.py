@@ -145,6 +145,8 @@ def test_tuner_down_to_flag_reaches_the_config(capsys):
     by_rate = ap.parse_args(["--tuner-headroom-basis", "rate"])
     assert TunerConfig(**ladder_knobs(by_rate)).headroom_basis == "rate"
     assert TunerConfig(**ladder_knobs(ap.parse_args([]))).headroom_basis == "plan"
+    share = ap.parse_args(["--tuner-headroom-rate-share", "0"])
+    assert TunerConfig(**ladder_knobs(share)).headroom_rate_share == 0.0
     with pytest.raises(SystemExit):
         ap.parse_args(["--tuner-down-to", "exactly"])
     assert "--tuner-down-to" in capsys.readouterr().err
