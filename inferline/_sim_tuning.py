@@ -38,6 +38,49 @@ log = logging.getLogger(__name__)
 _DEFAULT = TunerConfig()
 
 
+# The ladder's choice flags: (TunerConfig field, its Literal type, help without the default);
+# the flag is --tuner-<field>, its choices the type's values.
+_CHOICE_KNOBS: tuple[tuple[str, Any, str], ...] = (
+    (
+        "trigger",
+        Trigger,
+        "scale up when a window exceeds the planned envelope (envelope, the paper's) or also "
+        "when the configuration's room over the traffic falls below the band (room)",
+    ),
+    (
+        "down_to",
+        DownTo,
+        "after the stabilization delay, move the configuration to the step for the recent "
+        "traffic, adding replicas where it is short, so one without room is left (step), or "
+        "move a model only where that saves a replica (saving: about 2%% cheaper in the "
+        "benchmark, less safe)",
+    ),
+    (
+        "step_lookahead",
+        StepLookahead,
+        "after the stabilization delay, a rising rate keeps the configuration and sizes a move "
+        "up, but the measured rate must ask for the move (hold), or the rise extrapolated ahead "
+        "may start one as well (move: the earlier rule; a step change of the rate then moves it "
+        "up and back)",
+    ),
+    (
+        "headroom_basis",
+        HeadroomBasis,
+        "the headroom is a share of the plan's mean rate, the same queries per second of room "
+        "at every level (plan), or of the current rate (rate: the earlier rule, more room at a "
+        "peak)",
+    ),
+)
+# every TunerConfig field add_ladder_knobs sets (as --tuner-<field>)
+_LADDER_KNOBS = (
+    "headroom",
+    "hysteresis",
+    *(name for name, _, _ in _CHOICE_KNOBS),
+    "headroom_rate_share",
+    "settle_s",
+)
+
+
 def add_ladder_knobs(g: Any) -> None:
     """The ladder tuner's flags (headroom, hysteresis, trigger, scale-down target, settle),
     shared by ``simulate`` and ``serve``. Choices come from the config's types, so the CLI
@@ -56,41 +99,14 @@ def add_ladder_knobs(g: Any) -> None:
         help="tuner with a ladder: scale up only once the current configuration's room falls "
         f"below headroom - hysteresis (default {_DEFAULT.hysteresis:g}; 0: no band)",
     )
-    g.add_argument(
-        "--tuner-trigger",
-        choices=get_args(Trigger),
-        default=_DEFAULT.trigger,
-        help="tuner with a ladder: scale up when a window exceeds the planned envelope "
-        "(envelope, the paper's) or also when the configuration's room over the traffic falls "
-        f"below the band (room; default {_DEFAULT.trigger})",
-    )
-    g.add_argument(
-        "--tuner-down-to",
-        choices=get_args(DownTo),
-        default=_DEFAULT.down_to,
-        help="tuner with a ladder: after the stabilization delay, move the configuration to "
-        "the step for the recent traffic, adding replicas where it is short, so one without "
-        "room is left (step), or move a model only where that saves a replica (saving: about "
-        f"4%% cheaper in the benchmark, less safe; default {_DEFAULT.down_to})",
-    )
-    g.add_argument(
-        "--tuner-step-lookahead",
-        choices=get_args(StepLookahead),
-        default=_DEFAULT.step_lookahead,
-        help="tuner with a ladder: after the stabilization delay, a rising rate keeps the "
-        "configuration and sizes a move up, but the measured rate must ask for the move "
-        "(hold), or the rise extrapolated ahead may start one as well (move: the earlier "
-        "rule; a step change of the rate then moves it up and back; default "
-        f"{_DEFAULT.step_lookahead})",
-    )
-    g.add_argument(
-        "--tuner-headroom-basis",
-        choices=get_args(HeadroomBasis),
-        default=_DEFAULT.headroom_basis,
-        help="tuner with a ladder: the headroom is a share of the plan's mean rate, the same "
-        "queries per second of room at every level (plan), or of the current rate (rate: the "
-        f"earlier rule, more room at a peak; default {_DEFAULT.headroom_basis})",
-    )
+    for name, kind, text in _CHOICE_KNOBS:
+        default = getattr(_DEFAULT, name)
+        g.add_argument(
+            "--tuner-" + name.replace("_", "-"),
+            choices=get_args(kind),
+            default=default,
+            help=f"tuner with a ladder: {text}; default {default}",
+        )
     g.add_argument(
         "--tuner-headroom-rate-share",
         type=float,
@@ -125,18 +141,7 @@ def _settle(text: str) -> float | None:
 
 def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
     """``TunerConfig`` keywords from :func:`add_ladder_knobs`' flags (defaults if absent)."""
-    return {
-        "headroom": getattr(args, "tuner_headroom", _DEFAULT.headroom),
-        "hysteresis": getattr(args, "tuner_hysteresis", _DEFAULT.hysteresis),
-        "trigger": getattr(args, "tuner_trigger", _DEFAULT.trigger),
-        "settle_s": getattr(args, "tuner_settle_s", _DEFAULT.settle_s),
-        "down_to": getattr(args, "tuner_down_to", _DEFAULT.down_to),
-        "step_lookahead": getattr(args, "tuner_step_lookahead", _DEFAULT.step_lookahead),
-        "headroom_basis": getattr(args, "tuner_headroom_basis", _DEFAULT.headroom_basis),
-        "headroom_rate_share": getattr(
-            args, "tuner_headroom_rate_share", _DEFAULT.headroom_rate_share
-        ),
-    }
+    return {k: getattr(args, f"tuner_{k}", getattr(_DEFAULT, k)) for k in _LADDER_KNOBS}
 
 
 def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
