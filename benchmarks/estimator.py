@@ -431,7 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small traces (about 10 s in all)")
     ap.add_argument("--duration-s", type=float, default=None, help="SimPy comparison trace length")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of the arrival traces (default %(default)s)"
+    )
     args = ap.parse_args(argv)
     dur = args.duration_s or (30.0 if args.quick else 300.0)
     big_s = 600.0 if args.quick else 3600.0

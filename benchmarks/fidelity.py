@@ -181,14 +181,40 @@ def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="fewer profiling samples, 12 s replays")
     ap.add_argument("--profiles", default=None, help="reuse these profiles (skip profiling)")
-    ap.add_argument("--statistic", default="mean", choices=["mean", "p50", "p90", "p99"])
-    ap.add_argument("--contention", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--duration-s", type=float, default=30.0)
-    ap.add_argument("--cv", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default="out/fidelity")
+    ap.add_argument(
+        "--statistic",
+        default="mean",
+        choices=["mean", "p50", "p90", "p99"],
+        help="what becomes latency_s when profiling (default %(default)s)",
+    )
+    ap.add_argument(
+        "--contention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="profile with extra replicas busy on the free cores (default on)",
+    )
+    ap.add_argument(
+        "--duration-s",
+        type=float,
+        default=30.0,
+        help="length of each measured replay, seconds (default %(default)s; 12 with --quick)",
+    )
+    ap.add_argument(
+        "--cv",
+        type=float,
+        default=1.0,
+        help="coefficient of variation of the planning and replayed traces (default %(default)s)",
+    )
+    ap.add_argument(
+        "--seed", type=int, default=1, help="seed of the arrival traces (default %(default)s)"
+    )
+    ap.add_argument(
+        "--out",
+        default="out/fidelity",
+        help="output folder: profiles, server log, fidelity.json (default %(default)s)",
+    )
     ap.add_argument(
         "--nice",
         type=int,

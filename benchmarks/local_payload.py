@@ -60,7 +60,12 @@ async def measure(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two shapes, batch 1, 3 repeats")
-    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="timed calls per point; the median is reported (default %(default)s)",
+    )
     args = ap.parse_args(argv)
     shapes = SHAPES[:2] if args.quick else SHAPES
     batches = (1,) if args.quick else BATCHES

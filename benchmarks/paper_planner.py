@@ -240,10 +240,34 @@ def timing(duration_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=list(PIPELINES))
-    ap.add_argument("--rates", nargs="+", type=float, default=[100.0, 200.0])
-    ap.add_argument("--cvs", nargs="+", type=float, default=[1.0, 4.0])
-    ap.add_argument("--slos", nargs="+", type=float, default=[0.1, 0.2, 0.3, 0.5])
+    ap.add_argument(
+        "--pipelines",
+        nargs="+",
+        default=list(PIPELINES),
+        choices=list(PIPELINES),
+        help="pipelines of _pipelines.py to plan (default: all)",
+    )
+    ap.add_argument(
+        "--rates",
+        nargs="+",
+        type=float,
+        default=[100.0, 200.0],
+        help="arrival rates, queries/s (default 100 200; --quick: 100)",
+    )
+    ap.add_argument(
+        "--cvs",
+        nargs="+",
+        type=float,
+        default=[1.0, 4.0],
+        help="coefficients of variation of the traces (default 1 4)",
+    )
+    ap.add_argument(
+        "--slos",
+        nargs="+",
+        type=float,
+        default=[0.1, 0.2, 0.3, 0.5],
+        help="latency SLOs, seconds (default 0.1 0.2 0.3 0.5; --quick: 0.1 0.2 0.4)",
+    )
     ap.add_argument("--duration-s", type=float, default=120.0, help="planning trace length")
     ap.add_argument(
         "--eval-duration-s",
@@ -251,10 +275,20 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="fresh evaluation trace length (default: as long as the planning trace)",
     )
-    ap.add_argument("--timing-duration-s", type=float, default=600.0)
-    ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument(
+        "--timing-duration-s",
+        type=float,
+        default=600.0,
+        help="trace length of the planning-time test, s (default 600; --quick: 120)",
+    )
+    ap.add_argument("--no-timing", action="store_true", help="skip the planning-time test")
     ap.add_argument("--paper-only", action="store_true", help="Algorithms 1-2 only")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out"),
+        help="folder for paper_planner.json and the plot (default %(default)s)",
+    )
     ap.add_argument("--quick", action="store_true", help="one rate, three SLOs, 60 s traces")
     args = ap.parse_args(argv)
     if args.quick:

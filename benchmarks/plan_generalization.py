@@ -117,15 +117,55 @@ def summarize(rows: list[dict], margins: list[float]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=list(PIPELINES))
-    ap.add_argument("--rate", type=float, default=150.0)
-    ap.add_argument("--cvs", nargs="+", type=float, default=[1.0, 4.0])
-    ap.add_argument("--slos", nargs="+", type=float, default=[0.2, 0.3])
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    ap.add_argument("--margins", nargs="+", type=float, default=[0.0, 0.05, 0.1])
+    ap.add_argument(
+        "--pipelines",
+        nargs="+",
+        default=list(PIPELINES),
+        choices=list(PIPELINES),
+        help="pipelines of _pipelines.py to plan (default: all)",
+    )
+    ap.add_argument(
+        "--rate",
+        type=float,
+        default=150.0,
+        help="mean arrival rate, queries/s (default %(default)s)",
+    )
+    ap.add_argument(
+        "--cvs",
+        nargs="+",
+        type=float,
+        default=[1.0, 4.0],
+        help="coefficients of variation of the traces (default 1 4)",
+    )
+    ap.add_argument(
+        "--slos",
+        nargs="+",
+        type=float,
+        default=[0.2, 0.3],
+        help="latency SLOs, seconds (default 0.2 0.3)",
+    )
+    ap.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0, 1, 2],
+        help="seeds of the planning samples, one each (default 0 1 2)",
+    )
+    ap.add_argument(
+        "--margins",
+        nargs="+",
+        type=float,
+        default=[0.0, 0.05, 0.1],
+        help="rate margins to plan with; 0 is always added (default 0 0.05 0.1)",
+    )
     ap.add_argument("--fresh", type=int, default=4, help="fresh realizations per plan")
     ap.add_argument("--duration-s", type=float, default=300.0, help="every trace's length")
-    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("out"),
+        help="folder for plan_generalization.json (default %(default)s)",
+    )
     ap.add_argument("--quick", action="store_true", help="two pipelines, CV 1, one SLO, 120 s")
     args = ap.parse_args(argv)
     if args.quick:

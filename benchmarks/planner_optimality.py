@@ -108,10 +108,22 @@ def exhaustive_optimum(case: Case, planner: Planner, max_replicas: int) -> tuple
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--cases", type=int, default=30)
-    ap.add_argument("--duration-s", type=float, default=60.0)
+    ap.add_argument(
+        "--cases",
+        type=int,
+        default=30,
+        help="random cases the planner finds feasible (default %(default)s)",
+    )
+    ap.add_argument(
+        "--duration-s",
+        type=float,
+        default=60.0,
+        help="each case's trace length, seconds (default %(default)s)",
+    )
     ap.add_argument("--max-replicas", type=int, default=6, help="exhaustive search bound")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of the random cases (default %(default)s)"
+    )
     ap.add_argument("--quick", action="store_true", help="8 cases on 30 s traces")
     args = ap.parse_args(argv)
     if args.quick:

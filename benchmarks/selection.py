@@ -677,9 +677,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller streams and training (CI-sized)")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rafiki-updates", type=int, default=None)
-    p.add_argument("--out", default="out/selection")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the query streams, noise and learners (default %(default)s)",
+    )
+    p.add_argument(
+        "--rafiki-updates",
+        type=int,
+        default=None,
+        help="training updates of the Rafiki agent (default 500; 150 with --quick)",
+    )
+    p.add_argument(
+        "--out", default="out/selection", help="folder for the plots (default %(default)s)"
+    )
     p.add_argument("--json", default=None, help="also write the numbers here")
     args = p.parse_args(argv)
     args.sections = [s for s in args.sections.split(",") if s]

@@ -452,23 +452,65 @@ def report(
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rates, shorter points")
-    p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
-    p.add_argument("--instances", type=int, default=2)
-    p.add_argument("--max-batch", type=int, default=32)
+    p.add_argument(
+        "--protocol",
+        choices=("grpc", "http"),
+        default="grpc",
+        help="protocol of both paths to Triton (default %(default)s)",
+    )
+    p.add_argument(
+        "--instances",
+        type=int,
+        default=2,
+        help="CPU instances of the model under each name (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=32,
+        help="largest batch size of both batchers (default %(default)s)",
+    )
     p.add_argument("--delay-us", type=int, default=0, help="Triton batcher max_queue_delay")
-    p.add_argument("--p99-ms", type=float, default=50.0)
+    p.add_argument(
+        "--p99-ms",
+        type=float,
+        default=50.0,
+        help="P99 latency target, ms; also the queued queries' deadline (default %(default)s)",
+    )
     p.add_argument("--rates", type=str, default=None, help="comma-separated queries/s")
-    p.add_argument("--duration-s", type=float, default=None)
-    p.add_argument("--warmup-s", type=float, default=None)
-    p.add_argument("--drain-s", type=float, default=5.0)
+    p.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="length of each run, seconds (default 8; 3 with --quick)",
+    )
+    p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="first seconds of each run left out of the figures (default 1; 0.5 with --quick)",
+    )
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=5.0,
+        help="wait this long, seconds, for answers after the last arrival; later ones count as late (default %(default)s)",
+    )
     p.add_argument(
         "--stop-after", type=int, default=None, help="stop after N rates where both miss"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="base seed of the Poisson arrivals (default %(default)s)",
+    )
     p.add_argument(
         "--repeats", type=int, default=1, help="runs per point; the table shows median P99s"
     )
-    p.add_argument("--no-perf-analyzer", action="store_true")
+    p.add_argument(
+        "--no-perf-analyzer", action="store_true", help="skip the perf_analyzer reference points"
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.rates:

@@ -149,9 +149,20 @@ def cheap_share(arr: np.ndarray, switches: tuple[tuple[float, str, str], ...]) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        nargs="*",
+        default=[0, 1, 2],
+        help="trace seeds; every case runs once per seed (default 0 1 2)",
+    )
     ap.add_argument("--quick", action="store_true", help="one ramp, shorter phases")
-    ap.add_argument("--pipelines", nargs="*", default=["image-processing", "social-media"])
+    ap.add_argument(
+        "--pipelines",
+        nargs="*",
+        default=["image-processing", "social-media"],
+        help="pipelines of _pipelines.py with a resnet152 stage (default image-processing social-media)",
+    )
     args = ap.parse_args(argv)
     t_all = time.perf_counter()
     opts = EstimatorOptions(activation_delay_s=ACTIVATION_S)

@@ -655,28 +655,79 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="CI-sized: 20k ratings, fewer rounds")
     p.add_argument("--limit", type=int, default=None, help="use only the first N ratings")
     p.add_argument("--k", type=int, default=48, help="MF factors (d = k + 2)")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--mf-lambda", type=float, default=0.1)
-    p.add_argument("--ridge-lambda", type=float, default=10.0)
-    p.add_argument("--chunks", type=int, default=5)
+    p.add_argument(
+        "--iters",
+        type=int,
+        default=10,
+        help="ALS iterations of the MF fit (default %(default)s; 6 with --quick)",
+    )
+    p.add_argument(
+        "--mf-lambda",
+        type=float,
+        default=0.1,
+        help="regularization of the MF fit (default %(default)s)",
+    )
+    p.add_argument(
+        "--ridge-lambda",
+        type=float,
+        default=10.0,
+        help="ridge regularization of the per-user models (default %(default)s)",
+    )
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=5,
+        help="retraining points over the streamed half (default %(default)s; 2 with --quick)",
+    )
     p.add_argument(
         "--heldout-after",
         type=float,
         default=0.7,
         help="held-out table: learn from this fraction of the stream, predict the rest",
     )
-    p.add_argument("--alphas", type=float, nargs="+", default=[0.0, 1.0, 2.0, 4.0])
-    p.add_argument("--bandit-users", type=int, default=12)
-    p.add_argument("--rounds", type=int, default=150)
+    p.add_argument(
+        "--alphas",
+        type=float,
+        nargs="+",
+        default=[0.0, 1.0, 2.0, 4.0],
+        help="LinUCB exploration weights of the bandit test (default 0 1 2 4; --quick: 0 4)",
+    )
+    p.add_argument(
+        "--bandit-users",
+        type=int,
+        default=12,
+        help="simulated new users in the bandit test (default %(default)s; 4 with --quick)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=150,
+        help="top_k rounds per bandit user (default %(default)s; 80 with --quick)",
+    )
     p.add_argument(
         "--gap",
         type=float,
         default=0.5,
         help="bandit target: close this fraction of the correlation gap to 1",
     )
-    p.add_argument("--lat-users", type=int, default=50)
-    p.add_argument("--topk-calls", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--lat-users",
+        type=int,
+        default=50,
+        help="users in the observe latency test (default %(default)s; 10 with --quick)",
+    )
+    p.add_argument(
+        "--topk-calls",
+        type=int,
+        default=300,
+        help="timed top_k calls per alpha in the latency test (default %(default)s; 50 with --quick)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the MF fit and the bandit users (default %(default)s)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.limit = args.limit or 20_000

@@ -156,9 +156,9 @@ class TunerConfig:
     # rate over the last down_window_s, extrapolated); new replicas serve only after their
     # activation time, so a rising rate must be met where it will be, not where it was.
     lookahead_s: float = 10.0
-    # Ladder: provision (1 + headroom) x the rate (steps are proven up to their capacity, so
-    # a configuration chosen for exactly the measured rate has no room for what the
-    # measurement lags behind; the paper's rho plays this part for replica-only scaling)
+    # Ladder: provision rate + headroom x basis (see headroom_basis). Steps are proven up to
+    # their capacity, so a configuration chosen for exactly the measured rate has no room for
+    # what the measurement lags behind; the paper's rho plays this part for replica-only scaling.
     headroom: float = 0.20
     # Ladder: a scale-up leaves the current configuration only when its headroom over the
     # rate falls below ``headroom - hysteresis`` (and then takes a step with the full

@@ -237,7 +237,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     a.add_argument("--max-batch", type=int, default=16, help="largest profiled batch size")
     a.add_argument("--quick", action="store_true", help="few samples per point")
     a.add_argument("--no-profile", action="store_true", help="only discover")
-    a.add_argument("--profiles-out", default=None)
+    a.add_argument("--profiles-out", default=None, help="write the measured profiles JSON here")
     a.add_argument("--summary-out", default=None, help="write what was found as JSON")
     a.add_argument(
         "--pipeline", default=None, help="pipeline DAG JSON over the served models: plan and serve"
@@ -248,7 +248,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="module:function pipeline to serve (default: run the DAG)",
     )
     a.add_argument("--app", default="pipeline", help="app name of the served pipeline")
-    a.add_argument("--slo-ms", type=float, default=None)
+    a.add_argument(
+        "--slo-ms",
+        type=float,
+        default=None,
+        help="latency SLO, ms, for planning and the served app (required with --pipeline)",
+    )
     a.add_argument("--trace", default=None, help="sample arrival trace for planning")
     a.add_argument(
         "--rate-margin",
@@ -258,15 +263,20 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="plan with 1+M times the trace's rate as throughput slack (as `inferline plan`)",
     )
     a.add_argument("--plan", default=None, help="use this plan instead of planning")
-    a.add_argument("--plan-out", default=None)
+    a.add_argument("--plan-out", default=None, help="write the plan made from --trace here")
     a.add_argument("--dry-run", action="store_true", help="plan and apply, do not serve")
-    a.add_argument("--host", default="127.0.0.1")
+    a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     a.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
     a.add_argument(
         "--grpc-port", type=int, default=0, help="gRPC front doors' port (0: any, -1: none)"
     )
     a.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
-    a.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    a.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,
+        help="largest HTTP request body and gRPC message, bytes (default %(default)s)",
+    )
     a.add_argument("--ready-file", default=None, help="write {url, grpc, pid} here once serving")
     a.set_defaults(func=_attach)
 

@@ -480,7 +480,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--slo-s", type=_positive, required=True, help="latency objective, seconds")
     p.add_argument("--percentile", type=float, default=99.0, help="tail percentile (default 99)")
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
-    p.add_argument("--strategy", choices=sorted(STRATEGIES), default="inferline")
+    p.add_argument(
+        "--strategy",
+        choices=sorted(STRATEGIES),
+        default="inferline",
+        help="InferLine's planner or the CG-Mean / CG-Peak baselines (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
     p.add_argument(
         "--paper-only",

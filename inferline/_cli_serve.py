@@ -442,14 +442,16 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.set_defaults(func=_profile)
 
     s = sub.add_parser("serve", help="serve a deployment over HTTP")
-    s.add_argument("--deployment", required=True)
+    s.add_argument("--deployment", required=True, help="deployment JSON (inferline.deployment/1)")
     s.add_argument("--plan", default=None, help="plan JSON to deploy (default: 1 replica each)")
     _add_server_args(s)
     s.set_defaults(func=_serve)
 
     d = sub.add_parser("deploy", help="apply a plan: to a running server (--url), or serve it")
     d.add_argument("plan", help="plan JSON (inferline.plan/1)")
-    d.add_argument("--deployment", required=True)
+    d.add_argument(
+        "--deployment", required=True, help="deployment JSON (inferline.deployment/1) of the plan"
+    )
     d.add_argument("--url", default=None, help="running server to reconfigure")
     d.add_argument("--dry-run", action="store_true", help="check and print, do not deploy")
     _add_server_args(d)
@@ -464,7 +466,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     r.add_argument("trace", help="arrival-time trace (one time in seconds per line)")
     r.add_argument("--url", required=True, help="server URL, e.g. http://127.0.0.1:8000")
-    r.add_argument("--app", required=True)
+    r.add_argument("--app", required=True, help="app to call (POST URL/apps/APP/predict)")
     r.add_argument("--inputs", default=None, help="JSON list or .jsonl file of inputs")
     r.add_argument("--deployment", default=None, help="take inputs from its sample_inputs")
     r.add_argument("--slo-ms", type=float, default=None, help="SLO for the miss rate (and sent)")
@@ -478,7 +480,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     m = sub.add_parser("demo", help="profile, plan, deploy and replay a real digits pipeline")
     m.add_argument("--out", default="out/demo", help="output folder (plots, JSON)")
     m.add_argument("--quick", action="store_true", help="reduced mode (for tests)")
-    m.add_argument("--slo-ms", type=float, default=None)
+    m.add_argument("--slo-ms", type=float, default=None, help="latency SLO, ms (default 100)")
     m.add_argument("--rate", type=float, default=None, help="arrival rate, queries/s")
     m.add_argument("--duration-s", type=float, default=None, help="replay length")
     m.set_defaults(func=_demo)

@@ -77,23 +77,54 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     g = ts.add_parser("gamma", help="gamma-process arrivals with a given rate and CV")
     g.add_argument("--rate", type=float, required=True, help="mean arrival rate, queries/s")
     g.add_argument("--cv", type=float, default=1.0, help="coefficient of variation (default 1)")
-    g.add_argument("--duration-s", type=float, required=True)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("-o", "--output", required=True)
+    g.add_argument("--duration-s", type=float, required=True, help="trace length, seconds")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    g.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="where to write the trace (one arrival time in seconds per line)",
+    )
     g.set_defaults(func=_gamma)
 
     v = ts.add_parser("varying", help="move between (rate, CV) segments over a transition time")
-    v.add_argument("--segment", action="append", required=True, metavar="RATE,CV,DURATION_S")
-    v.add_argument("--transition-s", type=float, default=0.0)
-    v.add_argument("--seed", type=int, default=0)
-    v.add_argument("-o", "--output", required=True)
+    v.add_argument(
+        "--segment",
+        action="append",
+        required=True,
+        metavar="RATE,CV,DURATION_S",
+        help="a segment: rate in queries/s, CV and length in seconds (repeatable, in order)",
+    )
+    v.add_argument(
+        "--transition-s",
+        type=float,
+        default=0.0,
+        help="seconds at the start of each next segment over which rate and CV change "
+        "linearly from the previous one (default 0: an abrupt change)",
+    )
+    v.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    v.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="where to write the trace (one arrival time in seconds per line)",
+    )
     v.set_defaults(func=_varying)
 
     c = ts.add_parser("from-csv", help="arrival times from a CSV timestamp column")
     c.add_argument("csv")
-    c.add_argument("--column", default="TIMESTAMP")
+    c.add_argument(
+        "--column",
+        default="TIMESTAMP",
+        help="column of timestamps, seconds or ISO datetimes (default %(default)s)",
+    )
     c.add_argument("--rate", type=float, default=None, help="rescale to this mean rate")
-    c.add_argument("-o", "--output", required=True)
+    c.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="where to write the trace (one arrival time in seconds per line)",
+    )
     c.set_defaults(func=_from_csv)
 
     d = ts.add_parser("describe", help="print rate, CV and peak rates of a trace")

@@ -89,8 +89,8 @@ def add_ladder_knobs(g: Any) -> None:
         "--tuner-headroom",
         type=float,
         default=_DEFAULT.headroom,
-        help="tuner with a ladder: provision (1 + headroom) x the measured rate "
-        f"(default {_DEFAULT.headroom:g})",
+        help="tuner with a ladder: provision the measured rate plus headroom x the basis "
+        f"(see --tuner-headroom-basis; default {_DEFAULT.headroom:g})",
     )
     g.add_argument(
         "--tuner-hysteresis",
