@@ -53,3 +53,23 @@ def test_tally_counts_cells_and_the_seed_means_of_each_case():
     assert "miss <= 1%: 2/3" in text
     assert "mean cost <= oracle: 1/3 (seed means per case: 1/2)" in text
     assert "mean cost / oracle's: 1.033" in text
+
+
+def test_tally_reads_the_10x_target_per_cell_and_on_seed_means():
+    """Case a: the baseline misses 1% on seed 0 only, the tuner 0.06% on both seeds: 10x below
+    in the one cell where the baseline misses, but not on the means (0.06% vs 0.5%). Case b:
+    the baseline never misses, so neither reading counts it. A failure names query counts."""
+    rows = []
+    for case, seed, tuner, base in (("a", 0, 6e-4, 0.01), ("a", 1, 6e-4, 0.0), ("b", 0, 0.0, 0.0)):
+        r = paper_tuner.Row("p", case, seed, queries=100_000)
+        r.results = {lab: (base, 1.0) for lab in paper_tuner.LABELS}
+        r.results["tuner"] = (tuner, 1.0)
+        rows.append(r)
+    text = paper_tuner.tally(rows, "tuner")
+    assert "10x below autoscale where it misses: 1/1 (seed means per case: 0/1)" in text
+    rows[0].results["tuner"] = (0.002, 1.0)
+    problems = paper_tuner.check_targets(rows[:1])
+    assert (
+        "p/a (seed 0): tuner miss 0.200% (200 queries) not 10x below autoscale 1.000% "
+        "(1000 queries)" in problems
+    )
