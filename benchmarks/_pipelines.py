@@ -28,12 +28,14 @@ Batch sizes are powers of two: 1..64 on GPUs, 1..16 on CPUs.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 from inferline.core import Pipeline, Profiles
 
 __all__ = [
     "PIPELINES",
+    "add_grid_arguments",
     "image_processing",
     "linear_latencies",
     "social_media",
@@ -146,3 +148,21 @@ PIPELINES: dict[str, Callable[[], tuple[Pipeline, Profiles]]] = {
     "social-media": social_media,
     "tf-cascade": tf_cascade,
 }
+
+
+def add_grid_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--pipelines`` and ``--cvs``: the grid the planner benchmarks share."""
+    ap.add_argument(
+        "--pipelines",
+        nargs="+",
+        default=list(PIPELINES),
+        choices=list(PIPELINES),
+        help="pipelines of _pipelines.py to plan (default: all)",
+    )
+    ap.add_argument(
+        "--cvs",
+        nargs="+",
+        type=float,
+        default=[1.0, 4.0],
+        help="coefficients of variation of the traces (default 1 4)",
+    )

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _pipelines import PIPELINES
+from _pipelines import PIPELINES, add_grid_arguments
 
 from inferline.core import (
     InfeasibleError,
@@ -240,26 +240,13 @@ def timing(duration_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument(
-        "--pipelines",
-        nargs="+",
-        default=list(PIPELINES),
-        choices=list(PIPELINES),
-        help="pipelines of _pipelines.py to plan (default: all)",
-    )
+    add_grid_arguments(ap)
     ap.add_argument(
         "--rates",
         nargs="+",
         type=float,
         default=[100.0, 200.0],
         help="arrival rates, queries/s (default 100 200; --quick: 100)",
-    )
-    ap.add_argument(
-        "--cvs",
-        nargs="+",
-        type=float,
-        default=[1.0, 4.0],
-        help="coefficients of variation of the traces (default 1 4)",
     )
     ap.add_argument(
         "--slos",

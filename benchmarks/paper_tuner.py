@@ -51,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._pipelines import PIPELINES
+from inferline._sim_tuning import add_config_flag
 from inferline.core import (
     DEFAULT_CATALOG,
     AutoScaleConfig,
@@ -456,7 +457,115 @@ def tally(rows: list[Row], label: str) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+# The tuner's flags: (TunerConfig field, help, flag if not the field's name, choices if fewer
+# than its type allows); type, choices and default come from the config (add_config_flag).
+_TUNER_FLAGS: tuple[tuple[str, str, str | None, tuple[str, ...] | None], ...] = (
+    (
+        "stabilization_delay_s",
+        "no scale-down until this long after a change, s",
+        "stabilization-s",
+        None,
+    ),
+    (
+        "up_rate",
+        "rate a scale-up provisions for: the exceeding window's own (window, the paper), the "
+        "planned rate scaled by the excess (scaled), or per-model service rates fitted to the "
+        "arrival curve (curve)",
+        None,
+        None,
+    ),
+    (
+        "down_rate",
+        "rate a scale-down reads: the largest 5 s window (window, the paper) or the planned "
+        "rate scaled by the largest window ratio (scaled)",
+        None,
+        ("window", "scaled"),
+    ),
+    (
+        "lookahead_s",
+        "with a ladder: provision a rising rate this far ahead, s (0: off)",
+        None,
+        None,
+    ),
+    (
+        "reconfigure",
+        "batch sizes and replicas from the plan's ladder, or replica counts only (the paper)",
+        None,
+        None,
+    ),
+    (
+        "margin_sigmas",
+        "a window exceeds the envelope only by more than this many Poisson sigmas",
+        None,
+        None,
+    ),
+    (
+        "headroom",
+        "with a ladder: room provisioned over the measured rate, a share of the basis",
+        None,
+        None,
+    ),
+    (
+        "hysteresis",
+        "with a ladder: scale up once the room falls below headroom - hysteresis",
+        None,
+        None,
+    ),
+    (
+        "trigger",
+        "scale up on a window above the planned envelope, or also when the room is short",
+        None,
+        None,
+    ),
+    (
+        "down_to",
+        "scale down to the step for the traffic, or move a model only to save a replica",
+        None,
+        None,
+    ),
+    (
+        "step_lookahead",
+        "with a ladder: the look-ahead only sizes a move the measured rate asks for (hold), or "
+        "may start one (move)",
+        None,
+        None,
+    ),
+    (
+        "headroom_basis",
+        "with a ladder: the headroom is a share of the plan's mean rate, or of the rate",
+        None,
+        None,
+    ),
+    (
+        "headroom_rate_share",
+        "basis plan: the headroom is a share of max(planned rate, this x the rate)",
+        None,
+        None,
+    ),
+    (
+        "down_rho",
+        "replicas only: scale down with the pipeline's smallest rho (min, the paper) or each "
+        "model's own",
+        None,
+        None,
+    ),
+    (
+        "down_cap",
+        "replicas only: cap scale-down at the plan while traffic is within the envelope",
+        None,
+        None,
+    ),
+    (
+        "keep_horizon_s",
+        "replicas only: exceeding rates remembered against scale-down, s (0: none)",
+        None,
+        None,
+    ),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, TunerConfig]:
+    """The command line, and the tuner's configuration its flags give."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer, shorter cases (about a minute)")
     ap.add_argument(
@@ -479,88 +588,10 @@ def main(argv: list[str] | None = None) -> int:
         default=ACTIVATION_S,
         help="time for a new replica to start serving, s (default %(default)s, the paper's)",
     )
-    ap.add_argument(
-        "--stabilization-s",
-        type=float,
-        default=15.0,
-        help="no scale-down until this long after a change, s (default %(default)s)",
-    )
-    ap.add_argument(
-        "--up-rate",
-        choices=("window", "scaled", "curve"),
-        default="scaled",
-        help="rate a scale-up provisions for: the exceeding window's own (window, the paper), "
-        "the planned rate scaled by the excess (scaled), or per-model service rates fitted to the "
-        "arrival curve (curve)",
-    )
-    ap.add_argument(
-        "--down-rate",
-        choices=("window", "scaled"),
-        default="scaled",
-        help="rate a scale-down reads: the largest 5 s window (window, the paper) or the "
-        "planned rate scaled by the largest window ratio (scaled)",
-    )
-    ap.add_argument(
-        "--lookahead-s",
-        type=float,
-        default=TunerConfig().lookahead_s,
-        help="with a ladder: provision a rising rate this far ahead, s (0: off)",
-    )
-    ap.add_argument(
-        "--reconfigure",
-        choices=("ladder", "replicas"),
-        default="ladder",
-        help="batch sizes and replicas from the plan's ladder, or replica counts only (the paper)",
-    )
-    ap.add_argument(
-        "--margin-sigmas",
-        type=float,
-        default=TunerConfig().margin_sigmas,
-        help="a window exceeds the envelope only by more than this many Poisson sigmas",
-    )
-    ap.add_argument(
-        "--headroom",
-        type=float,
-        default=TunerConfig().headroom,
-        help="with a ladder: room provisioned over the measured rate, a share of the basis",
-    )
-    ap.add_argument(
-        "--hysteresis",
-        type=float,
-        default=TunerConfig().hysteresis,
-        help="with a ladder: scale up once the room falls below headroom - hysteresis",
-    )
-    ap.add_argument(
-        "--trigger",
-        choices=("room", "envelope"),
-        default=TunerConfig().trigger,
-        help="scale up on a window above the planned envelope, or also when the room is short",
-    )
-    ap.add_argument(
-        "--down-to",
-        choices=("saving", "step"),
-        default=TunerConfig().down_to,
-        help="scale down to the step for the traffic, or move a model only to save a replica",
-    )
-    ap.add_argument(
-        "--step-lookahead",
-        choices=("hold", "move"),
-        default=TunerConfig().step_lookahead,
-        help="with a ladder: the look-ahead only sizes a move the measured rate asks for "
-        "(hold), or may start one (move)",
-    )
-    ap.add_argument(
-        "--headroom-basis",
-        choices=("plan", "rate"),
-        default=TunerConfig().headroom_basis,
-        help="with a ladder: the headroom is a share of the plan's mean rate, or of the rate",
-    )
-    ap.add_argument(
-        "--headroom-rate-share",
-        type=float,
-        default=TunerConfig().headroom_rate_share,
-        help="basis plan: the headroom is a share of max(planned rate, this x the rate)",
-    )
+    tuner_dests = {
+        name: add_config_flag(ap, name, text, flag=flag, choices=choices).dest
+        for name, text, flag, choices in _TUNER_FLAGS
+    }
     ap.add_argument(
         "--headroom-sweep",
         type=float,
@@ -573,25 +604,6 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=0.0,
         help="the planner's rate_margin for the plan and its ladder (not the oracle's)",
-    )
-    ap.add_argument(
-        "--down-rho",
-        choices=("min", "model"),
-        default="min",
-        help="replicas only: scale down with the pipeline's smallest rho (min, the paper) or "
-        "each model's own",
-    )
-    ap.add_argument(
-        "--down-cap",
-        choices=("plan", "none"),
-        default="none",
-        help="replicas only: cap scale-down at the plan while traffic is within the envelope",
-    )
-    ap.add_argument(
-        "--keep-horizon-s",
-        type=float,
-        default=30.0,
-        help="replicas only: exceeding rates remembered against scale-down, s (0: none)",
     )
     ap.add_argument(
         "--autoscale-wait-s",
@@ -611,25 +623,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plots", type=Path, default=None, help="write timeline plots here")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
+    return args, TunerConfig(**{name: getattr(args, dest) for name, dest in tuner_dests.items()})
 
-    cfg = TunerConfig(
-        stabilization_delay_s=args.stabilization_s,
-        up_rate=args.up_rate,
-        down_rate=args.down_rate,
-        down_rho=args.down_rho,
-        down_cap=args.down_cap,
-        keep_horizon_s=args.keep_horizon_s,
-        lookahead_s=args.lookahead_s,
-        reconfigure=args.reconfigure,
-        margin_sigmas=args.margin_sigmas,
-        headroom=args.headroom,
-        hysteresis=args.hysteresis,
-        trigger=args.trigger,
-        down_to=args.down_to,
-        step_lookahead=args.step_lookahead,
-        headroom_basis=args.headroom_basis,
-        headroom_rate_share=args.headroom_rate_share,
-    )
+
+def main(argv: list[str] | None = None) -> int:
+    args, cfg = parse_args(argv)
     by_seed: dict[int, list[Case]] = {}
     for seed in args.seeds:
         cases = synthetic_cases(seed, args.quick, args.sample_s)

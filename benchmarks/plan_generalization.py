@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _pipelines import PIPELINES
+from _pipelines import PIPELINES, add_grid_arguments
 from rich.progress import Progress
 
 from inferline.core import InfeasibleError, PlannerOptions, gamma_trace, plan_inferline, simulate
@@ -117,25 +117,12 @@ def summarize(rows: list[dict], margins: list[float]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument(
-        "--pipelines",
-        nargs="+",
-        default=list(PIPELINES),
-        choices=list(PIPELINES),
-        help="pipelines of _pipelines.py to plan (default: all)",
-    )
+    add_grid_arguments(ap)
     ap.add_argument(
         "--rate",
         type=float,
         default=150.0,
         help="mean arrival rate, queries/s (default %(default)s)",
-    )
-    ap.add_argument(
-        "--cvs",
-        nargs="+",
-        type=float,
-        default=[1.0, 4.0],
-        help="coefficients of variation of the traces (default 1 4)",
     )
     ap.add_argument(
         "--slos",

@@ -68,6 +68,15 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="where to write the trace (one arrival time in seconds per line)",
+    )
+
+
 @register
 def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("trace", help="generate or convert arrival traces")
@@ -79,12 +88,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     g.add_argument("--cv", type=float, default=1.0, help="coefficient of variation (default 1)")
     g.add_argument("--duration-s", type=float, required=True, help="trace length, seconds")
     g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
-    g.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="where to write the trace (one arrival time in seconds per line)",
-    )
+    _add_output(g)
     g.set_defaults(func=_gamma)
 
     v = ts.add_parser("varying", help="move between (rate, CV) segments over a transition time")
@@ -103,12 +107,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "linearly from the previous one (default 0: an abrupt change)",
     )
     v.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
-    v.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="where to write the trace (one arrival time in seconds per line)",
-    )
+    _add_output(v)
     v.set_defaults(func=_varying)
 
     c = ts.add_parser("from-csv", help="arrival times from a CSV timestamp column")
@@ -119,12 +118,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="column of timestamps, seconds or ISO datetimes (default %(default)s)",
     )
     c.add_argument("--rate", type=float, default=None, help="rescale to this mean rate")
-    c.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        help="where to write the trace (one arrival time in seconds per line)",
-    )
+    _add_output(c)
     c.set_defaults(func=_from_csv)
 
     d = ts.add_parser("describe", help="print rate, CV and peak rates of a trace")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from inferline.core import (
     AutoScaleConfig,
@@ -23,9 +24,9 @@ from inferline.core import (
     packing_factor,
     pipeline_unit,
 )
-from inferline.core._tuner import DownTo, HeadroomBasis, StepLookahead, Trigger
 
 __all__ = [
+    "add_config_flag",
     "add_ladder_knobs",
     "add_tuner_arguments",
     "after_tuned_simulation",
@@ -36,20 +37,40 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _DEFAULT = TunerConfig()
+_HINTS = get_type_hints(TunerConfig)
 
 
-# The ladder's choice flags: (TunerConfig field, its Literal type, help without the default);
-# the flag is --tuner-<field>, its choices the type's values.
-_CHOICE_KNOBS: tuple[tuple[str, Any, str], ...] = (
+def add_config_flag(
+    g: Any, name: str, text: str, flag: str | None = None, choices: Sequence[str] | None = None
+) -> argparse.Action:
+    """One ``TunerConfig`` field as ``--<flag>`` (default: the field's name with dashes): the
+    choices of its ``Literal`` type (or ``choices``, a subset), else a float; the config's
+    default. Derived, so a flag cannot drift from what the config accepts."""
+    kind = _HINTS[name]
+    default = getattr(_DEFAULT, name)
+    if get_origin(kind) is Literal:
+        allowed = tuple(choices) if choices is not None else get_args(kind)
+        kw: dict[str, Any] = {"choices": allowed}
+    else:
+        kw = {"type": float}
+    return g.add_argument(  # type: ignore[no-any-return]
+        "--" + (flag or name.replace("_", "-")),
+        default=default,
+        help=f"{text}; default {default}",
+        **kw,
+    )
+
+
+# The ladder's choice flags: (TunerConfig field, help without the default); the flag is
+# --tuner-<field>, its choices the field's Literal values.
+_CHOICE_KNOBS: tuple[tuple[str, str], ...] = (
     (
         "trigger",
-        Trigger,
         "scale up when a window exceeds the planned envelope (envelope, the paper's) or also "
         "when the configuration's room over the traffic falls below the band (room)",
     ),
     (
         "down_to",
-        DownTo,
         "after the stabilization delay, move the configuration to the step for the recent "
         "traffic, adding replicas where it is short, so one without room is left (step), or "
         "move a model only where that saves a replica (saving: about 2%% cheaper in the "
@@ -57,7 +78,6 @@ _CHOICE_KNOBS: tuple[tuple[str, Any, str], ...] = (
     ),
     (
         "step_lookahead",
-        StepLookahead,
         "after the stabilization delay, a rising rate keeps the configuration and sizes a move "
         "up, but the measured rate must ask for the move (hold), or the rise extrapolated ahead "
         "may start one as well (move: the earlier rule; a step change of the rate then moves it "
@@ -65,7 +85,6 @@ _CHOICE_KNOBS: tuple[tuple[str, Any, str], ...] = (
     ),
     (
         "headroom_basis",
-        HeadroomBasis,
         "the headroom is a share of the plan's mean rate, the same queries per second of room "
         "at every level (plan), or of the current rate (rate: the earlier rule, more room at a "
         "peak)",
@@ -75,7 +94,7 @@ _CHOICE_KNOBS: tuple[tuple[str, Any, str], ...] = (
 _LADDER_KNOBS = (
     "headroom",
     "hysteresis",
-    *(name for name, _, _ in _CHOICE_KNOBS),
+    *(name for name, _ in _CHOICE_KNOBS),
     "headroom_rate_share",
     "settle_s",
 )
@@ -99,13 +118,9 @@ def add_ladder_knobs(g: Any) -> None:
         help="tuner with a ladder: scale up only once the current configuration's room falls "
         f"below headroom - hysteresis (default {_DEFAULT.hysteresis:g}; 0: no band)",
     )
-    for name, kind, text in _CHOICE_KNOBS:
-        default = getattr(_DEFAULT, name)
-        g.add_argument(
-            "--tuner-" + name.replace("_", "-"),
-            choices=get_args(kind),
-            default=default,
-            help=f"tuner with a ladder: {text}; default {default}",
+    for name, text in _CHOICE_KNOBS:
+        add_config_flag(
+            g, name, f"tuner with a ladder: {text}", flag="tuner-" + name.replace("_", "-")
         )
     g.add_argument(
         "--tuner-headroom-rate-share",

@@ -73,3 +73,19 @@ def test_tally_reads_the_10x_target_per_cell_and_on_seed_means():
         "p/a (seed 0): tuner miss 0.200% (200 queries) not 10x below autoscale 1.000% "
         "(1000 queries)" in problems
     )
+
+
+def test_tuner_flags_are_the_configs_fields_with_its_defaults_and_choices():
+    """The flags come from TunerConfig: no flag gives the default config, each flag sets its
+    field, and a value the field's type does not allow is refused by argparse."""
+    import pytest
+
+    from inferline.core import TunerConfig
+
+    assert paper_tuner.parse_args([])[1] == TunerConfig()
+    flags = "--stabilization-s 20 --down-rate window --headroom 0.3 --trigger room"
+    _, cfg = paper_tuner.parse_args([*flags.split(), "--keep-horizon-s", "0"])
+    assert (cfg.stabilization_delay_s, cfg.down_rate, cfg.headroom) == (20.0, "window", 0.3)
+    assert (cfg.trigger, cfg.keep_horizon_s) == ("room", 0.0)
+    with pytest.raises(SystemExit):  # down_rate's type allows "curve", the tuner does not
+        paper_tuner.parse_args(["--down-rate", "curve"])
