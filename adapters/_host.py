@@ -210,7 +210,16 @@ class PluginHost:
             if self._failed:
                 known = f"{known}; plugins that failed to load: {sorted(self._failed)}"
             raise NotFoundError("backend scheme", scheme, known)
-        return factories[scheme][1](url, dict(options))
+        try:
+            return factories[scheme][1](url, dict(options))
+        except TypeError as e:
+            # an option the backend does not take: a user's typo, not a crash
+            if "unexpected keyword argument" not in str(e):
+                raise
+            bad = str(e).rsplit("argument", 1)[-1].strip(" '\"")
+            raise ValidationError(
+                f"backend option {bad!r}", f"an option {scheme}:// backends accept", options
+            ) from None
 
     def hardware_catalog(self, base: HardwareCatalog = DEFAULT_CATALOG) -> HardwareCatalog:
         """``base`` with every plugin's hardware kinds merged in."""

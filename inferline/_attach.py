@@ -100,8 +100,18 @@ class Attachment:
 
 
 def _normalize(name: str, info: Any) -> tuple[dict[str, Any], Signature | None]:
-    """A discovered model (Triton's ``TritonModelInfo`` or TF Serving's dict) as a summary and
-    a signature."""
+    """A discovered model (Triton's ``TritonModelInfo``, TF Serving's dict, or any other
+    adapter's ``{"ready": bool, ...}``) as a summary and a signature."""
+    if isinstance(info, Mapping) and "ready" in info and "servers" not in info:
+        ready = info["ready"]
+        if not isinstance(ready, bool):
+            raise ValidationError(f"discover()[{name!r}].ready", "true or false", ready)
+        return {
+            "name": name,
+            "ready": ready,
+            "state": str(info.get("state", "READY" if ready else "UNAVAILABLE")),
+            "max_batch_size": info.get("max_batch_size"),
+        }, None
     if isinstance(info, Mapping) and "servers" in info:  # TF Serving
         states = sorted({s["state"] for st in info["servers"].values() for s in st})
         sig = None
@@ -169,6 +179,10 @@ async def attach(
     ):
         raise ValidationError("backend", "an adapter with discover() and adopt() (attachable)", url)
     att = Attachment(url, backend, host)
+    if models and hasattr(backend, "extra_models"):
+        # a server that cannot list its models (TF Serving without a config file) is asked
+        # about the named ones
+        backend.extra_models = tuple(dict.fromkeys([*backend.extra_models, *models]))
     try:
         found = await backend.discover()
         sigs = {}

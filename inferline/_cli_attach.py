@@ -18,6 +18,7 @@ from inferline.cli import register
 from inferline.core import (
     PlannerOptions,
     ValidationError,
+    load_json,
     load_pipeline,
     load_plan,
     load_trace,
@@ -91,10 +92,12 @@ def _attach(args: argparse.Namespace) -> int:
     if serving and not (args.slo_ms and (args.trace or args.plan)):
         raise ValidationError("--pipeline", "--slo-ms and --trace (or --plan) with it", None)
     opts = _options(args.option or [])
+    if "models" in opts:  # attach's own flag names the models (and tells discovery of them)
+        raise ValidationError("--option models", "--models M1,M2 instead", opts["models"])
     models = [m for m in (args.models or "").split(",") if m] or None
     inputs = None
     if args.inputs:
-        raw = json.loads(Path(args.inputs).read_text())
+        raw = load_json(args.inputs)
         if not isinstance(raw, dict):
             raise ValidationError(
                 args.inputs, "a JSON object {model: [inputs...]}", type(raw).__name__

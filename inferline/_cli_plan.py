@@ -48,6 +48,7 @@ from inferline.core import (
     simulate,
     stage_profiles,
 )
+from inferline.core._validate import as_float
 
 __all__ = [
     "SimulateContext",
@@ -175,12 +176,12 @@ def _plan_variants(
         variants = PipelineVariants.from_dict(load_json(args.variants))
     except ValidationError as e:
         raise ValidationError(f"{args.variants}: {e.field}", e.expected, e.got) from None
-    if variants.pipeline != pipeline.name:
-        raise ValidationError(
-            f"{args.variants}: pipeline",
-            f"the pipeline's name {pipeline.name!r}",
-            variants.pipeline,
-        )
+    try:
+        variants.check(pipeline, profiles)
+    except ValidationError as e:
+        raise ValidationError(f"{args.variants}: {e.field}", e.expected, e.got) from None
+    if args.accuracy_floor is not None:
+        as_float(args.accuracy_floor, "--accuracy-floor", lo=0.0, hi=1.0)
     vplan = plan_with_variants(
         pipeline,
         variants,

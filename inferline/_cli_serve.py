@@ -320,6 +320,19 @@ def _load_inputs(args: argparse.Namespace) -> list[Any]:
     raise ValidationError("--inputs/--deployment", "where the request inputs come from", None)
 
 
+def _app_slo_s(args: argparse.Namespace) -> float | None:
+    """The app's SLO in ``--deployment`` (what the miss rate is measured against when no
+    ``--slo-ms`` is given; not sent, the server applies it anyway)."""
+    if not args.deployment:
+        return None
+    from ._deploy import load_deployment
+
+    for a in load_deployment(args.deployment).apps:
+        if a.name == args.app:
+            return float(a.slo_s)
+    return None
+
+
 def _replay(args: argparse.Namespace) -> int:
     from ._replay import encode_bodies, replay
 
@@ -329,7 +342,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.speed != 1.0:
         trace = (trace - trace[0]) / args.speed
     bodies = encode_bodies(_load_inputs(args), args.slo_ms)
-    slo_s = args.slo_ms / 1e3 if args.slo_ms else None
+    slo_s = args.slo_ms / 1e3 if args.slo_ms else _app_slo_s(args)
     res = run(
         replay(
             trace,
@@ -469,7 +482,13 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     r.add_argument("--app", required=True, help="app to call (POST URL/apps/APP/predict)")
     r.add_argument("--inputs", default=None, help="JSON list or .jsonl file of inputs")
     r.add_argument("--deployment", default=None, help="take inputs from its sample_inputs")
-    r.add_argument("--slo-ms", type=float, default=None, help="SLO for the miss rate (and sent)")
+    r.add_argument(
+        "--slo-ms",
+        type=float,
+        default=None,
+        help="SLO for the miss rate, also sent with each request (default: the app's SLO in "
+        "--deployment, not sent; neither: no miss rate)",
+    )
     r.add_argument("--token", default=None, help=f"bearer token (or ${_TOKEN_ENV})")
     r.add_argument("--connections", type=int, default=64, help="connections opened up front")
     r.add_argument("--limit", type=int, default=None, help="send only the first N arrivals")

@@ -381,9 +381,14 @@ async def start_service(
     from inferline.queueing import Dispatcher, FixedBatching
 
     host = host if host is not None else PluginHost.default()
+    configs = _configs(dep, plan)
+    for a in dep.apps:  # a bad selection block fails before any replica starts
+        if a.selection is not None and (apps is None or a.name in apps):
+            from ._selection_app import build_policy
+
+            build_policy(a.name, a.selection, host)
     if backend is None:
         backend = host.backend_for(dep.backend)
-    configs = _configs(dep, plan)
     dispatcher = Dispatcher(clock=clock)
     cache = None
     if dep.queue.cache_entries > 0:

@@ -44,7 +44,7 @@ from fastapi.responses import Response
 
 from inferline.core import InferlineError, NotFoundError, ValidationError
 
-from ._app import error_body, status_for
+from ._app import decode_json, error_body, status_for
 from ._service import Service
 
 __all__ = [
@@ -295,10 +295,7 @@ def kserve_decode(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """A KServe v2 infer request (JSON, or JSON + binary tensors) -> (request, tensors)."""
     head, rest = (body, b"") if header_len is None else (body[:header_len], body[header_len:])
-    try:
-        req = json.loads(head)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValidationError("body", "a KServe v2 inference request (JSON)", str(e)) from None
+    req = decode_json(head, "a KServe v2 inference request (JSON)")
     if not isinstance(req, dict) or not isinstance(req.get("inputs"), list) or not req["inputs"]:
         raise ValidationError("inputs", "a non-empty list of input tensors", None)
     tensors: dict[str, np.ndarray] = {}
@@ -537,10 +534,7 @@ def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
             )
         try:
             fd.check(name)
-            try:
-                body = json.loads(await request.body())
-            except (ValueError, UnicodeDecodeError) as e:
-                raise ValidationError("body", "JSON", str(e)) from None
+            body = decode_json(await request.body())
             if not isinstance(body, dict):
                 raise ValidationError("body", "a JSON object", type(body).__name__)
             sig = fd.signature(name)

@@ -116,7 +116,7 @@ class ReplayResult:
             "p99_ms": self.percentile(99) * 1e3,
             "max_ms": float(np.max(self.latency_s[ok])) * 1e3 if ok.any() else float("nan"),
             "slo_ms": None if self.slo_s is None else self.slo_s * 1e3,
-            "slo_miss_rate": self.miss_rate(),
+            "slo_miss_rate": None if self.slo_s is None else self.miss_rate(),
             "throughput_qps": self.throughput(),
             "send_lag_p99_ms": float(np.percentile(lag, 99)) * 1e3 if self.n else 0.0,
             "error_kinds": dict(self.error_kinds),

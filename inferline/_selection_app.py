@@ -125,6 +125,22 @@ def selection_services(service: Any) -> dict[str, SelectionService]:
     return reg
 
 
+def build_policy(name: str, spec: SelectionAppSpec, host: Any) -> Any:
+    """``spec``'s policy, resolved in ``host``'s registry (built-ins and plugins); its errors
+    name the deployment field (``apps.<name>.selection.policy`` / ``.params``).
+    ``start_service`` calls this before it starts any replica."""
+    where = f"apps.{name}.selection"
+    try:
+        return make_policy(
+            {"policy": spec.policy, "models": list(spec.models), **dict(spec.params)},
+            rng=random.Random(spec.seed),
+            factories=host.selection_policies(),
+        )
+    except ValidationError as e:
+        field = e.field if e.field in ("policy", "models") else "params"
+        raise ValidationError(f"{where}.{field}", e.expected, e.got) from None
+
+
 def make_selection_app(
     service: Any,
     name: str,
@@ -154,11 +170,7 @@ def make_selection_app(
                 unknown,
             )
     host = host if host is not None else PluginHost.default()
-    policy = make_policy(
-        {"policy": spec.policy, "models": list(spec.models), **dict(spec.params)},
-        rng=random.Random(spec.seed),
-        factories=host.selection_policies(),
-    )
+    policy = build_policy(name, spec, host)
     sel = SelectionService(
         name,
         policy,

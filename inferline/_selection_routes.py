@@ -27,6 +27,7 @@ from fastapi.responses import Response
 
 from inferline.core import NotFoundError, ValidationError
 
+from ._app import decode_json
 from ._selection_app import current_user, selection_services
 
 __all__ = ["make_selection_router"]
@@ -37,10 +38,7 @@ _MAX_SLO_MS = 3_600_000.0
 def _body(raw: bytes, allowed: set[str]) -> dict[str, Any]:
     if not raw:
         raise ValidationError("body", "a JSON object", "an empty body")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValidationError("body", "a JSON object", f"invalid JSON: {e}") from None
+    body = decode_json(raw, "a JSON object")
     if not isinstance(body, dict):
         raise ValidationError("body", "a JSON object", type(body).__name__)
     extra = sorted(set(body) - allowed)

@@ -370,12 +370,40 @@ class Service:
                     replicas[m] = len(self.backend.replicas(m))
                 except InferlineError:
                     replicas[m] = 0
-        ok = not self.closing and all(n > 0 for n in replicas.values())
-        return {
+        idle = self._idle_variants()
+        ok = not self.closing and all(n > 0 for m, n in replicas.items() if m not in idle)
+        out: dict[str, Any] = {
             "status": "ok" if ok else ("closing" if self.closing else "degraded"),
             "apps": sorted(self.apps),
             "replicas": replicas,
         }
+        if idle:
+            out["idle_variants"] = sorted(idle)
+        return out
+
+    def _idle_variants(self) -> set[str]:
+        """Variants that serve no stage now: they run no replicas by design (the plan's idle
+        variants, or the one a live switch left), so health does not count them."""
+        return {m for m, stages in self.variant_stages().items() if not stages}
+
+    def variant_stages(self) -> dict[str, list[str]]:
+        """With model variants: every variant model and the stages it serves now (empty for
+        an idle one); ``{}`` without variants."""
+        variants = getattr(self.plan, "variants", None)
+        if variants is None:
+            return {}
+        out: dict[str, list[str]] = {}
+        for stage, names in variants.stage_models().items():
+            serving = (
+                self.dispatcher.resolve(stage)
+                if self.dispatcher is not None
+                else variants.model_for(stage)
+            )
+            for n in names:
+                out.setdefault(n, [])
+                if n == serving:
+                    out[n].append(stage)
+        return out
 
     async def close(self) -> None:
         self.closing = True

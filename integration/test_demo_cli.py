@@ -86,6 +86,8 @@ def test_serve_deploy_replay(tmp_path):
         r = _cli("replay", str(trace), "--url", srv.url, "--app", "app", "--deployment", str(dep))
         assert r.returncode == 1  # no token: every query refused (401), reported as errors
         assert "401" in r.stdout
+        # no --slo-ms: the miss rate is measured against the app's SLO in the deployment
+        assert "100.00% (SLO 1000 ms)" in r.stdout, r.stdout
         # a graceful stop (SIGTERM) exits 0, as Triton and TF Serving do, not by the signal
         assert srv.stop() == 0, srv.log_tail()
     # and it stops the replica processes too

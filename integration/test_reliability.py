@@ -114,6 +114,9 @@ def small_server(tmp_path_factory):
     ("path", "body", "status", "needle"),
     [
         ("/apps/app/predict", b"{oops", 400, "malformed JSON"),
+        # nesting deeper than the JSON parser recurses: a 400, not a 500
+        ("/apps/app/predict", b'{"input": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "too deep"),
+        ("/apps/app/predict", b'{"input_batch": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "deep"),
         ("/apps/app/predict", b'{"input": "seven"}', 422, "input"),
         ("/apps/app/predict", b'{"input": [[1, 2]]}', 422, "shape"),
         ("/apps/app/predict", b'{"input": [1, {"a": 2}]}', 422, "float32"),
@@ -130,6 +133,16 @@ def test_bad_requests_get_4xx_and_server_stays_up(small_server, path, body, stat
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"]
     assert httpx.post(url + "/apps/app/predict", json={"input": [1.0]}).status_code == 200
+    assert small_server.alive()
+
+
+def test_a_body_that_is_not_json_is_a_400_on_every_json_route(small_server):
+    url = small_server.url
+    for method, path in (("PUT", "/admin/plan"), ("POST", "/apps/app/predict")):
+        for body in (b"xx", b'{"models": ', b"[" * 5000):
+            r = httpx.request(method, url + path, content=body)
+            assert r.status_code == 400, (path, body[:20], r.text)
+            assert r.json()["error"] == "MalformedJSON" and r.json()["field"] == "body", r.text
     assert small_server.alive()
 
 

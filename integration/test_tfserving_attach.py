@@ -222,7 +222,7 @@ def test_operations_script_in_the_docs_runs(kind: str, attached: Any) -> None:
         **os.environ,
         "TFS_URL": f"tfserving://{server.rest}",
         "TFS_GRPC_PORT": str(server.grpc_port),
-        "TFS_MODEL_CONFIG": str(server.config_file),
+        # no TFS_MODEL_CONFIG (optional in the doc): attach asks the server about MODEL
         "MODEL": "digits_mlp",
         "SLO_MS": "300",
     }

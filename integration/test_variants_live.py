@@ -180,21 +180,37 @@ def test_apply_plan_moves_a_stage_to_another_variant_without_losing_queries():
             await asyncio.sleep(0.05)
             new = _plan("m-fast")
             new = replace(new, models={"m": ModelConfig("cpu", 1, 2)})
+            assert svc.health()["status"] == "ok", svc.health()
+            assert svc.health()["idle_variants"] == ["m-fast"]
             done = await apply_plan(svc, new)
             after = [svc.predict("app", np.asarray([1.0], np.float32)) for _ in range(10)]
             outs = await asyncio.gather(*pending, *after)
+            counts = _counts(svc)
             # the operator's view: which variant serves the stage now
             app = create_app(svc, routers=[make_admin_router])
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
                 admin = (await c.get("/admin/models")).json()
             assert admin["m-fast"]["serves_stages"] == ["m"], admin
-            assert "serves_stages" not in admin["m-slow"]
-            return done, outs, svc.dispatcher.resolve("m"), _counts(svc), svc.dispatcher.routes
+            assert admin["m-slow"]["serves_stages"] == [], admin  # idle now
+            # health: the variant left idle by the switch is not a fault, the serving one is
+            health = [svc.health()]
+            await svc.backend.scale("m-fast", 0)
+            health.append(svc.health())
+            return (
+                done,
+                outs,
+                svc.dispatcher.resolve("m"),
+                counts,
+                svc.dispatcher.routes,
+                health,
+            )
         finally:
             await svc.close()
 
-    done, outs, route, counts, routes = asyncio.run(main())
+    done, outs, route, counts, routes, health = asyncio.run(main())
+    assert health[0]["status"] == "ok" and health[0]["idle_variants"] == ["m-slow"], health
+    assert health[1]["status"] == "degraded" and health[1]["replicas"]["m-fast"] == 0, health
     assert len(outs) == 25 and all(isinstance(p.output, dict) for p in outs)
     assert route == "m-fast" and routes == {"m": "m-fast"}
     assert counts == {"m-slow": 0, "m-fast": 2}

@@ -112,6 +112,17 @@ class _Logged:
     context: str
     x: Any
     predictions: dict[str, Any]
+    # (label, answer) once feedback for the query is applied: a retried feedback must not
+    # count twice
+    feedback: tuple[Any, dict[str, Any]] | None = None
+
+
+def _same_label(a: Any, b: Any) -> bool:
+    # labels may be lists or arrays, where == is not a plain bool
+    def key(v: Any) -> str:
+        return json.dumps(v, sort_keys=True, default=repr)
+
+    return key(a) == key(b)
 
 
 class SelectionService:
@@ -226,7 +237,9 @@ class SelectionService:
         """Join feedback to the logged predictions of a query and update the context state.
 
         The update is a read-modify-write in the store, so with a durable store the feedback is
-        persisted once this returns.
+        persisted once this returns. Feedback counts once per query: the same label again (a
+        client's retry) returns the first answer with ``"duplicate": true`` and changes
+        nothing; another label is refused.
         """
         if query_id is None and x is None:
             raise ValidationError("query_id", "a query id or the input the feedback is about", None)
@@ -237,6 +250,16 @@ class SelectionService:
         entry = self._log.get(query_id)
         if entry is None:
             raise NotFoundError("query id (not in the recent-predictions log)", query_id)
+        if entry.feedback is not None:
+            first, answer = entry.feedback
+            if _same_label(first, label):
+                return {**answer, "duplicate": True}
+            raise ValidationError(
+                "label",
+                f"the label already recorded for query {query_id!r} ({first!r}); "
+                "feedback counts once per query",
+                label,
+            )
         ctx = entry.context if user is None else self.context_key(user)
 
         def apply(raw: dict[str, Any] | None) -> Mapping[str, Any]:
@@ -244,9 +267,11 @@ class SelectionService:
             return self.policy.observe(st, entry.x, label, entry.predictions).to_dict()
 
         new = self.store.update(ctx, apply)
-        return {
+        answer = {
             "query_id": query_id,
             "context": ctx,
             "models_observed": sorted(entry.predictions),
             "steps": new.get("steps"),
         }
+        entry.feedback = (label, answer)
+        return answer

@@ -324,7 +324,16 @@ def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_pat
     doc["pipeline"] = "other"
     vfile.write_text(json.dumps(doc))
     assert main(args) == 2
-    assert "pipeline" in capsys.readouterr().err
+    assert "variants.json: pipeline: expected the pipeline's name 'img'" in capsys.readouterr().err
+    # a floor outside [0, 1] and an unprofiled variant are refused by field
+    doc["pipeline"] = "img"
+    vfile.write_text(json.dumps(doc))
+    assert main([*args, "--accuracy-floor", "1.5"]) == 2
+    assert "--accuracy-floor: expected a number <= 1.0, got 1.5" in capsys.readouterr().err
+    doc["stages"]["cls"]["variants"][1]["name"] = "cls-xxx"
+    vfile.write_text(json.dumps(doc))
+    assert main(args) == 2
+    assert "stages.cls.variants[1].name: expected a profiled model" in capsys.readouterr().err
 
 
 def test_simulate_switches_variants_with_the_tuner_in_the_loop(files, tmp_path, capsys):

@@ -91,8 +91,8 @@ def make_velox_router(
             return {}
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ValidationError("body", "a JSON object", f"invalid JSON: {e}") from e
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+            raise ValidationError("body", "a JSON object", f"invalid JSON: {e}") from None
         if not isinstance(body, dict):
             raise ValidationError("body", "a JSON object", type(body).__name__)
         extra = set(body) - allowed

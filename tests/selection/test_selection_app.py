@@ -65,6 +65,20 @@ def test_selection_block_round_trip_and_validation(tmp_path):
         SelectionAppSpec.from_dict({"policy": "exp3", "models": ["a"], "bogus": 1})
 
 
+@pytest.mark.parametrize(
+    ("selection", "field"),
+    [({"policy": "nope"}, "policy"), ({"params": {"bogus": 1}}, "params")],
+)
+def test_a_bad_policy_fails_by_field_before_any_replica_starts(tmp_path, selection, field):
+    d = _deployment(str(tmp_path / "s.db"))
+    d["apps"]["vote"]["selection"].update(selection)
+    # a backend scheme nobody offers: reaching the backend would fail with another error
+    d["backend"] = "no-such-backend://x"
+    with pytest.raises(ValidationError) as err:
+        asyncio.run(start_service(Deployment.from_dict(d)))
+    assert err.value.field == f"apps.vote.selection.{field}", str(err.value)
+
+
 def test_ensemble_app_feedback_by_id_input_and_user(tmp_path):
     store = tmp_path / "sel.db"
     dep = Deployment.from_dict(_deployment(str(store)))
@@ -88,6 +102,22 @@ def test_ensemble_app_feedback_by_id_input_and_user(tmp_path):
                     )
                     assert fb.status_code == 200, fb.text
                     assert fb.json()["models_observed"] == ["logreg", "nb", "tree"]
+                    if i == 0:  # a client's retry counts once; another label is refused
+                        again = await c.post(
+                            "/apps/vote/feedback",
+                            json={"query_id": out["selection_query_id"], "label": int(yte[i])},
+                        )
+                        assert again.status_code == 200, again.text
+                        assert again.json() == {**fb.json(), "duplicate": True}
+                        other = await c.post(
+                            "/apps/vote/feedback",
+                            json={
+                                "query_id": out["selection_query_id"],
+                                "label": int(yte[i]) + 1,
+                            },
+                        )
+                        assert other.status_code == 422, other.text
+                        assert other.json()["field"] == "label", other.text
                 # per-user context, feedback by input
                 r = await c.post(
                     "/apps/vote/select", json={"input": xte[40].tolist(), "user": "u1"}

