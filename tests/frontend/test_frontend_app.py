@@ -286,6 +286,13 @@ def test_input_spec_roundtrip_and_describe():
         s.check([[1.5], [2]], "input")
     with pytest.raises(ValidationError):
         InputSpec.from_dict({"dtype": "nope"})
+    # JSON booleans are not numbers, for floats as for integers
+    f = InputSpec("float32", (None,))
+    with pytest.raises(ValidationError, match="true/false"):
+        f.check([0.5, True], "input")
+    with pytest.raises(ValidationError, match="non-integer"):
+        InputSpec("int64").check([1, False], "input")
+    assert f.check([0.5, 1], "input").tolist() == [0.5, 1.0]
 
 
 def test_outputs_arrays_numpy_scalars_and_unencodable():
