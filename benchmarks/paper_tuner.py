@@ -5,14 +5,23 @@ social-media-like and image-processing-like pipelines of ``benchmarks/_pipelines
 
 * ``rate-tau<T>``: the arrival rate rises from the planned 150 q/s to 250 q/s over a transition
   time ``T``, stays there, then returns to 150 q/s over ``T`` (CV 1 throughout);
-* ``cv1to4``: at 150 q/s, the burstiness rises from CV 1 to CV 4 over 60 s and stays there;
-* ``azure-conv`` / ``azure-code``: the two real arrival traces, rescaled in time to a mean rate
-  (``rescale_to_rate``), planned on their first 25% and served on the rest.
+* ``cv1to4``: at 150 q/s, the burstiness rises from CV 1 to CV 4 over 60 s, stays at CV 4 for
+  120 s, then returns to CV 1 over 60 s and stays calm;
+* ``azure-conv`` / ``azure-code``: the two real arrival traces shaped as in the paper (every
+  minute's request rate, the busiest minute rescaled to 300 q/s, 30 s per minute, CV 1 within a
+  minute; ``minute_shape_trace``), planned on their first 25% and served on the rest;
+* ``azure-conv-raw`` / ``azure-code-raw`` (stress cases, not in the paper): every real arrival
+  kept, time rescaled to a mean of 20 / 10 q/s (``rescale_to_rate``); not in the tally.
 
 The synthetic cases are planned on a separate sample trace with the starting characteristics
 (150 q/s, CV 1), as in the paper. Compared, per case:
 
-* ``tuner``: the InferLine plan with the InferLine tuner in the loop;
+* ``tuner``: the InferLine plan with the InferLine tuner in the loop (the configured tuner,
+  by default the ladder tuner); ``room`` / ``saving``: the same with ``trigger="room"`` /
+  ``down_to="saving"``; ``basis=<other>``: the same with the other ``headroom_basis``
+  (``rate`` for the default ``plan``); with ``--headroom-sweep``, the same with each headroom;
+* ``replicas``: the paper's tuner (replica counts only, ``reconfigure="replicas"``,
+  scale-down on the largest 5 s window, ``down_rate="window"``);
 * ``plan``: the InferLine plan, nothing scaling it;
 * ``oracle``: the InferLine planner given the whole live trace, nothing scaling it;
 * ``autoscale``: the coarse-grained CG-Peak plan scaled by AutoScale (Gandhi et al.);
@@ -20,7 +29,7 @@ The synthetic cases are planned on a separate sample trace with the starting cha
   coarse-grained strategy, Figs. 6-7 show both);
 * ``il+autoscale``: the InferLine plan scaled as one unit by AutoScale (the paper's §7.3
   ablation "InferLine Plan + Baseline Tune": same starting point, the tuning mechanism alone).
-* ``paper-rule``: the tuner with the paper's literal scale-up rate (``up_rate="window"``).
+* ``paper-rule``: ``replicas`` with the paper's literal scale-up rate (``up_rate="window"``).
 
 Printed: SLO miss rate and time-averaged cost ($/h) per case, then the targets (tuner miss rate
 <= 1%, >= 10x below each AutoScale baseline where it misses, tuner mean cost <= oracle).
@@ -476,8 +485,9 @@ _TUNER_FLAGS: tuple[tuple[str, str, str | None, tuple[str, ...] | None], ...] = 
     ),
     (
         "down_rate",
-        "rate a scale-down reads: the largest 5 s window (window, the paper) or the planned "
-        "rate scaled by the largest window ratio (scaled)",
+        "replicas only (with --reconfigure replicas; the replicas and paper-rule columns set "
+        "window): rate a scale-down reads: the largest 5 s window (window, the paper) or the "
+        "planned rate scaled by the largest window ratio (scaled)",
         None,
         ("window", "scaled"),
     ),
@@ -543,6 +553,13 @@ _TUNER_FLAGS: tuple[tuple[str, str, str | None, tuple[str, ...] | None], ...] = 
         None,
     ),
     (
+        "settle_s",
+        "with a ladder: this long after a change, batch sizes settle on those of a proven step "
+        "the replicas hold, s (off: larger batch sizes are kept)",
+        None,
+        None,
+    ),
+    (
         "down_rho",
         "replicas only: scale down with the pipeline's smallest rho (min, the paper) or each "
         "model's own",
@@ -567,7 +584,12 @@ _TUNER_FLAGS: tuple[tuple[str, str, str | None, tuple[str, ...] | None], ...] = 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, TunerConfig]:
     """The command line, and the tuner's configuration its flags give."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer, shorter cases (about a minute)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="fewer, shorter cases, every seed (about 2 minutes a seed on 2 cores: "
+        "--quick --seeds 0 for a first look)",
+    )
     ap.add_argument(
         "--seeds",
         type=int,

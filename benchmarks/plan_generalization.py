@@ -13,7 +13,7 @@ Printed per (pipeline, margin): mean cost, mean and largest miss rate on the fre
 how many fresh runs missed the SLO (miss rate above ``100 - percentile`` = 1%).
 
     .venv/bin/python benchmarks/plan_generalization.py           # about 10 minutes, 2 cores
-    .venv/bin/python benchmarks/plan_generalization.py --quick   # about a minute
+    .venv/bin/python benchmarks/plan_generalization.py --quick   # about 10 s
 """
 
 from __future__ import annotations

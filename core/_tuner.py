@@ -47,8 +47,9 @@ Reading of the paper, and the choices made where it is silent:
 - **Ladder** (``reconfigure="ladder"``, the default when the plan has one; an extension).
   The paper's tuner changes replica counts only; the plan's ``tuner.ladder``
   (:mod:`inferline.core._ladder`) holds re-plans of the planned hardware for higher rates, and
-  the tuner provisions ``(1 + headroom)`` times a rate with the first step proven for it
-  (``headroom`` 0.20: the measured rate lags and jumps within an activation time; the plan's
+  the tuner provisions a rate plus a headroom (``headroom`` x the plan's mean rate, or x
+  ``headroom_rate_share`` of the rate far above the plan; ``headroom_basis``) with the
+  cheapest step proven for it (``headroom`` 0.20: the measured rate lags and jumps within an activation time; the plan's
   ``rho`` plays this part for replica-only scaling): batch sizes change with the replicas (a
   batch size at once, so a scale-up never shrinks one). A trigger leaves the current
   configuration only once its room over the rate is below ``headroom - hysteresis`` (0.15),
@@ -130,7 +131,9 @@ def _ceil(x: float) -> int:
 
 @dataclass(frozen=True)
 class TunerConfig:
-    """Knobs of the tuner; the defaults are the paper's except ``up_rate`` (module doc)."""
+    """Knobs of the tuner (module doc). The paper's tuner is ``reconfigure="replicas"`` with
+    ``up_rate="window"`` and ``down_rate="window"``; the defaults add the ladder and the
+    extensions commented below."""
 
     stabilization_delay_s: float = 15.0
     down_horizon_s: float = 30.0
@@ -170,8 +173,8 @@ class TunerConfig:
     # down_horizon_s (every window, as scale-down reads it, plus the look-ahead) below
     # ``headroom - hysteresis``. The plan is the cheapest configuration proven for the sample
     # and may have almost no room over it, so a rise overloads it before a window exceeds the
-    # planned envelope; "room" leaves such a plan at once, at about 5% more mean cost in the
-    # benchmark (docs/tuner.md).
+    # planned envelope; "room" leaves such a plan at once, at about 3% more mean cost in the
+    # benchmark (1.032x against 1.002x the oracle's; docs/tuner.md).
     trigger: Trigger = "envelope"
     # Ladder: this long after the last change (the replica activation time) every model takes
     # the batch size of a step its replicas hold that is proven for the traffic ("settle"
@@ -186,8 +189,8 @@ class TunerConfig:
     # than the headroom (a delayed room trigger). Without it the plan, which may have almost
     # no room over the planned workload, is only left once a window exceeds the planned
     # envelope: ramps met from the plan missed >1% in 10 of 30 benchmark cells, 1 with it,
-    # for 4% more mean cost (docs/tuner.md). "saving": a model takes the step's count only
-    # where that saves a replica.
+    # for about 2% more mean cost (4% when it became the default; docs/tuner.md). "saving":
+    # a model takes the step's count only where that saves a replica.
     down_to: DownTo = "step"
     # Ladder: what the look-ahead does after the stabilization delay. "hold": it keeps a
     # configuration from being scaled down while the rate rises, and it sizes a move up, but
@@ -769,9 +772,11 @@ def _ladder_step(
     Scale-up: every model gets at least the target's replicas and batch size (a batch size
     applies at once, so never shrink one while replicas are pending). Scale-down (after the
     stabilization delay): the target for the largest count of every window up to the horizon
-    over the horizon (each as the planned rate scaled by its excess) replaces a model's
-    configuration when it needs no more replicas than the model has; the ladder's configurations are estimator-proven for their rate, so the
-    paper's extra conservatism (``rho_min``) is not applied on top.
+    over the horizon (each as the planned rate scaled by its excess): with ``down_to="step"``
+    the configuration becomes that step (a model short of its replicas gets them); with
+    ``"saving"`` it replaces a model's configuration only where that saves a replica. The
+    ladder's configurations are estimator-proven for their rate, so the paper's extra
+    conservatism (``rho_min``) is not applied on top.
     """
     cfg = self.config
     up_rate, up_window, up_count, up_planned = up

@@ -51,12 +51,14 @@ def add_config_flag(
     if get_origin(kind) is Literal:
         allowed = tuple(choices) if choices is not None else get_args(kind)
         kw: dict[str, Any] = {"choices": allowed}
+    elif type(None) in get_args(kind):  # float | None: seconds, or off
+        kw = {"type": _settle, "metavar": "S|off"}
     else:
         kw = {"type": float}
     return g.add_argument(  # type: ignore[no-any-return]
         "--" + (flag or name.replace("_", "-")),
         default=default,
-        help=f"{text}; default {default}",
+        help=f"{text}; default {'off' if default is None else default}",
         **kw,
     )
 
