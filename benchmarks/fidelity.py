@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from inferline._app import run_loop
+from inferline._cli_serve import add_profiler_arguments
 from inferline._deploy import Deployment
 from inferline._profiler import ProfilerOptions
 from inferline._replay import encode_bodies, replay
@@ -183,18 +184,7 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="fewer profiling samples, 12 s replays")
     ap.add_argument("--profiles", default=None, help="reuse these profiles (skip profiling)")
-    ap.add_argument(
-        "--statistic",
-        default="mean",
-        choices=["mean", "p50", "p90", "p99"],
-        help="what becomes latency_s when profiling (default %(default)s)",
-    )
-    ap.add_argument(
-        "--contention",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="profile with extra replicas busy on the free cores (default on)",
-    )
+    add_profiler_arguments(ap)
     ap.add_argument(
         "--duration-s",
         type=float,

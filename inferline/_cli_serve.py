@@ -420,6 +420,25 @@ def _demo(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- registration
 
 
+def add_profiler_arguments(p: argparse.ArgumentParser) -> None:
+    """``--statistic`` and ``--contention``: how a profile is measured (``inferline profile``
+    and the benchmarks that profile, e.g. ``benchmarks/fidelity.py``)."""
+    from ._profiler import STATISTICS
+
+    p.add_argument(
+        "--statistic",
+        default="mean",
+        choices=sorted(STATISTICS),
+        help="what becomes latency_s (default mean)",
+    )
+    p.add_argument(
+        "--contention",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="profile with extra replicas busy on the free cores (default on, as InferLine)",
+    )
+
+
 @register
 def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("profile", help="profile a deployment's models (batch latency per hardware)")
@@ -431,18 +450,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--max-batch", type=int, default=32, help="largest batch size (powers of 2)")
     p.add_argument("--max-samples", type=int, default=400, help="most batches per point")
     p.add_argument("--samples", type=int, default=None, help="use only N sample queries")
-    p.add_argument(
-        "--statistic",
-        default="mean",
-        choices=["mean", "p50", "p90", "p99"],
-        help="what becomes latency_s (default mean)",
-    )
-    p.add_argument(
-        "--contention",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="profile with extra replicas busy on the free cores (default on, as InferLine)",
-    )
+    add_profiler_arguments(p)
     p.add_argument("--hardware", nargs="*", default=None, help="only these hardware kinds")
     p.add_argument("--quick", action="store_true", help="fewer samples (noisier, faster)")
     p.add_argument(
