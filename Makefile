@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.installed-test
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip wheel
+	$(PY) -m pip install -q --upgrade pip wheel "setuptools>=77"
 	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q torch
 	$(PY) -m pip install -q -e ".[dev,models,triton,redis]"
 	touch $(STAMP)
