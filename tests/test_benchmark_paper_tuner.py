@@ -91,3 +91,21 @@ def test_tuner_flags_are_the_configs_fields_with_its_defaults_and_choices():
     assert paper_tuner.parse_args(["--settle-s", "2.5"])[1].settle_s == 2.5
     with pytest.raises(SystemExit):  # down_rate's type allows "curve", the tuner does not
         paper_tuner.parse_args(["--down-rate", "curve"])
+
+
+def test_unit_activation_changes_only_the_autoscale_columns(tmp_path, capsys):
+    """--unit-activation-s delays AutoScale's pipeline units only: the tuner's cells are the
+    same, a unit that takes 30 s to start serves the rise later (more misses or more cost)."""
+    argv = ["--quick", "--seeds", "0", "--pipelines", "image-processing", "--no-real"]
+    argv += ["--cases", "rate-tau60"]
+    rows = {}
+    for unit in ("5", "30"):
+        out = tmp_path / f"u{unit}.json"
+        assert paper_tuner.main([*argv, "--unit-activation-s", unit, "--json", str(out)]) == 0
+        rows[unit] = json.loads(out.read_text())[0]["results"]
+    assert "(AutoScale's pipeline units 30 s)" in capsys.readouterr().out
+    for label in ("tuner", "plan", "oracle", "replicas"):
+        assert rows["5"][label] == rows["30"][label]
+    for label in paper_tuner.BASELINES:
+        assert rows["30"][label] != rows["5"][label]
+        assert rows["30"][label][0] >= rows["5"][label][0]
