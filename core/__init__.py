@@ -109,6 +109,7 @@ from .errors import (
     NotFoundError,
     OverloadedError,
     ReplicaError,
+    StorageError,
     ValidationError,
 )
 from .protocols import Backend, ModelSpec, ReplicaHandle
@@ -161,6 +162,7 @@ __all__ = [
     "SimResult",
     "StageSwitch",
     "StageVariants",
+    "StorageError",
     "SystemState",
     "Trace",
     "TrafficEnvelope",

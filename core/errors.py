@@ -15,6 +15,7 @@ __all__ = [
     "NotFoundError",
     "OverloadedError",
     "ReplicaError",
+    "StorageError",
     "ValidationError",
 ]
 
@@ -97,3 +98,12 @@ class ReplicaError(BackendError):
     def __init__(self, backend: str, replica: str, message: str) -> None:
         self.replica = replica
         super().__init__(backend, f"replica {replica}: {message}")
+
+
+class StorageError(InferlineError):
+    """A durable store could not take a write (disk full, read-only, unreachable); nothing
+    was acknowledged, so the client may retry (HTTP 503)."""
+
+    def __init__(self, store: str, message: str) -> None:
+        self.store = store
+        super().__init__(f"store {store}: {message}")

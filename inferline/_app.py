@@ -34,15 +34,13 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferline.core import (
-    BackendError,
-    CapacityError,
-    DeadlineExceededError,
-    InfeasibleError,
-    InferlineError,
-    NotFoundError,
-    OverloadedError,
-    ValidationError,
+from inferline.core import InferlineError, ValidationError
+from inferline.core._http_errors import (
+    BodyTooLarge,
+    MalformedJSON,
+    decode_json,
+    error_body,
+    status_for,
 )
 
 from ._service import Prediction, Service, json_default
@@ -73,39 +71,6 @@ _JSON = "application/json"
 # ---------------------------------------------------------------- errors -> HTTP
 
 
-def status_for(exc: BaseException) -> int:
-    """The HTTP status an inferline error maps to."""
-    if isinstance(exc, MalformedJSON):
-        return 400
-    if isinstance(exc, ValidationError):
-        return 422
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, OverloadedError | CapacityError):
-        return 503
-    if isinstance(exc, DeadlineExceededError):
-        return 504
-    if isinstance(exc, BackendError):
-        return 502
-    if isinstance(exc, InfeasibleError):
-        return 409
-    return 500
-
-
-def error_body(exc: BaseException) -> dict[str, Any]:
-    """``{"detail": message, "error": class name, ...context}``: the shape of every error."""
-    body: dict[str, Any] = {"detail": str(exc), "error": type(exc).__name__}
-    if isinstance(exc, ValidationError):
-        body["field"] = exc.field
-        body["expected"] = exc.expected
-    elif isinstance(exc, NotFoundError):
-        body["kind"] = exc.kind
-        body["known"] = exc.known if isinstance(exc.known, list | type(None)) else repr(exc.known)
-    elif isinstance(exc, OverloadedError):
-        body["model"] = exc.model
-    return body
-
-
 def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(
         json.dumps(body, separators=(",", ":"), allow_nan=False).encode(),
@@ -122,12 +87,6 @@ def _error_response(exc: BaseException) -> Response:
 
 
 # ---------------------------------------------------------------- the ASGI guard
-
-
-class _BodyTooLarge(Exception):
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        super().__init__(f"request body is larger than the limit of {limit} bytes")
 
 
 class _Guard:
@@ -191,7 +150,7 @@ class _Guard:
                     if name and "/" not in name:
                         await self._predict(name, receive, send)
                         return
-            await self.app(scope, receive, send)
+            await self._call_app(scope, receive, send)
             return
         # No length given (chunked): count as the body arrives.
         seen = 0
@@ -203,10 +162,27 @@ class _Guard:
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > limit:
-                    raise _BodyTooLarge(limit)
+                    raise BodyTooLarge(limit)
             return msg
 
-        await self.app(scope, counting_receive, send)
+        await self._call_app(scope, counting_receive, send)
+
+    async def _call_app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(msg: Message) -> None:
+            nonlocal started
+            started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            # Starlette has answered with the JSON 500 (create_app's handler) and re-raised
+            # for the server to log: log it here and end the request normally instead.
+            log.exception("unexpected error serving %s %s", scope["method"], scope["path"])
+            if not started:
+                await _send_plain(send, 500, _INTERNAL)
 
     async def _predict(self, name: str, receive: Receive, send: Send) -> None:
         assert self.service is not None
@@ -236,12 +212,11 @@ class _Guard:
         await send({"type": "http.response.body", "body": data})
 
 
+_INTERNAL = {"detail": "internal error (see the server log)", "error": "InternalError"}
+
+
 def _too_large(limit: int) -> dict[str, Any]:
-    return {
-        "detail": f"request body is larger than the limit of {limit} bytes",
-        "error": "PayloadTooLarge",
-        "limit_bytes": limit,
-    }
+    return error_body(BodyTooLarge(limit))
 
 
 async def _send_plain(
@@ -318,8 +293,9 @@ def _parse_request(
     # Only JSON objects can carry tagged values ({"dtype", "b64"}, {"bytes_b64"}); a body
     # whose only "{" is its own opening needs no decoding pass over the input.
     plain = raw.count(b"{") == 1
-    # A scan of the bytes (fast) spares the walk for booleans over every input list.
-    bools = b"true" in raw or b"false" in raw
+    # A scan of the bytes (fast) spares the walk for booleans and strings over every input
+    # list: with no true/false and no quotes but the keys', the inputs hold only numbers.
+    non_numbers = b"true" in raw or b"false" in raw or raw.count(b'"') > 2 * len(body)
     extra = set(body) - {"input", "input_batch", "latency_slo_ms"}
     if extra:
         raise ValidationError("body", "only keys input, input_batch, latency_slo_ms", sorted(extra))
@@ -339,7 +315,7 @@ def _parse_request(
     if has_one == has_batch:
         raise ValidationError("body", "exactly one of 'input' or 'input_batch'", sorted(body))
     if has_one:
-        x = service.check_input(app, body["input"], "input", plain=plain, bools=bools)
+        x = service.check_input(app, body["input"], "input", plain=plain, non_numbers=non_numbers)
         return app, [x], slo_s, False
     batch = body["input_batch"]
     if not isinstance(batch, list) or not batch:
@@ -349,7 +325,7 @@ def _parse_request(
             "input_batch", f"at most {app.max_batch_inputs} inputs", f"{len(batch)} inputs"
         )
     inputs = [
-        service.check_input(app, x, f"input_batch[{i}]", plain=plain, bools=bools)
+        service.check_input(app, x, f"input_batch[{i}]", plain=plain, non_numbers=non_numbers)
         for i, x in enumerate(batch)
     ]
     return app, inputs, slo_s, True
@@ -358,20 +334,6 @@ def _parse_request(
 def _brief(v: Any) -> Any:
     r = repr(v)
     return v if len(r) <= 60 else r[:57] + "..."
-
-
-class MalformedJSON(ValidationError):  # named as the wire's "error" reads
-    """A body that is not JSON at all (HTTP 400; a JSON body of the wrong shape is a 422)."""
-
-
-def decode_json(raw: bytes | str, expected: str = "JSON") -> Any:
-    """``json.loads`` for request bodies: undecodable bytes, bad syntax and nesting too deep
-    for the parser all raise ``MalformedJSON`` naming the body, never a 500."""
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        what = "nesting too deep" if isinstance(e, RecursionError) else str(e)
-        raise MalformedJSON("body", expected, f"malformed JSON: {what}") from None
 
 
 def _dumps(body: Any) -> bytes:
@@ -461,9 +423,15 @@ def create_app(
     async def _on_inferline_error(_req: Request, exc: InferlineError) -> Response:
         return _error_response(exc)
 
-    @app.exception_handler(_BodyTooLarge)
-    async def _on_too_large(_req: Request, exc: _BodyTooLarge) -> Response:
+    @app.exception_handler(BodyTooLarge)
+    async def _on_too_large(_req: Request, exc: BodyTooLarge) -> Response:
         return _json_response(413, _too_large(exc.limit))
+
+    # A bug, not a bad request: a JSON 500 like every other error (the guard logs the
+    # traceback once and keeps the connection, which uvicorn would otherwise close).
+    @app.exception_handler(Exception)
+    async def _on_unexpected(_req: Request, exc: Exception) -> Response:
+        return _json_response(500, _INTERNAL)
 
     @app.exception_handler(RequestValidationError)
     async def _on_request_validation(_req: Request, exc: RequestValidationError) -> Response:

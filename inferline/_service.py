@@ -87,11 +87,12 @@ class InputSpec:
         dims = ", ".join("*" if s is None else str(s) for s in self.shape)
         return f"an array of {self.dtype} with shape ({dims}{',' if len(self.shape) == 1 else ''})"
 
-    def check(self, value: Any, field: str, *, bools: bool = True) -> np.ndarray:
+    def check(self, value: Any, field: str, *, non_numbers: bool = True) -> np.ndarray:
         """``value`` (a nested list, or an array from the wire codec) as an array, or raise.
 
-        JSON ``true``/``false`` are not numbers (numpy would read them as 1 and 0); ``bools``
-        False tells that the request held none, which spares the walk over the list."""
+        JSON ``true``/``false`` and strings are not numbers (numpy would read them as 1 and 0,
+        and parse ``"1.5"``); ``non_numbers`` False tells that the request held none, which
+        spares the walk over the list."""
         kind = np.dtype(self.dtype).kind
         if isinstance(value, np.ndarray):
             arr = value
@@ -107,8 +108,8 @@ class InputSpec:
                 raise ValidationError(field, self.describe(), _brief(value)) from None
             if kind in "iu" and not _all_ints(value):
                 raise ValidationError(field, self.describe(), "non-integer numbers")
-            if kind in "fc" and bools and _any_bool(value):
-                raise ValidationError(field, self.describe(), "true/false (not numbers)")
+            if kind in "fc" and non_numbers and _any_non_number(value):
+                raise ValidationError(field, self.describe(), "true/false or strings (not numbers)")
         if self.shape is not None:
             ok = arr.ndim == len(self.shape) and all(
                 want is None or want == got
@@ -127,10 +128,10 @@ def _all_ints(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _any_bool(v: Any) -> bool:
+def _any_non_number(v: Any) -> bool:
     if isinstance(v, list):
-        return any(_any_bool(x) for x in v)
-    return isinstance(v, bool)
+        return any(_any_non_number(x) for x in v)
+    return isinstance(v, bool | str)
 
 
 def _brief(v: Any) -> Any:
@@ -295,20 +296,20 @@ class Service:
 
     # -- predictions ---------------------------------------------------------------------
     def check_input(
-        self, app: App, value: Any, field: str, *, plain: bool = False, bools: bool = True
+        self, app: App, value: Any, field: str, *, plain: bool = False, non_numbers: bool = True
     ) -> Any:
         """Decode the JSON form of an input and check it against the app's input spec.
 
         ``plain``: the caller knows the JSON held no object besides the request itself, so
-        there is no tagged value (array, bytes) to decode. ``bools``: False when the caller
-        knows the JSON held no ``true``/``false``.
+        there is no tagged value (array, bytes) to decode. ``non_numbers``: False when the caller
+        knows the JSON held no ``true``/``false`` and no string besides its keys.
         """
         if app.input_spec is not None:
             if isinstance(value, dict):
                 from inferline.core._wire import value_from_json
 
                 value = value_from_json(value, field)
-            return app.input_spec.check(value, field, bools=bools)
+            return app.input_spec.check(value, field, non_numbers=non_numbers)
         if plain:
             return value
         from inferline.core._wire import value_from_json

@@ -122,6 +122,10 @@ def small_server(tmp_path_factory):
         ("/apps/app/predict", b'{"input": [1, {"a": 2}]}', 422, "float32"),
         ("/apps/app/predict", b'{"input": [true, 0.5]}', 422, "true/false"),
         ("/apps/app/predict", b'{"input_batch": [[1.0], [false]]}', 422, "input_batch[1]"),
+        # strings are not numbers either (numpy would parse "1.5"), nor is an unpaired surrogate
+        ("/apps/app/predict", b'{"input": ["1.5"]}', 422, "strings"),
+        ("/apps/app/predict", b'{"input_batch": [[1.0], ["2"]]}', 422, "input_batch[1]"),
+        ("/apps/app/predict", b'{"input": ["\\ud800"]}', 422, "surrogates"),
         ("/apps/app/predict", b'{"input_batch": 5}', 422, "input_batch"),
         ("/apps/app/predict", b'{"input": [1], "latency_slo_ms": "fast"}', 422, "latency_slo_ms"),
         ("/apps/app/predict", b'{"input": [1], "extra": 1}', 422, "only keys"),

@@ -10,15 +10,16 @@ States are JSON objects (``state.to_dict()``). Three stores with one interface:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from inferline.core.errors import BackendError, ValidationError
+from inferline.core.errors import BackendError, StorageError, ValidationError
 
 __all__ = ["MemoryStore", "RedisStore", "SQLiteStore", "StateStore", "open_store"]
 
@@ -83,7 +84,7 @@ class MemoryStore:
             return new
 
     def delete(self, key: str) -> None:
-        with self._lock:
+        with self._lock, self._errors():
             self._data.pop(_check_key(key), None)
 
     def __len__(self) -> int:
@@ -94,21 +95,35 @@ class MemoryStore:
 
 
 class SQLiteStore:
-    """Durable store in one SQLite file (WAL, synchronous=FULL)."""
+    """Durable store in one SQLite file (WAL, synchronous=FULL).
+
+    A write the file cannot take (disk full, read-only) raises ``StorageError`` (HTTP 503),
+    and a store that cannot be written at all is refused when it opens."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # FULL: the commit is on disk before put() returns, so an acknowledged write survives
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-        )
+        with self._errors():
+            self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # FULL: the commit is on disk before put() returns, so an acknowledged write survives
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            # a real write: a read-only file fails here, not at the first acknowledged update
+            self._db.execute("CREATE TABLE IF NOT EXISTS writable (ok INTEGER PRIMARY KEY)")
+            self._db.execute("INSERT OR REPLACE INTO writable VALUES (1)")
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise StorageError(str(self.path), str(e)) from e
 
     def get(self, key: str) -> JSONState | None:
-        with self._lock:
+        with self._lock, self._errors():
             row = self._db.execute(
                 "SELECT value FROM state WHERE key=?", (_check_key(key),)
             ).fetchone()
@@ -116,7 +131,7 @@ class SQLiteStore:
 
     def put(self, key: str, state: Mapping[str, Any]) -> None:
         raw = json.dumps(dict(state))
-        with self._lock:
+        with self._lock, self._errors():
             self._db.execute(
                 "INSERT INTO state(key, value) VALUES(?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
@@ -124,7 +139,7 @@ class SQLiteStore:
             )
 
     def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
-        with self._lock:
+        with self._lock, self._errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(
@@ -138,12 +153,14 @@ class SQLiteStore:
                 )
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # a failed COMMIT (disk full) may have ended the transaction already
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
         return new
 
     def delete(self, key: str) -> None:
-        with self._lock:
+        with self._lock, self._errors():
             self._db.execute("DELETE FROM state WHERE key=?", (_check_key(key),))
 
     def __len__(self) -> int:

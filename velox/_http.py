@@ -9,15 +9,15 @@
     GET  /velox/{model}/users/{uid}, /stats, /events
 
 An item ``x`` is any JSON value, or a tensor as ``{"dtype", "shape", "b64"}`` (the project wire form)
-(base64 raw bytes). Errors are JSON ``{"error": {"type", "message", "field"?, "expected"?}}``:
-422 for malformed input (naming the field), 404 for unknown models, users, items or versions,
-421 for a uid that another frontend's partition owns, 413 for an oversized body, 502 when the
-feature function's backend fails.
+(base64 raw bytes). Errors have the shape of every inferline route,
+``{"detail": message, "error": class, "field"?, "expected"?, ...}``: 400 for a body that is not
+JSON, 422 for malformed input (naming the field), 404 for unknown models, users, items or
+versions, 421 for a uid that another frontend's partition owns, 413 for an oversized body, 502
+when the feature function's backend fails, 504 when it does not answer in time.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -26,7 +26,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from inferline.core.errors import BackendError, InferlineError, NotFoundError, ValidationError
+from inferline.core._http_errors import (
+    BodyTooLarge,
+    decode_json,
+    error_body,
+    json_safe,
+    status_for,
+)
+from inferline.core.errors import InferlineError, NotFoundError, ValidationError
 
 from ._codec import decode_value
 from ._partition import WrongPartitionError
@@ -38,28 +45,26 @@ log = logging.getLogger(__name__)
 
 
 def error_response(e: Exception) -> JSONResponse:
-    """The JSON error body and status code for an exception raised while serving."""
-    body: dict[str, Any] = {"type": type(e).__name__, "message": str(e)}
-    if isinstance(e, ValidationError):
-        status = 422
-        body.update(field=e.field, expected=e.expected)
-    elif isinstance(e, NotFoundError):
-        status = 404
-        body.update(
-            kind=e.kind, name=e.name if isinstance(e.name, (str, int, float)) else repr(e.name)
-        )
-    elif isinstance(e, WrongPartitionError):
-        status = 421
-        body.update(partition=e.partition, owned=list(e.owned))
-    elif isinstance(e, BackendError):
-        status = 502
-    elif isinstance(e, InferlineError):
-        status = 500
-    else:
-        log.exception("unexpected error in the velox API", exc_info=e)
-        status = 500
-        body = {"type": "InternalError", "message": "internal error (see the server log)"}
-    return JSONResponse({"error": body}, status_code=status)
+    """The JSON error body and status code for an exception raised while serving: the shape
+    of every inferline route (``inferline.core.error_body``), plus ``partition``/``owned``
+    for a uid that another frontend owns (421)."""
+    if isinstance(e, WrongPartitionError):
+        body = {**error_body(e), "partition": e.partition, "owned": list(e.owned)}
+        return JSONResponse(body, status_code=421)
+    if isinstance(e, NotFoundError):
+        body = {**error_body(e), "name": json_safe(e.name) if _plain(e.name) else repr(e.name)}
+        return JSONResponse(body, status_code=404)
+    if isinstance(e, InferlineError | BodyTooLarge):
+        return JSONResponse(error_body(e), status_code=status_for(e))
+    log.exception("unexpected error in the velox API", exc_info=e)
+    return JSONResponse(
+        {"detail": "internal error (see the server log)", "error": "InternalError"},
+        status_code=500,
+    )
+
+
+def _plain(v: Any) -> bool:
+    return isinstance(v, str | int | float) and not isinstance(v, bool)
 
 
 def _field(body: dict[str, Any], name: str, expected: str, *, default: Any = ...) -> Any:
@@ -71,9 +76,15 @@ def _field(body: dict[str, Any], name: str, expected: str, *, default: Any = ...
 
 
 def _number(v: Any, name: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValidationError(name, "a number", v)
-    return float(v)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValidationError(name, "a finite number", v)
+    try:
+        f = float(v)
+    except OverflowError:
+        raise ValidationError(name, "a finite number", "an integer beyond float range") from None
+    if not math.isfinite(f):
+        raise ValidationError(name, "a finite number", repr(f))
+    return f
 
 
 def make_velox_router(
@@ -86,13 +97,10 @@ def make_velox_router(
     async def body_of(request: Request, allowed: set[str]) -> dict[str, Any]:
         raw = await request.body()
         if len(raw) > max_body_bytes:
-            raise _TooLarge(len(raw), max_body_bytes)
+            raise BodyTooLarge(max_body_bytes)
         if not raw:
             return {}
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise ValidationError("body", "a JSON object", f"invalid JSON: {e}") from None
+        body = decode_json(raw, "a JSON object")
         if not isinstance(body, dict):
             raise ValidationError("body", "a JSON object", type(body).__name__)
         extra = set(body) - allowed
@@ -105,11 +113,7 @@ def make_velox_router(
     async def guarded(fn: Callable[[], Awaitable[Any]], status: int = 200) -> JSONResponse:
         try:
             result = await fn()
-        except _TooLarge as e:
-            return JSONResponse(
-                {"error": {"type": "PayloadTooLarge", "message": str(e)}}, status_code=413
-            )
-        except Exception as e:
+        except Exception as e:  # BodyTooLarge from the frontend's guard (chunked) too: 413
             return error_response(e)
         return JSONResponse(_finite(result), status_code=status)
 
@@ -234,8 +238,3 @@ def _finite(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [_finite(v) for v in x]
     return x
-
-
-class _TooLarge(Exception):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"request body of {size} bytes exceeds the limit of {limit}")

@@ -16,6 +16,7 @@ the serving layer. The user supplies the shared half as a :class:`VeloxModel`:
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -185,10 +186,15 @@ class FeatureTable:
         return len(self.ids)
 
     def lookup(self, x: Any) -> np.ndarray:
-        try:
-            i = self.index.get(x)
-        except TypeError:  # an unhashable x (a list) cannot be an item id
-            i = None
+        # An item id is a JSON string or integer: true would find item 1 (True == 1 in
+        # Python), and a list or an object would score as the unknown item's mean.
+        if (
+            isinstance(x, bool)
+            or not isinstance(x, str | int | float | np.integer)
+            or (isinstance(x, float) and not math.isfinite(x))
+        ):
+            raise ValidationError("x", "an item id (a string or an integer)", x)
+        i = self.index.get(x)
         if i is None:
             if self.unknown == "mean":
                 return self._mean

@@ -254,7 +254,16 @@ class Runtime:
         if u is None:
             u = UserRidge(live.average(), self.config.ridge_lambda)
         y_hat = u.predict(f)
-        loss = float(self.model.loss(y, y_hat, x, uid))
+        try:
+            loss = float(self.model.loss(y, y_hat, x, uid))
+        except OverflowError:
+            loss = math.inf
+        # A label or features this large would turn the user's Gram matrix and the loss
+        # average into inf/NaN for good: refuse before anything is logged.
+        if not math.isfinite(loss) or not math.isfinite(y * y):
+            raise ValidationError("y", "a label whose squared error is finite (|y| < 1e150)", y)
+        if not math.isfinite(float(f @ f)):
+            raise ValidationError("x", "an item whose features have a finite square norm", x)
         obs = NewObservation(uid, x, y, live.version, self.clock(), f)
         seq = self.store.append_observation(self.name, obs)
         if new:

@@ -41,6 +41,7 @@ class VeloxService:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._owns_store = store is None
+        self._releases: list[Callable[[], None]] = []  # store claims, ended by close()
         self.store: VeloxStore = SQLiteStore(":memory:") if store is None else store
         self.feature_cache = PredictionCache(feature_cache_size)
         self.prediction_cache = PredictionCache(prediction_cache_size)
@@ -59,22 +60,30 @@ class VeloxService:
             raise ValidationError("model.name", "a non-empty name without '/'", name)
         if name in self._models:
             raise ValidationError("model.name", "a name not registered yet", name)
-        rt = Runtime(
-            model,
-            config or VeloxConfig(),
-            self.store,
-            self.feature_cache,
-            self.prediction_cache,
-            self.clock,
-        )
-        current = self.store.current(name)
-        if current is None:
-            await rt.create_initial()
-        else:
-            rt.live = await rt.load_version(current)
-            log.info(
-                "model %r resumed at version %d with %d users", name, current, len(rt.live.users)
+        cfg = config or VeloxConfig()
+        claim = getattr(self.store, "claim", None)  # stores that are one process's alone
+        release = claim(name, cfg.owned_partitions, cfg.partitions) if claim else None
+        try:
+            rt = Runtime(
+                model, cfg, self.store, self.feature_cache, self.prediction_cache, self.clock
             )
+            current = self.store.current(name)
+            if current is None:
+                await rt.create_initial()
+            else:
+                rt.live = await rt.load_version(current)
+                log.info(
+                    "model %r resumed at version %d with %d users",
+                    name,
+                    current,
+                    len(rt.live.users),
+                )
+        except BaseException:
+            if release is not None:
+                release()
+            raise
+        if release is not None:
+            self._releases.append(release)
         self._models[name] = rt
 
     def models(self) -> list[str]:
@@ -173,5 +182,8 @@ class VeloxService:
         """Finish: cancel running retrains, checkpoint users, close an owned store."""
         for rt in self._models.values():
             await rt.close()
+        for release in self._releases:
+            release()
+        self._releases.clear()
         if self._owns_store:
             self.store.close()

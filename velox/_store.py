@@ -17,14 +17,14 @@ import logging
 import sqlite3
 import tempfile
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from inferline.core.errors import NotFoundError, ValidationError
+from inferline.core.errors import NotFoundError, StorageError, ValidationError
 
 from ._codec import dumps, loads, vector_from_bytes, vector_to_bytes
 from ._model import NewObservation, Observation
@@ -101,6 +101,11 @@ class VeloxStore(Protocol):
     def close(self) -> None: ...
 
 
+def _safe(name: str) -> str:
+    """A model name as a file-name part."""
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
 _INSERT_OBS = (
     "INSERT INTO observations (model, uid, x, y, version, features, ts)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -127,6 +132,7 @@ CREATE TABLE IF NOT EXISTS users (
     model TEXT NOT NULL, version INTEGER NOT NULL, uid TEXT NOT NULL, n INTEGER NOT NULL,
     upto_seq INTEGER NOT NULL, gram BLOB NOT NULL, b BLOB NOT NULL,
     PRIMARY KEY (model, version, uid));
+CREATE TABLE IF NOT EXISTS writable (ok INTEGER PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT, model TEXT NOT NULL, ts REAL NOT NULL,
     kind TEXT NOT NULL, detail TEXT NOT NULL);
@@ -135,6 +141,12 @@ CREATE TABLE IF NOT EXISTS events (
 
 class SQLiteStore:
     """SQLite in WAL mode: one file, safe for several processes and threads.
+
+    Several processes may share the file only for disjoint users (``owned_partitions``): a
+    process's user snapshots claim every log entry up to their sequence number, so two servers
+    writing the same users would each hide the other's observations on the next resume.
+    :meth:`claim` enforces that with an advisory lock per (model, partition) that the OS
+    drops when the process dies.
 
     ``synchronous="NORMAL"`` (default) makes every committed write survive the death of the
     process (kill -9): WAL appends reach the OS before commit returns. ``"FULL"`` adds an fsync
@@ -165,7 +177,56 @@ class SQLiteStore:
         self._conns: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._conn().executescript(_SCHEMA)
+        self._claims: list[Any] = []
+        try:
+            self._conn().executescript(_SCHEMA)
+            # a real write: a read-only file fails here, not at the first acknowledged observe
+            self._conn().execute("INSERT OR REPLACE INTO writable VALUES (1)")
+        except sqlite3.Error as e:
+            raise StorageError(self.path, f"cannot be written: {e}") from e
+
+    def claim(
+        self, model: str, partitions: Sequence[int] | None, n_partitions: int
+    ) -> Callable[[], None]:
+        """Serve ``model``'s users in ``partitions`` (None: all) from this process alone, or
+        raise ValidationError naming the store when another server already does. Returns
+        the release (the claim also ends with the store or the process)."""
+        import fcntl
+
+        # The model's lock: exclusive for a server of every user, shared among partitioned
+        # ones, which also hold their partitions' locks exclusively.
+        base = f"{self.path}.{_safe(model)}"
+        wanted = [(Path(f"{base}.lock"), fcntl.LOCK_SH if partitions else fcntl.LOCK_EX, None)]
+        wanted += [
+            (Path(f"{base}.p{p}of{n_partitions}.lock"), fcntl.LOCK_EX, p) for p in partitions or ()
+        ]
+        held = []
+        for lock, mode, p in wanted:
+            f = lock.open("a+")
+            try:
+                fcntl.flock(f, mode | fcntl.LOCK_NB)
+            except OSError:
+                f.close()
+                for h in held:
+                    h.close()
+                which = "all its users" if p is None else f"partition {p}"
+                raise ValidationError(
+                    "velox.store",
+                    f"a store that no other running server writes model {model!r} ({which}) "
+                    "to (give each server its own store, or disjoint owned_partitions)",
+                    self.path,
+                ) from None
+            held.append(f)
+        with self._lock:
+            self._claims += held
+
+        def release() -> None:
+            for f in held:
+                f.close()
+            with self._lock:
+                self._claims = [c for c in self._claims if c not in held]
+
+        return release
 
     def _conn(self) -> sqlite3.Connection:
         c: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -192,7 +253,10 @@ class SQLiteStore:
     # -- observation log
 
     def append_observation(self, model: str, obs: NewObservation) -> int:
-        cur = self._conn().execute(_INSERT_OBS, _obs_row(model, obs))
+        try:
+            cur = self._conn().execute(_INSERT_OBS, _obs_row(model, obs))
+        except sqlite3.Error as e:  # disk full, read-only: not acknowledged, the client retries
+            raise StorageError(self.path, str(e)) from e
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
 
@@ -204,7 +268,8 @@ class SQLiteStore:
             c.executemany(_INSERT_OBS, [_obs_row(model, r) for r in rows])
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            if c.in_transaction:  # a failed COMMIT (disk full) may have ended it already
+                c.execute("ROLLBACK")
             raise
         return self.last_seq(model)
 
@@ -306,7 +371,8 @@ class SQLiteStore:
             )
             c.execute("COMMIT")
         except BaseException:
-            c.execute("ROLLBACK")
+            if c.in_transaction:  # a failed COMMIT (disk full) may have ended it already
+                c.execute("ROLLBACK")
             raise
 
     def load_users(self, model: str, version: int) -> list[UserRow]:
@@ -348,6 +414,9 @@ class SQLiteStore:
         with self._lock:
             self._closed = True
             conns, self._conns = self._conns, []
+            claims, self._claims = self._claims, []
+        for f in claims:
+            f.close()  # releases the lock
         for c in conns:
             try:
                 c.close()

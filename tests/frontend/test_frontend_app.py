@@ -290,6 +290,9 @@ def test_input_spec_roundtrip_and_describe():
     f = InputSpec("float32", (None,))
     with pytest.raises(ValidationError, match="true/false"):
         f.check([0.5, True], "input")
+    with pytest.raises(ValidationError, match="strings"):
+        f.check([0.5, "1.5"], "input")
+    assert f.check([0.5, "1.5"], "input", non_numbers=False).tolist() == [0.5, 1.5]  # skipped
     with pytest.raises(ValidationError, match="non-integer"):
         InputSpec("int64").check([1, False], "input")
     assert f.check([0.5, 1], "input").tolist() == [0.5, 1.0]

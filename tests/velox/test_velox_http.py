@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -133,6 +134,12 @@ def test_retrain_versions_rollback_and_events(client: TestClient) -> None:
             "items[1].data",
         ),
         ("/velox/movies/rollback", {"version": "2"}, 422, "version"),
+        # numbers JSON can write but a float cannot hold, and labels whose loss overflows
+        ("/velox/movies/observe", {"uid": "u0", "x": 1, "y": 10**400}, 422, "y"),
+        ("/velox/movies/observe", {"uid": "u0", "x": 1, "y": 1e308}, 422, "y"),
+        ("/velox/movies/top_k", {"uid": "u0", "items": [1, 2], "alpha": 10**400}, 422, "alpha"),
+        ("/velox/movies/observe", {"uid": "u0", "x": True, "y": 1.0}, 422, "x"),
+        ("/velox/movies/predict", {"uid": "u0", "x": [[1]]}, 422, "x"),
         ("/velox/movies/retrain", {"wait": "yes"}, 422, "wait"),
     ],
 )
@@ -142,29 +149,65 @@ def test_malformed_requests_name_the_field(
     body = {k: (_owned_uid() if v == "u0" else v) for k, v in body.items()}
     r = client.post(path, json=body)
     assert r.status_code == status, r.text
-    err = r.json()["error"]
-    assert err["type"] == "ValidationError" and err["field"] == field
-    assert field in err["message"]
+    err = r.json()
+    assert err["error"] == "ValidationError" and err["field"] == field
+    assert field in err["detail"]
 
 
 def test_not_found_misrouted_and_oversized(client: TestClient) -> None:
     uid = _owned_uid()
     r = client.post("/velox/nope/predict", json={"uid": uid, "x": 1})
-    assert r.status_code == 404 and r.json()["error"]["kind"] == "velox model"
-    assert "movies" in r.json()["error"]["message"]  # lists the known models
+    assert r.status_code == 404 and r.json()["kind"] == "velox model"
+    assert "movies" in r.json()["detail"]  # lists the known models
     r = client.post("/velox/movies/predict", json={"uid": uid, "x": 12345})
-    assert r.status_code == 404 and r.json()["error"]["kind"] == "item"
+    assert r.status_code == 404 and r.json()["kind"] == "item"
     r = client.get(f"/velox/movies/users/{_owned_uid(5)}")
-    assert r.status_code == 404 and r.json()["error"]["kind"] == "user"
+    assert r.status_code == 404 and r.json()["kind"] == "user"
     r = client.post("/velox/movies/rollback", json={"version": 42})
-    assert r.status_code == 404 and r.json()["error"]["kind"] == "version"
+    assert r.status_code == 404 and r.json()["kind"] == "version"
     r = client.post("/velox/movies/observe", json={"uid": _foreign_uid(), "x": 1, "y": 1.0})
-    assert r.status_code == 421 and r.json()["error"]["partition"] == 1
+    assert r.status_code == 421 and r.json()["partition"] == 1
     r = client.post("/velox/movies/top_k", json={"uid": uid, "items": list(range(2000))})
     assert r.status_code == 413
     r = client.post(
         "/velox/movies/predict", content=b"{not json", headers={"content-type": "application/json"}
     )
-    assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+    assert r.status_code == 400 and r.json()["error"] == "MalformedJSON"
+    assert r.json()["field"] == "body"
     r = client.post("/velox/movies/predict", json=[1, 2])
-    assert r.status_code == 422 and r.json()["error"]["field"] == "body"
+    assert r.status_code == 422 and r.json()["field"] == "body"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "field"),
+    [
+        # NaN and Infinity literals: Python's parser takes them, JSON has no such numbers
+        (b'{"uid": "U", "x": 1, "y": NaN}', 422, "y"),
+        (b'{"uid": "U", "x": NaN, "y": 1}', 422, "x"),
+        (b'{"uid": "U", "x": Infinity, "y": 1}', 422, "x"),
+        # an integer too long for Python to convert (over sys.get_int_max_str_digits())
+        (b'{"uid": "U", "x": 1, "y": ' + b"9" * 700 + b"}", 400, "body"),
+        # an unpaired UTF-16 surrogate: valid JSON, but no text to store or answer with
+        (b'{"uid": "\\ud800", "x": 1, "y": 1}', 422, "uid"),
+    ],
+)
+def test_numbers_and_text_json_cannot_carry_are_refused(
+    client: TestClient, raw: bytes, status: int, field: str
+) -> None:
+    """Each answer is strict JSON naming the field; the connection stays usable."""
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)  # the lowest allowed: the body stays under the test's limit
+    try:
+        _post_raw(client, raw, status, field)
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+def _post_raw(client: TestClient, raw: bytes, status: int, field: str) -> None:
+    raw = raw.replace(b'"U"', f'"{_owned_uid()}"'.encode())
+    r = client.post(
+        "/velox/movies/observe", content=raw, headers={"content-type": "application/json"}
+    )
+    assert r.status_code == status, r.text
+    assert r.json()["field"] == field, r.text
+    assert client.get("/velox/movies/stats").status_code == 200

@@ -481,3 +481,31 @@ def test_other_frontend_adopts_new_version_with_sync(tmp_path: Path) -> None:
         await b.close()
 
     run(main)
+
+
+def test_a_second_server_on_the_same_users_is_refused(tmp_path: Path) -> None:
+    """Two servers writing the same users to one store would hide each other's observations
+    on resume (each snapshot claims the log up to its own last write): the second is refused,
+    naming the store, until the first closes; disjoint partitions may share (test above)."""
+    db = tmp_path / "one.sqlite"
+
+    async def main() -> None:
+        a = VeloxService(SQLiteStore(db))
+        await a.register(make_model())
+        b = VeloxService(SQLiteStore(db))
+        with pytest.raises(ValidationError, match=r"velox\.store: .* no other running server"):
+            await b.register(make_model())
+        with pytest.raises(ValidationError, match="all its users"):
+            await b.register(make_model(), VeloxConfig(partitions=2, owned_partitions=(1,)))
+        c = VeloxService(SQLiteStore(db))
+        await c.register(make_model("n"), VeloxConfig(partitions=2, owned_partitions=(1,)))
+        with pytest.raises(ValidationError, match="partition 1"):
+            await b.register(make_model("n"), VeloxConfig(partitions=2, owned_partitions=(0, 1)))
+        await c.close()
+        await a.observe("m", "u", 1, 2.0)
+        await a.close()
+        await b.register(make_model())  # free once the first has closed
+        assert b.user("m", "u")["observations"] == 1
+        await b.close()
+
+    run(main)

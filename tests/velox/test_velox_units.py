@@ -234,10 +234,13 @@ def test_feature_table_lookup_unknown_policies() -> None:
     assert not t.lookup("a").flags.writeable
     with pytest.raises(NotFoundError):
         t.lookup("zzz")
-    with pytest.raises(NotFoundError):
-        t.lookup(["unhashable"])
     m = FeatureTable(["a", "b"], [[1.0, 0.0], [0.0, 1.0]], unknown="mean")
     np.testing.assert_allclose(m.lookup("zzz"), [0.5, 0.5])
+    # not an id at all: refused under either policy (not scored as the unknown item's mean)
+    for table in (t, m):
+        for bad in (["unhashable"], True, None, float("nan")):
+            with pytest.raises(ValidationError, match="x: expected an item id"):
+                table.lookup(bad)
     assert FeatureTable.from_dict(t.to_dict()).ids == ["a", "b"]
     with pytest.raises(ValidationError):
         FeatureTable(["a", "a"], [[1.0], [2.0]])
