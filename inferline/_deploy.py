@@ -487,6 +487,16 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
         except InferlineError:
             return olds[name].replicas
 
+    # hardware the backend does not have is refused before anything changes (applying it
+    # would remove the model's replicas and fail to start new ones)
+    inventory = svc.backend.inventory()
+    for name, cfg in configs.items():
+        if name in planned and cfg.hardware not in inventory:
+            raise ValidationError(
+                f"models.{name}.hardware",
+                f"hardware this backend has ({', '.join(sorted(inventory))})",
+                cfg.hardware,
+            )
     # models that shrink do so last: after the others have grown and the stages moved
     leaving = {n for n, c in configs.items() if n in planned and c.replicas < active(n)}
 
@@ -495,7 +505,12 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
         try:
             if old.hardware != cfg.hardware:
                 await svc.backend.remove(name)
-                await svc.backend.deploy(dep.model(name), cfg)
+                try:
+                    await svc.backend.deploy(dep.model(name), cfg)
+                except InferlineError:
+                    # back on the old hardware, so that the model keeps serving
+                    await svc.backend.deploy(dep.model(name), old)
+                    raise
                 done[name] = f"redeployed on {cfg.hardware}"
             else:
                 await svc.backend.scale(name, cfg.replicas)

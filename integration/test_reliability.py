@@ -152,6 +152,19 @@ def test_a_body_that_is_not_json_is_a_400_on_every_json_route(small_server):
     assert small_server.alive()
 
 
+def test_a_plan_with_hardware_the_backend_lacks_changes_nothing(small_server):
+    """422 naming the field before any replica is removed; the model keeps serving."""
+    url = small_server.url
+    before = httpx.get(url + "/admin/plan").json()
+    plan = Plan("sleep", 1.0, {"m": ModelConfig("gpu-zz", 1, 1)}).to_dict()
+    r = httpx.put(url + "/admin/plan", json=plan)
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "models.m.hardware" and "cpu" in r.json()["expected"]
+    assert httpx.get(url + "/admin/plan").json() == before
+    assert httpx.get(url + "/healthz").json()["status"] == "ok"
+    assert httpx.post(url + "/apps/app/predict", json={"input": [1.0]}).status_code == 200
+
+
 def test_garbage_http_does_not_kill_the_server(small_server):
     host, port = small_server.url.removeprefix("http://").split(":")
     for junk in (

@@ -56,6 +56,9 @@ def detect_gpus() -> list[str]:
     return re.findall(r"^GPU (\d+):", out.stdout, flags=re.M)
 
 
+MAX_USERS_PER_CORE = 16  # replica threads sharing one core, at most, when oversubscribing
+
+
 class Inventory:
     """Allocation bookkeeping over a fixed set of cores and GPUs (not thread-safe; one loop)."""
 
@@ -128,6 +131,17 @@ class Inventory:
             raise CapacityError(
                 f"model {model!r}: {count} replica(s) x {threads} thread(s) need {want}; "
                 f"free: {self.describe_free()} (pass oversubscribe=True to share them)",
+                self.free(),
+            )
+        if short and (sum(self._core_users.values()) + need_cores) > MAX_USERS_PER_CORE * len(
+            self.cores
+        ):
+            # oversubscription shares cores, but without a bound a plan (PUT /admin/plan) could
+            # fork replicas until the machine stops
+            raise CapacityError(
+                f"model {model!r}: {count} more replica(s) x {threads} thread(s) would put more "
+                f"than {MAX_USERS_PER_CORE} replica threads on each of the {len(self.cores)} "
+                f"cores; free: {self.describe_free()}",
                 self.free(),
             )
         if short:

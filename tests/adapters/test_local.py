@@ -366,3 +366,15 @@ def test_serves_a_model_trained_in_the_test(tmp_path: Path) -> None:
         assert scored[0] == int(clf.predict(test[:1])[0])
 
     run(body)
+
+
+def test_oversubscription_is_bounded_per_core() -> None:
+    """Sharing cores is allowed, but not without end: a plan asking for thousands of
+    replicas (PUT /admin/plan) is refused before a single process starts."""
+    from inferline.adapters.local._inventory import MAX_USERS_PER_CORE, Inventory
+
+    inv = Inventory([0, 1], [], "gpu", oversubscribe=True)
+    inv.allocate("m", "cpu", 1, 2 * MAX_USERS_PER_CORE)
+    with pytest.raises(CapacityError, match=f"more than {MAX_USERS_PER_CORE} replica threads"):
+        inv.allocate("m", "cpu", 1, 1)
+    assert sum(inv._core_users.values()) == 2 * MAX_USERS_PER_CORE  # nothing half-taken
