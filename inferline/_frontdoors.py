@@ -33,6 +33,7 @@ import base64
 import hmac
 import json
 import logging
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -269,25 +270,54 @@ def _tensor_from_kserve(t: Mapping[str, Any], raw: bytes | None, field: str) -> 
     if dt not in KSERVE_DTYPES:
         raise ValidationError(f"{field}.datatype", f"one of {sorted(KSERVE_DTYPES)}", dt)
     shape = t.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
         raise ValidationError(f"{field}.shape", "a list of sizes", shape)
-    n = int(np.prod(shape)) if shape else 1
-    if raw is not None:
-        if dt == "BYTES":
-            return _bytes_elements(raw, n, field).reshape(shape)
-        npdt = np.dtype(KSERVE_DTYPES[dt]).newbyteorder("<")
-        if len(raw) != n * npdt.itemsize:
-            raise ValidationError(f"{field}.data", f"{n * npdt.itemsize} bytes", len(raw))
-        return np.frombuffer(raw, npdt).astype(npdt.newbyteorder("=")).reshape(shape)
-    if "data" not in t:
-        raise ValidationError(f"{field}.data", "the tensor's values", None)
+    n = math.prod(shape)  # Python ints: a huge shape cannot wrap around as np.prod would
     try:
+        if raw is not None:
+            if dt == "BYTES":
+                return _bytes_elements(raw, n, field).reshape(shape)
+            npdt = np.dtype(KSERVE_DTYPES[dt]).newbyteorder("<")
+            if len(raw) != n * npdt.itemsize:
+                raise ValidationError(f"{field}.data", f"{n * npdt.itemsize} bytes", len(raw))
+            return np.frombuffer(raw, npdt).astype(npdt.newbyteorder("=")).reshape(shape)
+        if "data" not in t:
+            raise ValidationError(f"{field}.data", "the tensor's values", None)
         if dt == "BYTES":
             flat = np.array(np.asarray(t["data"], dtype=object).reshape(-1).tolist(), dtype=object)
             return flat.reshape(shape)
         return np.asarray(t["data"], dtype=KSERVE_DTYPES[dt]).reshape(shape)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, OverflowError) as e:
+        if isinstance(e, ValidationError):
+            raise
         raise ValidationError(f"{field}.data", f"{n} values of {dt}", str(e)) from None
+
+
+def _params(obj: Mapping[str, Any], field: str) -> Mapping[str, Any]:
+    """An object's optional ``parameters``: a JSON object (KServe v2) or nothing."""
+    p = obj.get("parameters")
+    if p is None:
+        return {}
+    if not isinstance(p, dict):
+        raise ValidationError(f"{field}.parameters", "a JSON object", type(p).__name__)
+    return p
+
+
+def header_length(value: str | None, body_len: int) -> int | None:
+    """The ``Inference-Header-Content-Length`` header as a byte count within the body."""
+    if value is None or value == "":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= body_len:
+        raise ValidationError(
+            "Inference-Header-Content-Length", f"a byte count in [0, {body_len}]", value
+        )
+    return n
 
 
 def kserve_decode(
@@ -298,18 +328,31 @@ def kserve_decode(
     req = decode_json(head, "a KServe v2 inference request (JSON)")
     if not isinstance(req, dict) or not isinstance(req.get("inputs"), list) or not req["inputs"]:
         raise ValidationError("inputs", "a non-empty list of input tensors", None)
+    _params(req, "request")
+    outputs = req.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise ValidationError("outputs", "a list of requested outputs", type(outputs).__name__)
+        for i, o in enumerate(outputs):
+            if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+                raise ValidationError(f"outputs[{i}]", "an object with a name", o)
+            _params(o, f"outputs[{i}]")
     tensors: dict[str, np.ndarray] = {}
     pos = 0
     for i, t in enumerate(req["inputs"]):
         if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             raise ValidationError(f"inputs[{i}]", "an object with name, shape, datatype", t)
-        size = (t.get("parameters") or {}).get("binary_data_size")
+        size = _params(t, f"inputs[{i}]").get("binary_data_size")
         raw = None
         if size is not None:
-            raw = rest[pos : pos + int(size)]
-            if len(raw) != int(size):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ValidationError(
+                    f"inputs[{i}].parameters.binary_data_size", "a byte count", size
+                )
+            raw = rest[pos : pos + size]
+            if len(raw) != size:
                 raise ValidationError(f"inputs[{i}]", f"{size} binary bytes", len(raw))
-            pos += int(size)
+            pos += size
         tensors[t["name"]] = _tensor_from_kserve(t, raw, f"inputs[{i}]")
     return req, tensors
 
@@ -418,7 +461,8 @@ def make_kserve_router(door: FrontDoor | Service) -> APIRouter:
     async def infer(model: str, request: Request, version: str = "1") -> Response:
         hl = request.headers.get("inference-header-content-length")
         try:
-            req, tensors = kserve_decode(await request.body(), int(hl) if hl else None)
+            raw = await request.body()
+            req, tensors = kserve_decode(raw, header_length(hl, len(raw)))
             outs = await fd.run(model, fd.queries(model, tensors))
             wanted = [
                 o["name"] for o in req.get("outputs") or [] if isinstance(o, dict) and "name" in o
@@ -729,16 +773,21 @@ def _kserve_servicer(g: FrontDoorGrpc, pb: Any, pbg: Any) -> Any:
         )
 
     class KServe(pbg.GRPCInferenceServiceServicer):  # type: ignore[misc,name-defined]
+        # With a token every RPC needs it, health included (as every HTTP route does).
         async def ServerLive(self, request: Any, context: Any) -> Any:
+            await _grpc_auth(g, context)
             return pb.ServerLiveResponse(live=True)
 
         async def ServerReady(self, request: Any, context: Any) -> Any:
+            await _grpc_auth(g, context)
             return pb.ServerReadyResponse(ready=not fd.service.closing)
 
         async def ModelReady(self, request: Any, context: Any) -> Any:
+            await _grpc_auth(g, context)
             return pb.ModelReadyResponse(ready=request.name in fd.names())
 
         async def ServerMetadata(self, request: Any, context: Any) -> Any:
+            await _grpc_auth(g, context)
             from inferline import __version__
 
             return pb.ServerMetadataResponse(
@@ -764,6 +813,12 @@ def _kserve_servicer(g: FrontDoorGrpc, pb: Any, pbg: Any) -> Any:
             try:
                 tensors = {}
                 raws = list(request.raw_input_contents)
+                if raws and len(raws) != len(request.inputs):
+                    raise ValidationError(
+                        "raw_input_contents",
+                        f"one entry per input ({len(request.inputs)})",
+                        f"{len(raws)} entries",
+                    )
                 for i, t in enumerate(request.inputs):
                     d = {"name": t.name, "datatype": t.datatype, "shape": [int(s) for s in t.shape]}
                     if raws:
@@ -808,7 +863,23 @@ def _kserve_servicer(g: FrontDoorGrpc, pb: Any, pbg: Any) -> Any:
             except InferlineError as e:
                 await _grpc_fail(context, e)
 
+    # The RPCs inferline does not serve (model control, statistics, shared memory, ...):
+    # UNIMPLEMENTED after the token check, instead of the base class's NotImplementedError,
+    # which logged a traceback per call.
+    for rpc in dir(pbg.GRPCInferenceServiceServicer):
+        if rpc[0].isupper() and rpc not in KServe.__dict__:
+            setattr(KServe, rpc, _unimplemented(g, rpc))
     return KServe()
+
+
+def _unimplemented(g: FrontDoorGrpc, rpc: str) -> Any:
+    async def method(self: Any, request: Any, context: Any) -> Any:
+        import grpc
+
+        await _grpc_auth(g, context)
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"inferline does not serve {rpc}")
+
+    return method
 
 
 def _tfserving_servicers(g: FrontDoorGrpc, st: Any) -> tuple[Any, Any]:

@@ -161,3 +161,124 @@ def test_tfserving_http_routes_and_token() -> None:
             assert r.status_code == 404
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    ("req", "header", "field"),
+    [
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}, "abc", None),
+        (
+            {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "parameters": []}]},
+            None,
+            "inputs[0].parameters",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [1],
+                        "parameters": {"binary_data_size": "abc"},
+                    }
+                ]
+            },
+            None,
+            "inputs[0].parameters.binary_data_size",
+        ),
+        (
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+                "parameters": [],
+            },
+            None,
+            "request.parameters",
+        ),
+        (
+            {
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}],
+                "outputs": [{"name": "y", "parameters": [1]}],
+            },
+            None,
+            "outputs[0].parameters",
+        ),
+        # a shape whose element count np.prod would wrap around to 0
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [2**40, 2**30, 2**30],
+                        "parameters": {"binary_data_size": 0},
+                    }
+                ]
+            },
+            None,
+            "inputs[0].data",
+        ),
+    ],
+)
+def test_malformed_kserve_requests_are_400s_naming_the_field(req, header, field) -> None:
+    """Each was a plain-text 500 with a traceback in the server log."""
+    svc, fd = make_service()
+    app = create_app(svc, routers=[make_kserve_router(fd)])
+
+    async def main() -> None:
+        async with client(app) as c:
+            headers = {"Inference-Header-Content-Length": header} if header else {}
+            r = await c.post("/v2/models/dbl/infer", content=json.dumps(req), headers=headers)
+            assert r.status_code == 400, r.text
+            assert (field or "Inference-Header-Content-Length") in r.json()["error"]
+
+    run(main())
+
+
+def test_kserve_grpc_needs_the_token_on_every_rpc_and_checks_raw_inputs() -> None:
+    """A real gRPC server on 127.0.0.1: with a token, health, metadata, readiness and the RPCs
+    inferline does not serve all answer UNAUTHENTICATED without it; with it, an unserved RPC
+    is UNIMPLEMENTED and raw contents that do not match the inputs are INVALID_ARGUMENT."""
+    grpc = pytest.importorskip("grpc")
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    pbg = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
+    from inferline._frontdoors import FrontDoorGrpc
+
+    _svc, fd = make_service()
+
+    async def main() -> None:
+        g = FrontDoorGrpc(fd, token="s3cret")
+        port = await g.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = pbg.GRPCInferenceServiceStub(ch)
+                calls = [
+                    (stub.ServerLive, pb.ServerLiveRequest()),
+                    (stub.ServerReady, pb.ServerReadyRequest()),
+                    (stub.ModelReady, pb.ModelReadyRequest(name="dbl")),
+                    (stub.ServerMetadata, pb.ServerMetadataRequest()),
+                    (stub.ModelMetadata, pb.ModelMetadataRequest(name="dbl")),
+                    (stub.ModelStatistics, pb.ModelStatisticsRequest(name="dbl")),
+                    (stub.RepositoryIndex, pb.RepositoryIndexRequest()),
+                ]
+                for meta in ((), (("authorization", "Bearer wrong"),)):
+                    for rpc, req in calls:
+                        with pytest.raises(grpc.aio.AioRpcError) as e:
+                            await rpc(req, metadata=meta)
+                        assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED, rpc
+                ok = (("authorization", "Bearer s3cret"),)
+                assert (await stub.ModelReady(pb.ModelReadyRequest(name="dbl"), metadata=ok)).ready
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.RepositoryIndex(pb.RepositoryIndexRequest(), metadata=ok)
+                assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                req = pb.ModelInferRequest(model_name="dbl")
+                req.inputs.add(name="x", datatype="FP32", shape=[1, 3])
+                req.inputs.add(name="z", datatype="FP32", shape=[1, 3])
+                req.raw_input_contents.append(np.zeros(3, np.float32).tobytes())
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.ModelInfer(req, metadata=ok)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "raw_input_contents" in e.value.details()
+        finally:
+            await g.stop()
+
+    run(main())
