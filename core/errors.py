@@ -78,10 +78,12 @@ class OverloadedError(InferlineError):
 class DeadlineExceededError(InferlineError):
     """The query's deadline passed before it was processed (only when expiry is enabled)."""
 
-    def __init__(self, model: str, late_by_s: float) -> None:
+    def __init__(self, model: str, late_by_s: float, message: str | None = None) -> None:
         self.model = model
         self.late_by_s = late_by_s
-        super().__init__(f"deadline exceeded at model {model!r} by {late_by_s * 1e3:.1f} ms")
+        super().__init__(
+            message or f"deadline exceeded at model {model!r} by {late_by_s * 1e3:.1f} ms"
+        )
 
 
 class BackendError(InferlineError):

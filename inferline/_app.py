@@ -510,7 +510,10 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
-    sock.set_inheritable(True)
+    # Not inheritable (Python's default, said here because it matters): uvloop's subprocess
+    # spawn keeps inheritable fds open, and replicas holding the listening socket kept the
+    # port accepting connections that nobody would answer after the server stopped.
+    sock.set_inheritable(False)
     return sock
 
 

@@ -330,10 +330,15 @@ class Service:
                 async with asyncio.timeout(wait):
                     out = await app.handler(x, slo)
             except TimeoutError:
+                why = f"no prediction within {wait * 1e3:.0f} ms (SLO {slo * 1e3:.0f} ms)"
+                if not app.has_default:
+                    outcome = "error"  # a 504, not a default: count it as one
+                    elapsed = self._clock() - t0
+                    raise DeadlineExceededError(
+                        app.name, elapsed - slo, f"app {app.name!r}: {why}"
+                    ) from None
                 outcome = "default"
-                return self._default(
-                    app, qid, t0, f"no prediction within {wait * 1e3:.0f} ms", "timeout"
-                )
+                return self._default(app, qid, t0, why, "timeout")
             except OverloadedError:
                 outcome = "overloaded"
                 raise
@@ -369,8 +374,6 @@ class Service:
             raise
 
     def _default(self, app: App, qid: str, t0: float, why: str, kind: str) -> Prediction:
-        if not app.has_default:
-            raise DeadlineExceededError(app.name, self._clock() - t0 - app.slo_s)
         lat = self._clock() - t0
         self.metrics.observe(app.name, lat, "default")
         self.metrics.defaults(app.name, kind)

@@ -330,6 +330,20 @@ class Dispatcher:
             if not w.done():
                 w.set_result(None)
 
+    @staticmethod
+    def _compact(q: _ModelQueue) -> int:
+        """Drop the entries already answered elsewhere (a query that got its default or whose
+        client left cancels its future, and leaves the entry until a puller reaches it), so
+        that they do not count against ``max_queue``; returns the live count. O(n), only when
+        the queue looks full."""
+        heap = q.heap
+        live = [e for e in heap if not e[_FUT].done()]
+        if len(live) < len(heap):
+            q.cancelled += len(heap) - len(live)
+            heapq.heapify(live)
+            heap[:] = live  # in place: pullers hold this list
+        return len(heap)
+
     def _purge_head(self, q: _ModelQueue, now: float) -> None:
         heap = q.heap
         while heap:
@@ -511,7 +525,10 @@ class Dispatcher:
         if not deadline <= math.inf:  # NaN or not a number would corrupt the heap order
             raise ValidationError("deadline", "a number (clock time)", deadline)
         now = self._clock()
-        if len(q.heap) + q.in_flight >= q.max_queue:
+        if (
+            len(q.heap) + q.in_flight >= q.max_queue
+            and self._compact(q) + q.in_flight >= q.max_queue
+        ):
             q.rejected += 1
             if self._listeners:
                 self._emit(ArrivalEvent(q.name, now, False, len(q.heap)))
@@ -567,7 +584,10 @@ class Dispatcher:
         the output, or the exception instance for an input that failed (the narrow waist's
         convention), so one bad input does not hide the others' results."""
         q = self._queue(self._routes.get(model, model))
-        if len(q.heap) + q.in_flight + len(xs) > q.max_queue:
+        if (
+            len(q.heap) + q.in_flight + len(xs) > q.max_queue
+            and self._compact(q) + q.in_flight + len(xs) > q.max_queue
+        ):
             q.rejected += len(xs)
             raise OverloadedError(q.name, q.max_queue)
         futs = [self._enqueue(q, x, deadline, arrival) for x in xs]
@@ -575,13 +595,14 @@ class Dispatcher:
 
     # -- observing ----------------------------------------------------------------------
     def queued(self, model: str) -> int:
-        return len(self._queue(model).heap)
+        """Queries waiting (not those answered elsewhere while queued)."""
+        return sum(1 for e in self._queue(model).heap if not e[_FUT].done())
 
     def stats(self, model: str) -> ModelStats:
         q = self._queue(model)
         return ModelStats(
             model=q.name,
-            queued=len(q.heap),
+            queued=sum(1 for e in q.heap if not e[_FUT].done()),
             in_flight=q.in_flight,
             in_flight_batches=q.in_flight_batches,
             replicas=sum(1 for p in q.pullers.values() if not p.stopping),

@@ -187,6 +187,19 @@ def test_default_output_when_slo_passes_and_respond_by_slo():
         assert "20 ms" in j["default_explanation"]
 
 
+def test_no_answer_in_time_without_a_default_is_a_504_counted_as_an_error():
+    """The bound is max_wait_s; the message names the app, the wait and the query's SLO (it
+    said "model 'slow'" and a negative overshoot when the request's SLO was the shorter)."""
+    svc = Service([App("slow", _slow, 1.0, max_wait_s=0.05)])
+    with TestClient(create_app(svc)) as c:
+        r = c.post("/apps/slow/predict", json={"input": 1, "latency_slo_ms": 20})
+        assert r.status_code == 504, r.text
+        assert r.json()["detail"] == "app 'slow': no prediction within 50 ms (SLO 20 ms)"
+        m = c.get("/metrics").text
+        assert 'inferline_requests_total{app="slow",outcome="error"} 1.0' in m
+        assert 'outcome="default"' not in m
+
+
 def _raiser(exc):
     async def handler(x, slo):
         raise exc

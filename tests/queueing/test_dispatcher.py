@@ -328,6 +328,38 @@ def test_cancelled_queries_are_skipped(vrun: Any) -> None:
     assert st.cancelled == 2 and st.completed == 3
 
 
+def test_cancelled_queries_do_not_fill_the_queue(vrun: Any) -> None:
+    """Queries answered elsewhere while queued (a default at the SLO, a client gone) leave
+    their entries until a puller reaches them; they neither count against max_queue (false
+    503s) nor as queued in the stats."""
+
+    async def scenario() -> tuple[int, int, ModelStats]:
+        loop = asyncio.get_running_loop()
+        d = Dispatcher(clock=loop.time)
+        d.add_model("m", batching=FixedBatching(1), max_queue=4)
+        d.set_replicas("m", [InProcessReplica("m", NoOpModel(), service_s=10.0)])
+        busy = asyncio.ensure_future(d.submit("m", "busy", deadline=100.0))
+        await asyncio.sleep(0.1)
+        gone = [asyncio.ensure_future(d.submit("m", i, deadline=100.0)) for i in range(3)]
+        await asyncio.sleep(0.1)
+        for t in gone:
+            t.cancel()
+        await asyncio.sleep(0)
+        queued_after_cancel = d.stats("m").queued
+        fresh = [asyncio.ensure_future(d.submit("m", i, deadline=100.0)) for i in range(3)]
+        await asyncio.sleep(0.1)
+        with pytest.raises(OverloadedError):  # busy + 3 live: full now
+            await d.submit("m", "one too many", deadline=100.0)
+        await asyncio.gather(busy, *fresh)
+        st = d.stats("m")
+        await d.close()
+        return queued_after_cancel, st.rejected, st
+
+    queued, rejected, st = vrun(scenario)
+    assert queued == 0 and rejected == 1
+    assert st.cancelled == 3 and st.completed == 4
+
+
 def test_unknown_model_and_bad_arguments(vrun: Any) -> None:
     d = Dispatcher()
     d.add_model("m")
