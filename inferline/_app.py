@@ -201,7 +201,16 @@ class _Guard:
             if not msg.get("more_body", False):
                 break
         raw = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        status, data, extra = await handle_predict(self.service, name, raw)
+        try:
+            status, data, extra = await handle_predict(self.service, name, raw)
+        except asyncio.CancelledError:
+            # A forced exit (a second Ctrl-C) cancels the requests still running: each gets
+            # an explicit 503 instead of uvicorn's plain-text 500 and a logged traceback.
+            with contextlib.suppress(Exception):
+                await _send_plain(
+                    send, 503, {"detail": "the server is exiting", "error": "ShuttingDown"}
+                )
+            return
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(data)).encode()),
@@ -408,7 +417,13 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> Any:
-        yield
+        try:
+            yield
+        except asyncio.CancelledError:
+            # A forced exit (a second Ctrl-C) cancels the lifespan while it waits for the
+            # shutdown: end quietly (Starlette would log the cancellation as a traceback).
+            # The replicas go with the process (atexit, and their parent-death watch).
+            return
         if close_service_on_shutdown:
             await service.close()
 

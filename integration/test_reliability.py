@@ -222,3 +222,46 @@ def test_overload_3x_capacity_explicit_errors_bounded_memory_recovery(small_serv
     assert after.percentile(99) < 0.5
     m = httpx.get(url + "/metrics").text
     assert 'outcome="overloaded"' in m
+
+
+def test_stopping_refuses_new_connections_and_a_forced_exit_answers_in_flight(tmp_path):
+    """SIGINT: the port stops accepting at once (replicas do not hold the listening socket);
+    a second SIGINT forces the exit, and the requests still running get a JSON 503, not a
+    bare 500 with tracebacks in the log."""
+    dep = sleep_deployment(base_s=4.0, max_queue=50, slo_ms=20_000.0)
+    plan = Plan("sleep", 1.0, {"m": ModelConfig("cpu", 1, 1)})
+    dpath, ppath = _write(tmp_path, dep, plan)
+    srv = ServerProcess(dpath, ppath, log_path=tmp_path / "server.log").start()
+    try:
+        answers: list[httpx.Response | Exception] = []
+
+        def ask() -> None:
+            try:
+                answers.append(
+                    httpx.post(srv.url + "/apps/app/predict", json={"input": [1.0]}, timeout=30)
+                )
+            except httpx.HTTPError as e:
+                answers.append(e)
+
+        import threading
+
+        threads = [threading.Thread(target=ask) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)  # all three in flight (one in the replica, two queued)
+        srv.proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        with pytest.raises(httpx.ConnectError):  # refused, not accepted and left unanswered
+            httpx.post(srv.url + "/apps/app/predict", json={"input": [1.0]}, timeout=5)
+        srv.proc.send_signal(signal.SIGINT)
+        for t in threads:
+            t.join(30)
+        assert srv.proc.wait(20) == 130
+    finally:
+        srv.stop()
+    assert len(answers) == 3
+    for a in answers:
+        assert isinstance(a, httpx.Response), a
+        assert a.status_code == 503 and a.json()["error"] == "ShuttingDown", a.text
+    log = srv.log_tail(100_000)
+    assert "Traceback" not in log, log

@@ -90,6 +90,7 @@ class _Slot:
     restart_task: asyncio.Task[None] | None = None
     failures: int = 0  # consecutive failed starts
     restarts: int = 0
+    given_up: bool = False  # restarts stopped after max_start_failures; scale() retries
 
 
 @dataclass
@@ -242,6 +243,13 @@ class LocalBackend(ModelRegistry):
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValidationError("replicas", "an integer >= 0", replicas)
         m = self._get(model)
+        # A slot given up on (it kept failing to start) is still counted, so a scale() to
+        # the same count would do nothing: an explicit scale is the operator's (or the
+        # tuner's) word to try those again.
+        for s in m.slots:
+            if s.given_up:
+                s.given_up, s.failures = False, 0
+                s.restart_task = asyncio.create_task(self._restart(m, s), name="restart-retry")
         cur = len(m.slots)
         m.config = ModelConfig(m.config.hardware, m.config.max_batch_size, replicas)
         if replicas > cur:
@@ -514,10 +522,12 @@ class LocalBackend(ModelRegistry):
                 log.warning("restart %d of a %r replica failed: %s", s.failures, m.spec.name, e)
                 if s.failures >= self.max_start_failures:
                     log.error(
-                        "giving up on a replica of %r after %d failed starts",
+                        "giving up on a replica of %r after %d failed starts (a scale() "
+                        "tries again)",
                         m.spec.name,
                         s.failures,
                     )
+                    s.given_up = True
                     return
                 delay = min(10.0, 0.2 * 2**s.failures)
                 continue

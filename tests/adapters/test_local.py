@@ -378,3 +378,26 @@ def test_oversubscription_is_bounded_per_core() -> None:
     with pytest.raises(CapacityError, match=f"more than {MAX_USERS_PER_CORE} replica threads"):
         inv.allocate("m", "cpu", 1, 1)
     assert sum(inv._core_users.values()) == 2 * MAX_USERS_PER_CORE  # nothing half-taken
+
+
+def test_scale_tries_again_a_replica_given_up_on(tmp_path: Path) -> None:
+    """A replica that keeps failing to start is given up on (its slot stays, counted); a
+    later scale() to the same count starts it again instead of doing nothing."""
+    w, bias = tmp_path / "w.npy", tmp_path / "b.npy"
+    np.save(w, np.eye(3, dtype=np.float32))
+    np.save(bias, np.zeros(3, dtype=np.float32))
+
+    async def body(b: LocalBackend, events: list[tuple[str, list[str]]]) -> None:
+        spec = ModelSpec("lin", f"{EX}:linear", {"weights": str(w), "bias": str(bias)})
+        await b.deploy(spec, ModelConfig("cpu", 1, 1))
+        (first,) = b.replicas("lin")
+        w.rename(tmp_path / "moved.npy")  # every restart now fails to load
+        os.kill(first.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        await wait_until(lambda: b._models["lin"].slots[0].given_up, 20, "giving up on the replica")
+        assert b.replicas("lin") == []
+        (tmp_path / "moved.npy").rename(w)
+        await b.scale("lin", 1)
+        await wait_until(lambda: len(b.replicas("lin")) == 1, 20, "the replica after scale()")
+        assert await b.replicas("lin")[0].predict_batch([[0.0, 2.0, 1.0]]) == [1]
+
+    run(body, max_start_failures=2)
