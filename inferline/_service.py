@@ -382,12 +382,19 @@ class Service:
     # -- lifecycle -----------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
         replicas: dict[str, int] = {}
+        unresponsive: dict[str, int] = {}
         if self.backend is not None:
             for m in self.models:
                 try:
-                    replicas[m] = len(self.backend.replicas(m))
+                    handles = self.backend.replicas(m)
                 except InferlineError:
-                    replicas[m] = 0
+                    handles = []
+                # a replica that stopped answering its heartbeats (hung, or stopped) is not
+                # counted as serving, though the backend has not replaced it yet
+                stuck = sum(1 for h in handles if getattr(h, "unresponsive", False))
+                replicas[m] = len(handles) - stuck
+                if stuck:
+                    unresponsive[m] = stuck
         idle = self._idle_variants()
         ok = not self.closing and all(n > 0 for m, n in replicas.items() if m not in idle)
         out: dict[str, Any] = {
@@ -397,6 +404,8 @@ class Service:
         }
         if idle:
             out["idle_variants"] = sorted(idle)
+        if unresponsive:
+            out["unresponsive"] = unresponsive
         return out
 
     def _idle_variants(self) -> set[str]:

@@ -116,7 +116,9 @@ class LocalBackend(ModelRegistry):
         heartbeat_interval_s, heartbeat_timeout_s, heartbeat_misses: the gRPC ping every
             interval; a replica missing ``heartbeat_misses`` pings in a row is killed and restarted.
         busy_heartbeat_misses: the same limit while a batch is in flight (a long native call
-            can starve the ping without the replica being hung); default 60.
+            can starve the ping without the replica being hung); default 20 (about 30 s with
+            the default ping). From ``heartbeat_misses`` misses on, a busy replica is marked
+            ``unresponsive`` (``/healthz`` does not count it) until it answers again.
         start_timeout_s: how long a replica may take from spawn to its first healthy ping.
         drain_timeout_s: how long scale-down waits for an in-flight batch before killing.
         predict_timeout_s: optional deadline for one batch RPC (None: rely on health checks).
@@ -139,7 +141,7 @@ class LocalBackend(ModelRegistry):
         heartbeat_interval_s: float = 0.5,
         heartbeat_timeout_s: float = 1.0,
         heartbeat_misses: int = 4,
-        busy_heartbeat_misses: int = 60,
+        busy_heartbeat_misses: int = 20,
         start_timeout_s: float = 60.0,
         drain_timeout_s: float = 60.0,
         predict_timeout_s: float | None = None,
@@ -460,9 +462,11 @@ class LocalBackend(ModelRegistry):
                 return
             if await r.ping(self.heartbeat_timeout_s):
                 r.heartbeat_misses = 0
+                r.unresponsive = False
                 r.last_heartbeat_mono = time.monotonic()
                 continue
             r.heartbeat_misses += 1
+            r.unresponsive = r.heartbeat_misses >= self.heartbeat_misses
             # A container inside a long native call may hold the GIL and starve the replica's
             # ping thread without being hung, so a busy replica gets far more slack.
             limit = self.busy_heartbeat_misses if r.inflight else self.heartbeat_misses

@@ -77,6 +77,9 @@ class LocalReplica:
         self.tasks: list[asyncio.Task[Any]] = []
         self.heartbeat_misses = 0
         self.last_heartbeat_mono: float | None = None
+        # missed as many pings in a row as an idle replica may (it may still be inside a
+        # long batch): /healthz does not count it as serving until it answers again
+        self.unresponsive = False
         self.last_stats: dict[str, Any] = {}
 
     # -- ReplicaHandle ----------------------------------------------------------------------

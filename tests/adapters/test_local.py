@@ -263,6 +263,10 @@ def test_heartbeat_detects_a_hung_replica() -> None:
         await asyncio.sleep(0.1)
         os.kill(r.pid, signal.SIGSTOP)  # type: ignore[attr-defined]
         t0 = time.monotonic()
+        # marked unresponsive (health stops counting it) from the idle limit on, before the
+        # busy limit kills it
+        await wait_until(lambda: r.unresponsive, 3, "the replica marked unresponsive")  # type: ignore[attr-defined]
+        assert r.alive
         with pytest.raises(ReplicaError, match="missed 6 heartbeats"):
             await call
         assert time.monotonic() - t0 >= 0.6

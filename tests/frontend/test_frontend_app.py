@@ -348,3 +348,20 @@ def test_inputs_decoded_only_when_tagged():
         assert post("/apps/k/predict", json=tagged).json()["output"] == "ndarray"
         nested = {"input": [{"bytes_b64": "AAE="}, 3]}
         assert post("/apps/k/predict", json=nested).json()["output"] == ["bytes", "int"]
+
+
+def test_health_does_not_count_a_replica_that_stopped_answering_heartbeats():
+    """A replica the backend marks unresponsive (hung, not yet replaced) is not serving."""
+
+    class _Handle:  # a fake: only the attribute Service.health reads
+        def __init__(self, unresponsive: bool) -> None:
+            self.unresponsive = unresponsive
+
+    class _Backend:  # a fake backend: two replicas of m, one of them hung
+        def replicas(self, model):
+            return [_Handle(False), _Handle(True)] if model == "m" else [_Handle(True)]
+
+    svc = Service([App("dbl", _slow, 1.0)], backend=_Backend(), models=["m", "n"])
+    h = svc.health()
+    assert h["replicas"] == {"m": 1, "n": 0} and h["unresponsive"] == {"m": 1, "n": 1}
+    assert h["status"] == "degraded"
