@@ -523,7 +523,13 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as e:  # in use, not an address of this machine, privileged port
+        sock.close()
+        raise ValidationError(
+            "--host/--port", "an address this server can listen on", f"{host}:{port} ({e.strerror})"
+        ) from None
     sock.listen(2048)
     # Not inheritable (Python's default, said here because it matters): uvloop's subprocess
     # spawn keeps inheritable fds open, and replicas holding the listening socket kept the

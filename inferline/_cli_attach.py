@@ -104,6 +104,9 @@ def _attach(args: argparse.Namespace) -> int:
             )
         inputs = raw
     token = args.token or os.environ.get(_TOKEN_ENV) or None
+    from ._cli_serve import warn_open_host
+
+    warn_open_host(args.host, token)
 
     async def main() -> int:
         att = await attach(args.url, models=models, **opts)

@@ -210,14 +210,19 @@ def _serve(args: argparse.Namespace) -> int:
     return _serve_with(args, dep, plan)
 
 
+def warn_open_host(host: str, token: str | None) -> None:
+    """Binding beyond loopback without a token: say so (serve and attach)."""
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        log.warning(
+            "serving on %s without a bearer token: anyone who can reach it may call it", host
+        )
+
+
 def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
     token = _token(args)
     # built (and validated) before anything starts
     tuner_config = TunerConfig(**ladder_knobs(args))
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
-        log.warning(
-            "serving on %s without a bearer token: anyone who can reach it may call it", args.host
-        )
+    warn_open_host(args.host, token)
     run(
         serve_forever(
             dep,

@@ -55,6 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    if not args.debug:  # a line per HTTP request from the client library is noise in a CLI
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     try:
         rc = args.func(args)
     except InferlineError as e:

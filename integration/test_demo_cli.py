@@ -50,6 +50,11 @@ def test_serve_deploy_replay(tmp_path):
     with ServerProcess(dep, token="tok") as srv:
         h = {"Authorization": "Bearer tok"}
         assert httpx.get(srv.url + "/healthz").status_code == 401
+        # a port in use: one line naming the address, not a traceback
+        port = srv.url.rsplit(":", 1)[1]
+        r = _cli("serve", "--deployment", str(dep), "--port", port)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert f"127.0.0.1:{port} (Address already in use)" in r.stderr, r.stderr
         r = _cli("deploy", str(plan), "--deployment", str(dep), "--url", srv.url, token="tok")
         assert r.returncode == 0, r.stderr
         assert "m: 2 replicas, max batch 4" in r.stdout
