@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -40,6 +41,7 @@ from . import _server
 from . import replica_pb2_grpc as pbg
 from ._handle import ACTIVE, DRAINING, STARTING, STOPPED, LocalReplica
 from ._inventory import Inventory, Placement, detect_cores, detect_gpus
+from ._server import TOKEN_ENV
 
 __all__ = ["REPLICA_MODULE", "LocalBackend"]
 
@@ -169,6 +171,9 @@ class LocalBackend(ModelRegistry):
         self.heartbeat_interval_s = heartbeat_interval_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.heartbeat_misses = heartbeat_misses
+        # Replica ports are on 127.0.0.1, but any local user could call them and skip the
+        # frontend's token and queue: each replica requires this backend's secret.
+        self._replica_token = secrets.token_urlsafe(24)
         self.busy_heartbeat_misses = max(busy_heartbeat_misses, heartbeat_misses)
         self.start_timeout_s = start_timeout_s
         self.drain_timeout_s = drain_timeout_s
@@ -321,6 +326,8 @@ class LocalBackend(ModelRegistry):
     def _replica_env(self, m: _Model, p: Placement) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.env)
+        # in the environment, not the command line: other users can read argv in ps
+        env[TOKEN_ENV] = self._replica_token
         n = str(m.spec.threads)
         for var in (
             "OMP_NUM_THREADS",
@@ -385,6 +392,7 @@ class LocalBackend(ModelRegistry):
                 ],
             )
             r.stub = pbg.ReplicaStub(r.channel)
+            r.metadata = (("authorization", f"Bearer {self._replica_token}"),)
             await asyncio.wait_for(
                 self._first_ping(r), max(0.1, t0 + self.start_timeout_s - time.monotonic())
             )

@@ -68,6 +68,8 @@ class LocalReplica:
         self.death_reason = ""
         self.channel: grpc.aio.Channel | None = None
         self.stub: pbg.ReplicaStub | None = None
+        # the backend's secret for its replicas' gRPC ports (see _server.TOKEN_ENV)
+        self.metadata: tuple[tuple[str, str], ...] = ()
         self.inflight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -121,7 +123,9 @@ class LocalReplica:
             return [bad[i] for i in range(n)]
         self.inflight += 1
         self.idle.clear()
-        call = self.stub.PredictBatch(req, timeout=self._backend.predict_timeout_s)
+        call = self.stub.PredictBatch(
+            req, timeout=self._backend.predict_timeout_s, metadata=self.metadata
+        )
         fut = asyncio.ensure_future(self._await_call(call))
         try:
             done, _ = await asyncio.wait({fut, self.died}, return_when=asyncio.FIRST_COMPLETED)
@@ -197,7 +201,7 @@ class LocalReplica:
         if self.stub is None:
             return False
         try:
-            await self.stub.Ping(pb.PingRequest(), timeout=timeout_s)
+            await self.stub.Ping(pb.PingRequest(), timeout=timeout_s, metadata=self.metadata)
         except grpc.aio.AioRpcError:
             return False
         return True
@@ -206,7 +210,7 @@ class LocalReplica:
         if self.stub is None or self.died.done():
             return self.last_stats
         with contextlib.suppress(grpc.aio.AioRpcError, ValueError, asyncio.TimeoutError):
-            resp = await self.stub.Info(pb.InfoRequest(), timeout=timeout_s)
+            resp = await self.stub.Info(pb.InfoRequest(), timeout=timeout_s, metadata=self.metadata)
             self.last_stats = json.loads(resp.stats_json)
         return self.last_stats
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hmac
 import importlib
 import json
 import logging
@@ -196,6 +197,29 @@ def _pin(cfg: dict[str, Any]) -> None:
             log.warning("could not pin replica to cores %s: %s", list(cores), e)
 
 
+TOKEN_ENV = "INFERLINE_REPLICA_TOKEN"
+
+
+class _TokenCheck:
+    """A gRPC server interceptor: every call must carry ``authorization: Bearer <token>``."""
+
+    def __init__(self, token: str) -> None:
+        import grpc
+
+        self._want = f"Bearer {token}".encode()
+
+        def deny(request: Any, context: Any) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong replica token")
+
+        self._deny = grpc.unary_unary_rpc_method_handler(deny)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        for k, v in details.invocation_metadata or ():
+            if k == "authorization" and hmac.compare_digest(v.encode(), self._want):
+                return continuation(details)
+        return self._deny
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -212,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # popped: the model's code and anything it starts need not see it
+    token = os.environ.pop(TOKEN_ENV, None)
     t0 = time.perf_counter()
     try:
         container = load_container(cfg["source"], dict(cfg.get("params") or {}), cfg["threads"])
@@ -224,6 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit = int(cfg.get("max_message_bytes", 64 << 20))
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="replica"),
+            interceptors=[_TokenCheck(token)] if token else [],
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),

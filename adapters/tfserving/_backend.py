@@ -407,6 +407,13 @@ class TFServingBackend(ModelRegistry):
             f"--rest_api_port={ep.rest.rpartition(':')[2]}",
             f"--model_config_file={ep.config_path}",
         ]
+        # tensorflow_model_server has no flag for its gRPC bind address: it listens on
+        # 0.0.0.0 with no credentials (model_servers/server.cc), model reloads included.
+        log.warning(
+            "launching tensorflow_model_server: its gRPC port %s listens on all interfaces "
+            "with no credentials; keep it behind a firewall or in its own network namespace",
+            ep.grpc.rpartition(":")[2],
+        )
         logf = open(ep.config_path.with_suffix(".log"), "ab")
         try:
             ep.proc = subprocess.Popen(

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 import numpy as np
 import pytest
 
@@ -405,3 +407,29 @@ def test_scale_tries_again_a_replica_given_up_on(tmp_path: Path) -> None:
         assert await b.replicas("lin")[0].predict_batch([[0.0, 2.0, 1.0]]) == [1]
 
     run(body, max_start_failures=2)
+
+
+def test_a_replica_port_answers_only_its_backend() -> None:
+    """Replica ports are on 127.0.0.1, where any local user could call the model and skip
+    the frontend's token and queue: without the backend's secret a call is UNAUTHENTICATED.
+    The secret is not on the command line (ps shows that to everyone)."""
+    from inferline.adapters.local import replica_pb2 as pb
+    from inferline.adapters.local import replica_pb2_grpc as pbg
+
+    async def body(b: LocalBackend, events: list[tuple[str, list[str]]]) -> None:
+        await b.deploy(ModelSpec("n", f"{EX}:noop"), ModelConfig("cpu", 1, 1))
+        (r,) = b.replicas("n")
+        assert await r.predict_batch([5]) == [5]  # the backend's own calls carry it
+        cmdline = Path(f"/proc/{r.pid}/cmdline").read_bytes()  # type: ignore[attr-defined]
+        assert b._replica_token.encode() not in cmdline
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{r.port}") as ch:  # type: ignore[attr-defined]
+            stub = pbg.ReplicaStub(ch)
+            for meta in ((), (("authorization", "Bearer guess"),)):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.Ping(pb.PingRequest(), metadata=meta, timeout=5)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.PredictBatch(pb.PredictRequest(), metadata=meta, timeout=5)
+                assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    run(body)
