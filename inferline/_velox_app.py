@@ -5,13 +5,16 @@
     "velox": {"store": "velox.sqlite",            # SQLite path (default: throwaway), or redis://...
               "models": [
                 {"name": "songs", "dim": 16,
-                 "features": {"model": "song-embedder", "output": "embedding", "timeout_ms": 200},
+                 "features": {"model": "song-embedder", "output": "embedding", "timeout_ms": 200,
+                              "input": {"dtype": "float32", "shape": [8]}},
                  "config": {"alpha": 1.0, "ridge_lambda": 1.0}},
                 {"name": "movies",
                  "features": {"table": "item_factors.npz", "unknown": "mean"}}]}  # materialized
 
 A split model's features come from a model of the deployment (``output`` picks a field when the
-model answers with an object), called through the service's interposed queue (so Velox feature calls are batched, EDF-ordered and scaled like any other
+model answers with an object; ``input``, optional, is the form an item ``x`` must have, checked
+before the call so that a wrong one is a 422 naming ``x`` rather than the feature model's
+failure, a 502), called through the service's interposed queue (so Velox feature calls are batched, EDF-ordered and scaled like any other
 query); a table model reads ``ids`` and ``matrix`` arrays from an ``.npz`` file.
 """
 
@@ -62,8 +65,12 @@ class VeloxModelSpec:
                 f"{where}.features", "exactly one of 'model' or 'table'", sorted(feats)
             )
         if "model" in feats:
-            no_extra_keys(feats, {"model", "output", "timeout_ms"}, f"{where}.features")
+            no_extra_keys(feats, {"model", "output", "timeout_ms", "input"}, f"{where}.features")
             as_str(feats["model"], f"{where}.features.model")
+            if "input" in feats:
+                from ._service import InputSpec
+
+                InputSpec.from_dict(feats["input"], f"{where}.features.input")
             if "timeout_ms" in feats:
                 as_float(feats["timeout_ms"], f"{where}.features.timeout_ms", positive=True)
             if "dim" not in m:
@@ -110,7 +117,7 @@ class VeloxSpec:
 
 
 def _split_features(
-    service: Any, model: str, timeout_s: float, output: str | None
+    service: Any, model: str, timeout_s: float, output: str | None, spec: Any = None
 ) -> Callable[[Any], Any]:
     import asyncio
 
@@ -120,6 +127,8 @@ def _split_features(
         )
 
     async def features(x: Any) -> np.ndarray:
+        if spec is not None:
+            x = spec.check(x, "x")
         loop = asyncio.get_running_loop()
         out = await service.dispatcher.submit(model, x, deadline=loop.time() + timeout_s)
         if output is not None:
@@ -162,7 +171,14 @@ async def start_velox(service: Any, spec: VeloxSpec) -> Callable[[Any], Any]:
         if "model" in m.features:
             timeout = float(m.features.get("timeout_ms", 1000.0)) / 1e3
             assert m.dim is not None  # validated in from_dict
-            fn = _split_features(service, m.features["model"], timeout, m.features.get("output"))
+            spec_in = None
+            if "input" in m.features:
+                from ._service import InputSpec
+
+                spec_in = InputSpec.from_dict(m.features["input"])
+            fn = _split_features(
+                service, m.features["model"], timeout, m.features.get("output"), spec_in
+            )
             vm: Any = SplitModel(m.name, m.dim, fn)
         else:
             try:

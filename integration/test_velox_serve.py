@@ -48,7 +48,7 @@ def server(tmp_path_factory: pytest.TempPathFactory):
                 {
                     "name": "songs",
                     "dim": 3,
-                    "features": {"model": "embed"},
+                    "features": {"model": "embed", "input": {"dtype": "float32", "shape": [3]}},
                     "config": {"alpha": 0.0},
                 },
                 {"name": "songs5", "dim": 5, "features": {"model": "proj", "output": "scores"}},
@@ -82,6 +82,10 @@ def test_split_model_learns_a_user_through_backend_features(server: ServerProces
         )
         r = c.post("/velox/songs5/observe", json={"uid": "bob", "x": [1.0, 0.0, 0.0], "y": 1.0})
         assert r.status_code == 200, r.text
+        # an item the feature model's declared input refuses: 422 naming x, before the call
+        for bad in ("zzz", None, [1.0, 2.0], [[1.0, 2.0, 3.0]], ["1", "2", "3"]):
+            r = c.post("/velox/songs/observe", json={"uid": "alice", "x": bad, "y": 1.0})
+            assert r.status_code == 422 and r.json()["field"] == "x", (bad, r.text)
         # without the token: refused like every other endpoint
         assert (
             httpx.post(server.url + "/velox/songs/predict", json={"uid": "a", "x": x}).status_code
