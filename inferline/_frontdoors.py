@@ -514,6 +514,8 @@ def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
         name = parts[0]
         rest = parts[1:]
         if len(rest) >= 2 and rest[0] in ("versions", "labels"):
+            if rest[0] == "versions" and not rest[1].isdigit():
+                return name, "bad"  # TF Serving's versions are numbers
             rest = rest[2:]
         if rest == ["metadata"] and not verb:
             return name, "metadata"
@@ -594,11 +596,23 @@ def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
                 except (TypeError, ValueError) as e:
                     raise ValidationError(f"inputs.{k}", f"values of {dt}", str(e)) from None
 
+            if ("instances" in body) == ("inputs" in body):
+                raise ValidationError(
+                    "body", "exactly one of 'instances' or 'inputs'", sorted(body)
+                )
             if "instances" in body:
                 rows = body["instances"]
                 if not isinstance(rows, list) or not rows:
                     raise ValidationError("instances", "a non-empty list", rows)
                 if isinstance(rows[0], dict):
+                    keys = set(rows[0])
+                    for i, row in enumerate(rows):
+                        if not isinstance(row, dict) or set(row) != keys:
+                            raise ValidationError(
+                                f"instances[{i}]",
+                                f"an object with the keys of instances[0] {sorted(keys)}",
+                                row if not isinstance(row, dict) else sorted(row),
+                            )
                     tensors = {k: arr([row[k] for row in rows], k) for k in rows[0]}
                 else:
                     tensors = {names[0]: arr(rows, names[0])}
@@ -611,8 +625,6 @@ def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
                     else {names[0]: arr(x, names[0])}
                 )
                 row_format = False
-            else:
-                raise ValidationError("body", "'instances' or 'inputs'", sorted(body))
             outs = fd.stack(name, await fd.run(name, fd.queries(name, tensors)))
         except InferlineError as e:
             return _tf_error(e)

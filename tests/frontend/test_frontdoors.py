@@ -159,6 +159,16 @@ def test_tfserving_http_routes_and_token() -> None:
             assert r.status_code == 404
             r = await c.post("/v1/models/dbl:classify", headers=h, json={})
             assert r.status_code == 404
+            # malformed: both forms, rows with other keys, a version that is not a number
+            both = {"instances": [[1, 2, 3]], "inputs": [[1, 2, 3]]}
+            r = await c.post("/v1/models/dbl:predict", headers=h, json=both)
+            assert r.status_code == 400 and "exactly one of" in r.json()["error"]
+            rows = {"instances": [{"x": [1, 2, 3]}, {"z": [1, 2, 3]}]}
+            r = await c.post("/v1/models/dbl:predict", headers=h, json=rows)
+            assert r.status_code == 400 and "instances[1]" in r.json()["error"]
+            one = {"instances": [[1, 2, 3]]}
+            r = await c.post("/v1/models/dbl/versions/abc:predict", headers=h, json=one)
+            assert r.status_code == 404
 
     run(main())
 
