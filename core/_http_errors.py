@@ -97,25 +97,22 @@ def json_safe(v: Any) -> Any:
     return v
 
 
+# First match wins: MalformedJSON before the ValidationError it is.
+_STATUS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], int], ...] = (
+    (MalformedJSON, 400),
+    (ValidationError, 422),
+    (NotFoundError, 404),
+    ((OverloadedError, CapacityError, StorageError), 503),
+    (DeadlineExceededError, 504),
+    (BackendError, 502),
+    (InfeasibleError, 409),
+    (BodyTooLarge, 413),
+)
+
+
 def status_for(exc: BaseException) -> int:
-    """The HTTP status an inferline error maps to."""
-    if isinstance(exc, MalformedJSON):
-        return 400
-    if isinstance(exc, ValidationError):
-        return 422
-    if isinstance(exc, NotFoundError):
-        return 404
-    if isinstance(exc, OverloadedError | CapacityError | StorageError):
-        return 503
-    if isinstance(exc, DeadlineExceededError):
-        return 504
-    if isinstance(exc, BackendError):
-        return 502
-    if isinstance(exc, InfeasibleError):
-        return 409
-    if isinstance(exc, BodyTooLarge):
-        return 413
-    return 500
+    """The HTTP status an inferline error maps to (500 for anything else)."""
+    return next((code for kinds, code in _STATUS if isinstance(exc, kinds)), 500)
 
 
 def error_body(exc: BaseException) -> dict[str, Any]:
