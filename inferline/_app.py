@@ -32,6 +32,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferline.core import InferlineError, ValidationError
@@ -63,6 +64,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+# Headers, then body, each within this (408 otherwise): slow-loris clients hold no socket.
+DEFAULT_READ_TIMEOUT_S = 30.0
 MAX_SLO_MS = 3_600_000.0
 RouterSource = APIRouter | Callable[[Service], APIRouter]
 _JSON = "application/json"
@@ -177,6 +180,8 @@ class _Guard:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            return  # it left (or timed out) before its body arrived: nobody to answer
         except Exception:
             # Starlette has answered with the JSON 500 (create_app's handler) and re-raised
             # for the server to log: log it here and end the request normally instead.
@@ -569,14 +574,19 @@ async def serve_app(
     log_level: str = "warning",
     ready: Callable[[], None] | None = None,
     stop: asyncio.Event | None = None,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> None:
     """Serve ``app`` with uvicorn on ``sock`` in the running event loop until SIGINT/SIGTERM
     (main thread) or until ``stop`` is set. ``ready()`` is called once it accepts connections.
+    ``read_timeout_s``: how long a request may take to send its headers, and its body (408).
     """
     import uvicorn
 
+    from ._http_timeouts import timed_http_protocol
+
     config = uvicorn.Config(
         app,
+        http=timed_http_protocol(read_timeout_s),
         log_level=log_level,
         access_log=False,
         timeout_keep_alive=30,
@@ -617,6 +627,7 @@ def run_server(
     *,
     log_level: str = "warning",
     ready: Callable[[int], None] | None = None,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
 ) -> None:
     """Serve ``app`` on a fresh event loop (uvloop when installed) until interrupted.
 
@@ -626,7 +637,11 @@ def run_server(
     bound = sock.getsockname()[1]
     run_loop(
         serve_app(
-            app, sock, log_level=log_level, ready=None if ready is None else lambda: ready(bound)
+            app,
+            sock,
+            log_level=log_level,
+            ready=None if ready is None else lambda: ready(bound),
+            read_timeout_s=read_timeout_s,
         )
     )
 

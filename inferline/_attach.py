@@ -429,6 +429,7 @@ async def serve_attachment(
     max_body_bytes: int = 1 << 20,
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
+    read_timeout_s: float = 30.0,
 ) -> None:
     """Serve ``svc`` over HTTP (inferline's routes plus the KServe v2 and TF Serving front
     doors) and, unless ``grpc_port`` is None, gRPC front doors; until ``stop`` is set."""
@@ -459,7 +460,13 @@ async def serve_attachment(
         "models": sorted(svc.models),
     }
     try:
-        await serve_app(app, sock, ready=None if ready is None else lambda: ready(info), stop=stop)
+        await serve_app(
+            app,
+            sock,
+            ready=None if ready is None else lambda: ready(info),
+            stop=stop,
+            read_timeout_s=read_timeout_s,
+        )
     finally:
         if g is not None:
             await g.stop()

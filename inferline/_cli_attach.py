@@ -26,6 +26,7 @@ from inferline.core import (
 )
 
 from ._cli_plan import _nonneg as _rate_margin
+from ._cli_serve import add_read_timeout
 
 _TOKEN_ENV = "INFERLINE_TOKEN"
 
@@ -184,6 +185,7 @@ def _attach(args: argparse.Namespace) -> int:
                 token=token,
                 max_body_bytes=args.max_body_bytes,
                 ready=ready,
+                read_timeout_s=args.read_timeout_s,
             )
             return 0
         finally:
@@ -283,6 +285,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         default=1 << 20,
         help="largest HTTP request body and gRPC message, bytes (default %(default)s)",
     )
+    add_read_timeout(a)
     a.add_argument("--ready-file", default=None, help="write {url, grpc, pid} here once serving")
     a.set_defaults(func=_attach)
 

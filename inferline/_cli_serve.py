@@ -151,6 +151,7 @@ async def serve_forever(
     token: str | None,
     max_body_bytes: int,
     ready_file: str | None,
+    read_timeout_s: float = 30.0,
     tuner: str = "inferline",
     tuner_config: TunerConfig | None = None,
     variant_switching: bool = True,
@@ -199,7 +200,7 @@ async def serve_forever(
             os.replace(tmp, ready_file)
         print(f"inferline: serving {sorted(svc.apps)} at {url} (docs: {url}/docs)", flush=True)
 
-    await serve_app(app, sock, ready=ready)
+    await serve_app(app, sock, ready=ready, read_timeout_s=read_timeout_s)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -232,6 +233,7 @@ def _serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             token=token,
             max_body_bytes=args.max_body_bytes,
             ready_file=args.ready_file,
+            read_timeout_s=args.read_timeout_s,
             tuner=getattr(args, "tuner", "inferline"),
             tuner_config=tuner_config,
             variant_switching=getattr(args, "variant_switching", True),
@@ -278,11 +280,33 @@ def _deploy(args: argparse.Namespace) -> int:
     return _serve_with(args, dep, plan)
 
 
+def _read_timeout(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 < v <= 3600:
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600], got {text!r}")
+    return v
+
+
+def add_read_timeout(p: argparse.ArgumentParser) -> None:
+    """``--read-timeout-s`` (serve and attach)."""
+    p.add_argument(
+        "--read-timeout-s",
+        type=_read_timeout,
+        default=30.0,
+        help="a request's headers, then its body, must arrive within this; else 408 "
+        "(default %(default)s)",
+    )
+
+
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
     p.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit")
+    add_read_timeout(p)
     p.add_argument("--ready-file", default=None, help="write {url, pid} here once serving")
     p.add_argument(
         "--tuner",
