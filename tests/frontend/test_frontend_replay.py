@@ -21,6 +21,11 @@ async def _slow(x, slo):
     return x
 
 
+async def _slower(x, slo):
+    await asyncio.sleep(0.6)
+    return x
+
+
 async def _fast(x, slo):
     return x
 
@@ -30,6 +35,7 @@ def server():
     svc = Service(
         [
             App("slow", _slow, 1.0),
+            App("slower", _slower, 2.0),
             App("fast", _fast, 1.0),
             App("late", _slow, 0.02, default_output="d", respond_by_slo=True),
         ]
@@ -58,14 +64,16 @@ def server():
 
 def test_open_loop_does_not_wait_for_answers(server):
     n = 40
-    arrivals = np.linspace(0.0, 0.2, n)  # 40 queries in 200 ms, each answered after 250 ms
-    res = replay_sync(arrivals, server, "slow", encode_bodies([1, 2, 3]), connections=4)
+    arrivals = np.linspace(0.0, 0.2, n)  # 40 queries in 200 ms, each answered after 600 ms
+    res = replay_sync(arrivals, server, "slower", encode_bodies([1, 2, 3]), connections=4)
     assert res.n == n
     assert (res.status == 200).all()
-    # every request went out on schedule although answers take 250 ms (new connections opened)
-    assert float(np.max(res.send_lag_s)) < 0.1
-    assert float(res.sent_s[-1]) < 0.3
-    assert res.percentile(50) == pytest.approx(0.25, abs=0.08)
+    # every request went out on schedule although answers take 600 ms (new connections
+    # opened): a client that waited for answers would send the 5th query >= 0.55 s late.
+    # The bound leaves room for a loaded CI machine (a 0.12 s lag was seen under load).
+    assert float(np.max(res.send_lag_s)) < 0.3
+    assert float(res.sent_s[-1]) < 0.5
+    assert res.percentile(50) == pytest.approx(0.6, abs=0.15)
     s = res.summary()
     assert s["answered"] == s["ok"] == n and s["errors"] == 0
     assert s["offered_qps"] == pytest.approx((n - 1) / 0.2)
