@@ -2,20 +2,21 @@
 
 Same contract as :class:`~inferline.velox.SQLiteStore`. The observation log is a sorted set
 scored by a sequence number that a Lua script allocates and appends atomically, so frontends
-interleave without conflicts; each frontend writes only the users of its uid partitions.
+interleave without conflicts; each frontend writes only the users of its uid partitions, and a
+lease per model (``claim``) refuses a second server of the same users.
 Durability is the Redis server's: run it with ``appendonly yes`` (and ``appendfsync always`` to
 survive power loss) for an acknowledged observation to survive a server restart.
 
 Keys (prefix ``velox`` by default): ``{p}:{model}:seq``, ``:obs`` (zset seq -> record),
 ``:versions`` (hash), ``:state:{v}``, ``:current``, ``:users:{v}`` (hash uid -> record),
-``:events`` (list). Records are JSON; vectors base64 little-endian float64. Nothing is pickled.
+``:events`` (list), ``:claims`` (zset name -> lease expiry), ``:claim_owners``. Records are JSON; vectors base64 little-endian float64. Nothing is pickled.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from inferline.core.errors import NotFoundError, ValidationError
 
 from ._codec import dumps, loads, vector_from_bytes, vector_to_bytes
 from ._model import NewObservation, Observation
+from ._redis_claim import claim_users
 from ._store import UserRow, VersionRecord
 
 __all__ = ["RedisStore"]
@@ -57,8 +59,14 @@ class RedisStore:
     """Velox state in Redis. ``url`` like ``redis://127.0.0.1:6379/0``; needs ``redis`` (pip)."""
 
     def __init__(
-        self, url: str = "redis://127.0.0.1:6379/0", *, prefix: str = "velox", client: Any = None
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "velox",
+        client: Any = None,
+        claim_ttl_s: float = 10.0,
     ) -> None:
+        self._where = url if client is None else f"{prefix} (given client)"
         if client is None:
             try:
                 import redis
@@ -67,13 +75,32 @@ class RedisStore:
                     "store", "the 'redis' package (pip install redis)", "missing"
                 ) from e
             client = redis.Redis.from_url(url, decode_responses=True)
+        if not 0 < claim_ttl_s <= 3600:
+            raise ValidationError("claim_ttl_s", "seconds in (0, 3600]", claim_ttl_s)
         self.r = client
         self.prefix = prefix
+        self.claim_ttl_s = claim_ttl_s
         self._append = self.r.register_script(_APPEND)
         self._put_version = self.r.register_script(_PUT_VERSION)
 
     def _k(self, model: str, *parts: object) -> str:
         return ":".join([self.prefix, model, *map(str, parts)])
+
+    def claim(
+        self, model: str, partitions: Sequence[int] | None, n_partitions: int
+    ) -> Callable[[], None]:
+        """Serve ``model``'s users in ``partitions`` (None: all) from this process alone: a
+        lease renewed until the returned release (see ``_redis_claim``); another running
+        server's lease is refused with ValidationError naming the store."""
+        return claim_users(
+            self.r,
+            (self._k(model, "claims"), self._k(model, "claim_owners")),
+            model,
+            partitions,
+            n_partitions,
+            ttl_s=self.claim_ttl_s,
+            where=self._where,
+        )
 
     # -- observation log
 

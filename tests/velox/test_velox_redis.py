@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 from _velox_helpers import make_model, make_table
 
+from inferline.core.errors import ValidationError
 from inferline.velox import RedisStore, VeloxConfig, VeloxService, partition_of
 
 
@@ -48,3 +54,86 @@ def test_redis_store_two_partitioned_frontends_retrain_and_restart(redis_url: st
         await c.close()
 
     asyncio.run(main())
+
+
+def test_redis_a_second_server_on_the_same_users_is_refused(redis_url: str) -> None:
+    """As with SQLite's locks (test_velox_service), but a lease: renewed while its server
+    runs (so it outlives its TTL), released by close()."""
+    ttl = 0.6
+
+    async def main() -> None:
+        a = VeloxService(RedisStore(redis_url, claim_ttl_s=ttl))
+        await a.register(make_model())
+        await asyncio.sleep(3 * ttl)  # renewed, not expired
+        b = VeloxService(RedisStore(redis_url, claim_ttl_s=ttl))
+        with pytest.raises(ValidationError, match=r"velox\.store: .* no other running server"):
+            await b.register(make_model())
+        with pytest.raises(ValidationError, match="all its users"):
+            await b.register(make_model(), VeloxConfig(partitions=2, owned_partitions=(1,)))
+        c = VeloxService(RedisStore(redis_url, claim_ttl_s=ttl))
+        await c.register(make_model("n"), VeloxConfig(partitions=2, owned_partitions=(1,)))
+        d = VeloxService(RedisStore(redis_url, claim_ttl_s=ttl))
+        await d.register(make_model("n"), VeloxConfig(partitions=2, owned_partitions=(0,)))
+        with pytest.raises(ValidationError, match="partition 1 of 2"):
+            await b.register(make_model("n"), VeloxConfig(partitions=2, owned_partitions=(1,)))
+        with pytest.raises(ValidationError, match=r"partition \d of 2; held by"):
+            await b.register(make_model("n"))  # all users: refused while any partition is held
+        await c.close()
+        await d.close()
+        await a.observe("m", "u", 1, 2.0)
+        await a.close()
+        t0 = time.monotonic()
+        await b.register(make_model())  # free at once: close() released the lease
+        assert time.monotonic() - t0 < ttl
+        assert b.user("m", "u")["observations"] == 1
+        await b.close()
+
+    asyncio.run(main())
+
+
+_HOLDER = """
+import asyncio, sys
+sys.path[:0] = sys.argv[2:]
+from _velox_helpers import make_model
+from inferline.velox import RedisStore, VeloxService
+
+async def main():
+    s = VeloxService(RedisStore(sys.argv[1], claim_ttl_s=1.0))
+    await s.register(make_model())
+    await s.observe("m", "u", 1, 2.0)
+    print("ready", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_redis_lease_of_a_killed_server_expires(redis_url: str) -> None:
+    """A server killed without closing cannot release its lease: the next one waits for it
+    to expire (one TTL), then resumes with the killed server's acknowledged observation."""
+    here = str(Path(__file__).parent)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, redis_url, here], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+
+        async def refused() -> None:
+            s = VeloxService(RedisStore(redis_url, claim_ttl_s=1.0))
+            with pytest.raises(ValidationError, match=f"held by .*:{p.pid}:.*got 'redis://"):
+                await s.register(make_model())
+
+        asyncio.run(refused())
+    finally:
+        p.kill()
+        p.wait()
+
+    async def after() -> None:
+        s = VeloxService(RedisStore(redis_url, claim_ttl_s=1.0))
+        t0 = time.monotonic()
+        await s.register(make_model())
+        assert time.monotonic() - t0 < 1.6
+        assert s.user("m", "u")["observations"] == 1
+        await s.close()
+
+    asyncio.run(after())
