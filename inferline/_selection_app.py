@@ -159,7 +159,7 @@ def make_selection_app(
     is also what a low-confidence answer falls back to."""
     from inferline.adapters import PluginHost
 
-    from ._service import App
+    from ._service import App, DefaultAnswer
 
     if known_models is not None:
         unknown = sorted(set(spec.models) - set(known_models))
@@ -186,12 +186,14 @@ def make_selection_app(
     )
     selection_services(service)[name] = sel
 
-    async def pipeline(x: Any, ctx: Any) -> dict[str, Any]:
+    async def pipeline(x: Any, ctx: Any) -> dict[str, Any] | DefaultAnswer:
         user = current_user.get()
         p = await sel.predict(x, deadline=ctx.deadline, user=user, call=ctx.predict)
         out = p.to_dict()
         out["selection_query_id"] = out.pop("query_id")
         out["user"] = user
+        if p.default:  # said at the top of the response and counted in /metrics, too
+            return DefaultAnswer(out, p.default_explanation or "selection default", "selection")
         return out
 
     async def close_store() -> None:

@@ -36,7 +36,7 @@ from inferline.core import (
 
 from ._metrics import ServiceMetrics
 
-__all__ = ["App", "InputSpec", "Prediction", "Service", "json_default"]
+__all__ = ["App", "DefaultAnswer", "InputSpec", "Prediction", "Service", "json_default"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,17 @@ def _brief(v: Any) -> Any:
     """``v`` itself when short (the error message reprs it), else a truncated repr."""
     r = repr(v)
     return v if len(r) <= 60 else r[:57] + "..."
+
+
+@dataclass(frozen=True)
+class DefaultAnswer:
+    """What a pipeline returns to answer with a default of its own (e.g. a selection app's
+    confidence below its threshold): the response says ``default: true`` with ``explanation``
+    and ``/metrics`` counts it under ``reason``, like the app's own default output."""
+
+    output: Any
+    explanation: str
+    reason: str = "pipeline"
 
 
 @dataclass(frozen=True)
@@ -358,6 +369,12 @@ class Service:
                 return self._default(app, qid, t0, f"{type(e).__name__}: {e}", "error")
             if isinstance(out, OverloadedError | ValidationError):
                 raise out
+            if isinstance(out, DefaultAnswer):
+                outcome = "default"
+                lat = self._clock() - t0
+                self.metrics.observe(app.name, lat, "default")
+                self.metrics.defaults(app.name, out.reason)
+                return Prediction(qid, out.output, True, out.explanation, lat)
             if isinstance(out, BaseException):
                 # A model answered this one input with an error value.
                 outcome = "default" if app.has_default else "error"

@@ -18,6 +18,7 @@ import numpy as np
 from inferline.core.errors import ValidationError
 
 from ._policy import (
+    MISSING,
     Combined,
     Loss,
     WeightState,
@@ -40,12 +41,23 @@ __all__ = [
 
 class _Base:
     name = "base"
+    # The service passes MISSING for selected models that did not answer, and the selection
+    # probabilities of the query (``selected_p``): see SelectionService.feedback.
+    observes_missing = True
 
     def __init__(
-        self, models: Sequence[str], *, loss: Loss = zero_one_loss, rng: random.Random | None = None
+        self,
+        models: Sequence[str],
+        *,
+        loss: Loss = zero_one_loss,
+        missing_loss: float = 1.0,
+        rng: random.Random | None = None,
     ) -> None:
         self.models = check_models(models)
         self.loss = loss
+        if not (isinstance(missing_loss, int | float) and 0.0 <= missing_loss <= 1e6):
+            raise ValidationError("missing_loss", "a number >= 0", missing_loss)
+        self.missing_loss = float(missing_loss)
         self.rng = rng if rng is not None else random.Random(0)
 
     def init(self) -> WeightState:
@@ -54,7 +66,7 @@ class _Base:
     def state_from_dict(self, d: Mapping[str, Any]) -> WeightState:
         st = WeightState.from_dict(d)
         if st.models != self.models:
-            raise ValidationError("state.models", f"{list(self.models)!r}", list(st.models))
+            st = _migrated(st, self.models)
         return st
 
     def combine(self, state: WeightState, x: Any, predictions: Mapping[str, Any]) -> Combined:
@@ -69,7 +81,7 @@ class _Base:
         raise NotImplementedError
 
     def config(self) -> dict[str, Any]:
-        return {"policy": self.name, "models": list(self.models)}
+        return {"policy": self.name, "models": list(self.models), "missing_loss": self.missing_loss}
 
     def _counted(
         self, state: WeightState, feedback: Any, predictions: Mapping[str, Any]
@@ -81,7 +93,7 @@ class _Base:
         losses = []
         for m, y in predictions.items():
             i = state.index(m)
-            loss = self.loss(feedback, y)
+            loss = self.missing_loss if y is MISSING else self.loss(feedback, y)
             counts[i] += 1
             tl[i] += loss
             losses.append((i, loss))
@@ -89,10 +101,34 @@ class _Base:
         return losses, new
 
     def observe(
-        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+        self,
+        state: WeightState,
+        x: Any,
+        feedback: Any,
+        predictions: Mapping[str, Any],
+        selected_p: Mapping[str, float] | None = None,
     ) -> WeightState:
         """Reference policies only count: their choice is computed from counts and losses."""
         return self._counted(state, feedback, predictions)[1]
+
+
+def _migrated(st: WeightState, models: tuple[str, ...]) -> WeightState:
+    """A stored state for another model list (models added or removed since it was learned):
+    kept models keep what they learned; a new one starts level with the best (log-weight 0
+    after renormalization), so it is tried, and untried by the count-based policies."""
+    old = {m: i for i, m in enumerate(st.models)}
+    top = max(st.log_weights) if st.log_weights else 0.0
+
+    def pick(seq: Sequence[Any], fresh: Any) -> tuple[Any, ...]:
+        return tuple(seq[old[m]] if m in old else fresh for m in models)
+
+    return WeightState(
+        models,
+        pick(st.log_weights, top),
+        pick(st.counts, 0),
+        pick(st.total_loss, 0.0),
+        st.steps,
+    )
 
 
 def _renormalized(lw: Sequence[float], floor: float) -> tuple[float, ...]:
@@ -176,16 +212,30 @@ class Exp3(_Base):
         y = next(iter(predictions.values()))
         return Combined(y, 1.0, 1, 1)
 
+    def selection_probabilities(self, state: WeightState) -> dict[str, float]:
+        p = self.probabilities(state)
+        return {m: float(p[i]) for i, m in enumerate(state.models)}
+
     def observe(
-        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+        self,
+        state: WeightState,
+        x: Any,
+        feedback: Any,
+        predictions: Mapping[str, Any],
+        selected_p: Mapping[str, float] | None = None,
     ) -> WeightState:
+        """``predictions``: the selected model's (MISSING if it did not answer: loss
+        ``missing_loss``). ``selected_p``: the probabilities it was selected with (the
+        importance weight must be that p_i, not the p of a later state when feedback is
+        delayed); the current ones when not given."""
         if not predictions:
             return state
         p = self.probabilities(state)
         lw = list(state.log_weights)
         losses, new = self._counted(state, feedback, predictions)
         for i, loss in losses:
-            lw[i] -= self.eta * loss / p[i]
+            pi = p[i] if selected_p is None else selected_p.get(state.models[i], p[i])
+            lw[i] -= self.eta * loss / max(pi, 1e-12)
         return replace(new, log_weights=_renormalized(lw, self.weight_floor))
 
     def config(self) -> dict[str, Any]:
@@ -218,7 +268,12 @@ class Exp4(_Base):
         return list(state.models)
 
     def observe(
-        self, state: WeightState, x: Any, feedback: Any, predictions: Mapping[str, Any]
+        self,
+        state: WeightState,
+        x: Any,
+        feedback: Any,
+        predictions: Mapping[str, Any],
+        selected_p: Mapping[str, float] | None = None,
     ) -> WeightState:
         lw = list(state.log_weights)
         losses, new = self._counted(state, feedback, predictions)

@@ -20,6 +20,7 @@ import numpy as np
 from inferline.core.errors import ValidationError
 
 __all__ = [
+    "MISSING",
     "Combined",
     "Loss",
     "SelectionPolicy",
@@ -30,6 +31,18 @@ __all__ = [
 ]
 
 Loss = Callable[[Any, Any], float]
+
+
+class _Missing:
+    """The prediction of a selected model that did not answer by the deadline (or failed)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+# Passed to ``observe`` of policies with ``observes_missing = True`` (the built-ins): a model
+# that never answers must lose weight, or the others' losses would make it the favourite.
+MISSING: Any = _Missing()
 
 
 def as_label(y: Any) -> Hashable:

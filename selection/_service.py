@@ -25,7 +25,7 @@ import numpy as np
 
 from inferline.core.errors import NotFoundError, ValidationError
 
-from ._policy import Combined, SelectionPolicy
+from ._policy import MISSING, Combined, SelectionPolicy, as_label
 from ._store import MemoryStore, StateStore
 
 __all__ = ["Prediction", "SelectionConfig", "SelectionService", "input_digest"]
@@ -112,17 +112,37 @@ class _Logged:
     context: str
     x: Any
     predictions: dict[str, Any]
+    selected: tuple[str, ...] = ()
+    # the policy's selection probabilities when the query was made (Exp3's importance weight)
+    selected_p: dict[str, float] | None = None
     # (label, answer) once feedback for the query is applied: a retried feedback must not
     # count twice
     feedback: tuple[Any, dict[str, Any]] | None = None
 
 
 def _same_label(a: Any, b: Any) -> bool:
-    # labels may be lists or arrays, where == is not a plain bool
+    # labels may be lists or arrays, where == is not a plain bool; 1 and 1.0 are one label
     def key(v: Any) -> str:
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            v = float(v)
         return json.dumps(v, sort_keys=True, default=repr)
 
     return key(a) == key(b)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float | np.number) and not isinstance(v, bool | np.bool_)
+
+
+def _check_label_kind(label: Any, predictions: Mapping[str, Any]) -> None:
+    """A text label for models that answer numbers (or the reverse) would count as every
+    model's mistake: refuse it, naming what the models answer."""
+    kinds = {_is_number(as_label(y)) for y in predictions.values()}
+    outs = {type(as_label(y)) for y in predictions.values()}
+    if kinds == {True} and isinstance(label, str):
+        raise ValidationError("label", 'a number, as the models answer (e.g. 2, not "2")', label)
+    if outs and all(t is str for t in outs) and _is_number(label):
+        raise ValidationError("label", "a string, as the models answer", label)
 
 
 class SelectionService:
@@ -195,7 +215,8 @@ class SelectionService:
                 else:
                     failed.append(f"{m}: {t.exception()}")
         combined: Combined = self.policy.combine(state, x, preds)
-        self._remember(qid, ctx, x, preds)
+        probs = getattr(self.policy, "selection_probabilities", None)
+        self._remember(qid, _Logged(ctx, x, preds, tuple(chosen), probs(state) if probs else None))
         default, why = False, None
         if not preds:
             default, why = (
@@ -221,9 +242,9 @@ class SelectionService:
             tuple(preds),
         )
 
-    def _remember(self, qid: str, ctx: str, x: Any, preds: dict[str, Any]) -> None:
-        self._log[qid] = _Logged(ctx, x, preds)
-        self._by_input[input_digest(x)] = qid
+    def _remember(self, qid: str, entry: _Logged) -> None:
+        self._log[qid] = entry
+        self._by_input[input_digest(entry.x)] = qid
         while len(self._log) > self.config.log_capacity:
             old, entry = self._log.popitem(last=False)
             d = input_digest(entry.x)
@@ -239,39 +260,95 @@ class SelectionService:
         The update is a read-modify-write in the store, so with a durable store the feedback is
         persisted once this returns. Feedback counts once per query: the same label again (a
         client's retry) returns the first answer with ``"duplicate": true`` and changes
-        nothing; another label is refused.
+        nothing; another label is refused. The store keeps a receipt of each feedback in the
+        same transaction, so this holds after a restart too, when the query log (memory) is
+        gone: a 404 then means the feedback did not count.
         """
         if query_id is None and x is None:
             raise ValidationError("query_id", "a query id or the input the feedback is about", None)
-        if query_id is None:
-            query_id = self._by_input.get(input_digest(x))
+        digest = input_digest(x) if query_id is None else None
+        if digest is not None:
+            query_id = self._by_input.get(digest)
             if query_id is None:
-                raise NotFoundError("logged prediction for input", input_digest(x))
+                dup = self._receipted(f"{self.app}/receipt-input/{digest}", label, digest)
+                if dup is not None:
+                    return dup
+                raise NotFoundError("logged prediction for input", digest)
+        assert query_id is not None
         entry = self._log.get(query_id)
         if entry is None:
+            dup = self._receipted(f"{self.app}/receipt/{query_id}", label, query_id)
+            if dup is not None:
+                return dup
             raise NotFoundError("query id (not in the recent-predictions log)", query_id)
         if entry.feedback is not None:
             first, answer = entry.feedback
-            if _same_label(first, label):
-                return {**answer, "duplicate": True}
-            raise ValidationError(
-                "label",
-                f"the label already recorded for query {query_id!r} ({first!r}); "
-                "feedback counts once per query",
-                label,
-            )
-        ctx = entry.context if user is None else self.context_key(user)
+            return self._duplicate(first, answer, label, query_id)
+        ctx = self._feedback_context(entry, user)
+        _check_label_kind(label, entry.predictions)
+        if getattr(self.policy, "observes_missing", False):
+            # a selected model that did not answer loses too (else it becomes the favourite)
+            preds = {m: entry.predictions.get(m, MISSING) for m in entry.selected}
+            preds.update(entry.predictions)
+            extra: dict[str, Any] = {"selected_p": entry.selected_p}
+        else:
+            preds, extra = entry.predictions, {}
 
         def apply(raw: dict[str, Any] | None) -> Mapping[str, Any]:
             st = self.policy.state_from_dict(raw) if raw is not None else self.policy.init()
-            return self.policy.observe(st, entry.x, label, entry.predictions).to_dict()
+            return self.policy.observe(st, entry.x, label, preds, **extra).to_dict()
 
-        new = self.store.update(ctx, apply)
-        answer = {
-            "query_id": query_id,
-            "context": ctx,
-            "models_observed": sorted(entry.predictions),
-            "steps": new.get("steps"),
-        }
+        def answer_for(new: Mapping[str, Any]) -> dict[str, Any]:
+            return {
+                "query_id": query_id,
+                "context": ctx,
+                "models_observed": sorted(entry.predictions),
+                "steps": new.get("steps"),
+            }
+
+        rkeys = [f"{self.app}/receipt/{query_id}"]
+        if len(rkeys[0]) > 512:  # a client's id too long for a store key: no receipt
+            rkeys = []
+        rkeys.append(f"{self.app}/receipt-input/{input_digest(entry.x)}")
+        if hasattr(self.store, "receipt"):  # a store of one's own may lack receipts
+            new = self.store.update(  # type: ignore[call-arg]
+                ctx, apply, receipt=(rkeys, lambda n: {"label": label, "answer": answer_for(n)})
+            )
+        else:
+            new = self.store.update(ctx, apply)
+        answer = answer_for(new)
         entry.feedback = (label, answer)
         return answer
+
+    def _feedback_context(self, entry: _Logged, user: str | None) -> str:
+        """The query's context; ``user`` may name it, or personalize a query made without a
+        user, but not move another user's query."""
+        if user is None:
+            return entry.context
+        ctx = self.context_key(user)
+        if ctx != entry.context and entry.context != self.context_key(None):
+            raise ValidationError(
+                "user",
+                f"the user the query was made for (context {entry.context!r}), or none",
+                user,
+            )
+        return ctx
+
+    def _receipted(self, rkey: str, label: Any, name: str) -> dict[str, Any] | None:
+        """The duplicate answer if the store has a receipt under ``rkey`` (counted before)."""
+        get = getattr(self.store, "receipt", None)
+        if get is None or len(rkey) > 512:
+            return None
+        rec = get(rkey)
+        return None if rec is None else self._duplicate(rec["label"], rec["answer"], label, name)
+
+    @staticmethod
+    def _duplicate(first: Any, answer: dict[str, Any], label: Any, name: str) -> dict[str, Any]:
+        if _same_label(first, label):
+            return {**answer, "duplicate": True}
+        raise ValidationError(
+            "label",
+            f"the label already recorded for query {name!r} ({first!r}); "
+            "feedback counts once per query",
+            label,
+        )

@@ -6,6 +6,11 @@ States are JSON objects (``state.to_dict()``). Three stores with one interface:
 - ``SQLiteStore``: persistent; WAL journal and ``synchronous=FULL`` so an update that returned
   (was acknowledged) survives a crash of the process (kill -9) or the machine.
 - ``RedisStore``: shared by several frontends; optional (needs the ``redis`` package and a server).
+
+An update may carry a *receipt* (``update(..., receipt=(keys, make))``): a small record written
+in the same transaction as the state, readable with ``receipt(key)``. Feedback leaves one, so a
+client retrying after a crash learns whether its first try counted (the query log is in memory).
+Receipts are bounded: the newest ``receipt_capacity`` in memory and SQLite, a TTL in Redis.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +29,8 @@ from inferline.core.errors import BackendError, StorageError, ValidationError
 __all__ = ["MemoryStore", "RedisStore", "SQLiteStore", "StateStore", "open_store"]
 
 JSONState = dict[str, Any]
+# keys to file the receipt under, and its record made from the state the update wrote
+Receipt = tuple[Sequence[str], Callable[[JSONState], Mapping[str, Any]]]
 
 
 @runtime_checkable
@@ -34,7 +41,7 @@ class StateStore(Protocol):
 
     def update(
         self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]
-    ) -> JSONState: ...
+    ) -> JSONState: ...  # stores with receipts also take ``receipt: Receipt | None = None``
 
     def delete(self, key: str) -> None: ...
 
@@ -50,11 +57,13 @@ def _check_key(key: object) -> str:
 class MemoryStore:
     """In-memory LRU store; thread-safe."""
 
-    def __init__(self, capacity: int = 100_000) -> None:
+    def __init__(self, capacity: int = 100_000, receipt_capacity: int = 100_000) -> None:
         if capacity < 1:
             raise ValidationError("capacity", "an integer >= 1", capacity)
         self.capacity = capacity
+        self.receipt_capacity = receipt_capacity
         self._data: OrderedDict[str, str] = OrderedDict()
+        self._receipts: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: str) -> JSONState | None:
@@ -73,7 +82,12 @@ class MemoryStore:
             while len(self._data) > self.capacity:
                 self._data.popitem(last=False)
 
-    def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
+    def update(
+        self,
+        key: str,
+        fn: Callable[[JSONState | None], Mapping[str, Any]],
+        receipt: Receipt | None = None,
+    ) -> JSONState:
         with self._lock:
             raw = self._data.get(_check_key(key))
             new = dict(fn(json.loads(raw) if raw is not None else None))
@@ -81,10 +95,23 @@ class MemoryStore:
             self._data.move_to_end(key)
             while len(self._data) > self.capacity:
                 self._data.popitem(last=False)
+            if receipt is not None:
+                rkeys, make = receipt
+                rec = json.dumps(dict(make(new)))
+                for rk in rkeys:
+                    self._receipts[_check_key(rk)] = rec
+                    self._receipts.move_to_end(rk)
+                while len(self._receipts) > self.receipt_capacity:
+                    self._receipts.popitem(last=False)
             return new
 
+    def receipt(self, key: str) -> JSONState | None:
+        with self._lock:
+            raw = self._receipts.get(key)
+        return None if raw is None else json.loads(raw)  # type: ignore[no-any-return]
+
     def delete(self, key: str) -> None:
-        with self._lock, self._errors():
+        with self._lock:
             self._data.pop(_check_key(key), None)
 
     def __len__(self) -> int:
@@ -100,8 +127,10 @@ class SQLiteStore:
     A write the file cannot take (disk full, read-only) raises ``StorageError`` (HTTP 503),
     and a store that cannot be written at all is refused when it opens."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, receipt_capacity: int = 100_000) -> None:
         self.path = Path(path)
+        self.receipt_capacity = receipt_capacity
+        self._receipts_since_prune = 0
         self._lock = threading.Lock()
         with self._errors():
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
@@ -110,6 +139,9 @@ class SQLiteStore:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+            )
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS receipts (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
             )
             # a real write: a read-only file fails here, not at the first acknowledged update
             self._db.execute("CREATE TABLE IF NOT EXISTS writable (ok INTEGER PRIMARY KEY)")
@@ -138,7 +170,12 @@ class SQLiteStore:
                 (_check_key(key), raw),
             )
 
-    def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
+    def update(
+        self,
+        key: str,
+        fn: Callable[[JSONState | None], Mapping[str, Any]],
+        receipt: Receipt | None = None,
+    ) -> JSONState:
         with self._lock, self._errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -151,6 +188,8 @@ class SQLiteStore:
                     "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
                     (key, json.dumps(new)),
                 )
+                if receipt is not None:
+                    self._write_receipt(receipt, new)
                 self._db.execute("COMMIT")
             except BaseException:
                 # a failed COMMIT (disk full) may have ended the transaction already
@@ -158,6 +197,27 @@ class SQLiteStore:
                     self._db.execute("ROLLBACK")
                 raise
         return new
+
+    def _write_receipt(self, receipt: Receipt, new: JSONState) -> None:
+        rkeys, make = receipt
+        rec = json.dumps(dict(make(new)))
+        for rk in rkeys:
+            # REPLACE gives the row a new, highest rowid: rowid order is write order
+            self._db.execute(
+                "INSERT OR REPLACE INTO receipts(key, value) VALUES(?, ?)", (_check_key(rk), rec)
+            )
+        self._receipts_since_prune += 1
+        if self._receipts_since_prune >= 256:  # keep the newest receipt_capacity rows
+            self._receipts_since_prune = 0
+            self._db.execute(
+                "DELETE FROM receipts WHERE rowid <= (SELECT MAX(rowid) FROM receipts) - ?",
+                (self.receipt_capacity,),
+            )
+
+    def receipt(self, key: str) -> JSONState | None:
+        with self._lock, self._errors():
+            row = self._db.execute("SELECT value FROM receipts WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else None
 
     def delete(self, key: str) -> None:
         with self._lock, self._errors():
@@ -176,8 +236,12 @@ class RedisStore:
     """Store shared by several frontends; updates use WATCH/MULTI optimistic transactions."""
 
     def __init__(
-        self, url: str = "redis://127.0.0.1:6379/0", prefix: str = "inferline:state:"
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        prefix: str = "inferline:state:",
+        receipt_ttl_s: int = 7 * 86400,
     ) -> None:
+        self.receipt_ttl_s = receipt_ttl_s
         try:
             import redis
         except ImportError:  # pragma: no cover - depends on the optional extra
@@ -202,7 +266,12 @@ class RedisStore:
     def put(self, key: str, state: Mapping[str, Any]) -> None:
         self._redis.set(self._k(key), json.dumps(dict(state)))
 
-    def update(self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]) -> JSONState:
+    def update(
+        self,
+        key: str,
+        fn: Callable[[JSONState | None], Mapping[str, Any]],
+        receipt: Receipt | None = None,
+    ) -> JSONState:
         k = self._k(key)
         with self._redis.pipeline() as pipe:
             while True:
@@ -212,10 +281,22 @@ class RedisStore:
                     new = dict(fn(json.loads(raw) if raw is not None else None))
                     pipe.multi()
                     pipe.set(k, json.dumps(new))
+                    if receipt is not None:
+                        rkeys, make = receipt
+                        rec = json.dumps(dict(make(new)))
+                        for rk in rkeys:
+                            pipe.set(self._rk(rk), rec, ex=self.receipt_ttl_s)
                     pipe.execute()
                     return new
                 except self._watch_error:
                     continue
+
+    def _rk(self, key: str) -> str:
+        return self.prefix + "receipt:" + _check_key(key)
+
+    def receipt(self, key: str) -> JSONState | None:
+        raw = self._redis.get(self._rk(key))
+        return json.loads(raw) if raw is not None else None
 
     def delete(self, key: str) -> None:
         self._redis.delete(self._k(key))

@@ -6,7 +6,7 @@
     POST /velox/{model}/retrain    {"reason": str?, "wait": bool?}              -> RetrainJob (202)
     GET  /velox/{model}/versions                                                -> versions
     POST /velox/{model}/rollback   {"version": int}                             -> VersionRecord
-    GET  /velox/{model}/users/{uid}, /stats, /events
+    GET  /velox/{model}/users/{uid} (uid may hold "/"), /stats, /events
 
 An item ``x`` is any JSON value, or a tensor as ``{"dtype", "shape", "b64"}`` (the project wire form)
 (base64 raw bytes). Errors have the shape of every inferline route,
@@ -205,7 +205,7 @@ def make_velox_router(
 
         return await guarded(run)
 
-    @router.get("/{model}/users/{uid}")
+    @router.get("/{model}/users/{uid:path}")
     async def user(model: str, uid: str) -> JSONResponse:
         async def run() -> Any:
             return service.user(model, uid)

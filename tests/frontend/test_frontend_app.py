@@ -14,7 +14,7 @@ import pytest
 from fastapi import APIRouter
 
 from inferline._app import create_app, status_for
-from inferline._service import App, InputSpec, Service
+from inferline._service import App, DefaultAnswer, InputSpec, Service
 from inferline.core import (
     BackendError,
     DeadlineExceededError,
@@ -198,6 +198,23 @@ def test_no_answer_in_time_without_a_default_is_a_504_counted_as_an_error():
         m = c.get("/metrics").text
         assert 'inferline_requests_total{app="slow",outcome="error"} 1.0' in m
         assert 'outcome="default"' not in m
+
+
+def test_a_pipelines_own_default_is_said_and_counted():
+    """A pipeline answering DefaultAnswer (a selection app below its confidence threshold):
+    default at the top of the response, and counted in /metrics under its reason."""
+
+    async def unsure(x, slo):
+        return DefaultAnswer({"inner": x}, "confidence 0.33 below the threshold 0.50", "selection")
+
+    svc = Service([App("unsure", unsure, 1.0)])
+    with TestClient(create_app(svc)) as c:
+        j = c.post("/apps/unsure/predict", json={"input": 1}).json()
+        assert j["default"] is True and j["output"] == {"inner": 1}
+        assert j["default_explanation"] == "confidence 0.33 below the threshold 0.50"
+        m = c.get("/metrics").text
+        assert 'inferline_requests_total{app="unsure",outcome="default"} 1.0' in m
+        assert 'reason="selection"' in m
 
 
 def _raiser(exc):

@@ -108,5 +108,19 @@ def test_make_policy_round_trips_config_and_names_bad_fields():
         Exp3(MODELS, eta=-1)
     with pytest.raises(ValidationError, match="models"):
         Exp4(["a", "a"])
-    with pytest.raises(ValidationError, match=r"state\.models"):
-        Exp4(MODELS).state_from_dict(WeightState.fresh(["x"]).to_dict())
+    with pytest.raises(ValidationError, match="missing_loss"):
+        Exp3(MODELS, missing_loss=-1)
+
+
+def test_a_state_learned_for_other_models_is_migrated():
+    """Models added to an app since its state was learned start level with the best one;
+    removed ones are dropped; what the kept ones learned is kept (it was a 422 before)."""
+    old = WeightState(("a", "b", "gone"), (0.0, -3.0, -1.0), (5, 7, 2), (0.0, 4.0, 1.0), 14)
+    p = Exp3(["b", "a", "new"])
+    st = p.state_from_dict(old.to_dict())
+    assert st.models == ("b", "a", "new")
+    assert st.log_weights == (-3.0, 0.0, 0.0)
+    assert st.counts == (7, 5, 0) and st.total_loss == (4.0, 0.0, 0.0) and st.steps == 14
+    assert UCB1(["a", "new"]).select(UCB1(["a", "new"]).state_from_dict(old.to_dict()), None) == [
+        "new"
+    ]  # the untried model first

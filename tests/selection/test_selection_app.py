@@ -96,6 +96,9 @@ def test_ensemble_app_feedback_by_id_input_and_user(tmp_path):
                     assert r.status_code == 200, r.text
                     out = r.json()["output"]
                     answers.append(out)
+                    # a low-confidence default is said at the top of the response too
+                    assert r.json()["default"] == out["default"]
+                    assert r.json().get("default_explanation") == out.get("default_explanation")
                     fb = await c.post(
                         "/apps/vote/feedback",
                         json={"query_id": out["selection_query_id"], "label": int(yte[i])},

@@ -154,6 +154,17 @@ def test_malformed_requests_name_the_field(
     assert field in err["detail"]
 
 
+def test_a_uid_with_slashes_can_be_looked_up(client: TestClient) -> None:
+    uid = next(u for u in (f"org/team/{j}" for j in range(100)) if partition_of(u, 2) == 0)
+    assert (
+        client.post("/velox/movies/observe", json={"uid": uid, "x": 3, "y": 1.0}).status_code == 200
+    )
+    r = client.get(f"/velox/movies/users/{uid.replace('/', '%2F')}")
+    assert r.status_code == 200, r.text
+    assert r.json()["uid"] == uid and r.json()["observations"] == 1
+    assert client.get(f"/velox/movies/users/{uid}").json()["uid"] == uid
+
+
 def test_not_found_misrouted_and_oversized(client: TestClient) -> None:
     uid = _owned_uid()
     r = client.post("/velox/nope/predict", json={"uid": uid, "x": 1})
