@@ -49,7 +49,7 @@ def test_acknowledged_sqlite_updates_survive_kill_9(tmp_path):
         from inferline.selection import SQLiteStore
         s = SQLiteStore({str(db)!r})
         for i in range(1, 100000):
-            s.update("ctx", lambda old, i=i: {{"n": i}})
+            s.update("ctx", lambda old, i=i: {{"n": i}}, receipt=([f"r{{i}}"], lambda n: n))
             print(i, flush=True)  # acknowledged only after update() returned
         """
     )
@@ -63,8 +63,10 @@ def test_acknowledged_sqlite_updates_survive_kill_9(tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert acked >= 50
-    stored = SQLiteStore(db).get("ctx")["n"]
+    reopened = SQLiteStore(db)
+    stored = reopened.get("ctx")["n"]
     assert stored >= acked  # every acknowledged write is there (one more may have landed)
+    assert reopened.receipt(f"r{acked}") == {"n": acked}  # and its receipt, same transaction
 
 
 def _free_port():
@@ -105,3 +107,6 @@ def test_redis_store_shared_between_clients(redis_url):
     assert a.get("k") == {"n": 2}
     a.delete("k")
     assert b.get("k") is None
+    b.update("k", lambda old: {"n": 7}, receipt=(["q1", "in1"], lambda n: {"steps": n["n"]}))
+    assert a.receipt("q1") == a.receipt("in1") == {"steps": 7} and a.receipt("q2") is None
+    assert 0 < a._redis.ttl(a._rk("q1")) <= 7 * 86400  # bounded by a TTL
