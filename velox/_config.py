@@ -39,7 +39,11 @@ class StalenessConfig:
     the slow one by roughly the rate at which the loss rises, so ``(fast - slow) / slow >
     threshold`` means "rising faster than ``threshold``". ``min_observations`` since the last
     (re)train must be seen before the rule can fire, and after a trigger it is re-armed only by
-    a new version, so one drift triggers one retrain.
+    a new version. A retrain that follows an abrupt drift at once learns from few new
+    observations, and the new version's loss stays high but flat: then, ``min_observations``
+    into the new version, a loss still above ``(1 + threshold)`` times the level before the
+    drift triggers again (at most ``follow_up_retrains`` times per drift), each retrain with
+    more of the new data.
     """
 
     # Defaults: on stationary squared-error noise the trend stays below ~0.22 over 50k
@@ -50,6 +54,10 @@ class StalenessConfig:
     threshold: float = 0.3
     min_observations: int = 1000
     auto_retrain: bool = True
+    # After a drift's retrain, the rule above sees a flat (high) loss and would never fire
+    # again; so, once min_observations have been seen on the new version, a loss still above
+    # (1 + threshold) x the level before the drift is stale too, up to this many retrains.
+    follow_up_retrains: int = 5
 
     def __post_init__(self) -> None:
         _positive("staleness.fast_halflife", self.fast_halflife)
@@ -62,6 +70,7 @@ class StalenessConfig:
             )
         _positive("staleness.threshold", self.threshold)
         _positive("staleness.min_observations", self.min_observations, allow_zero=True)
+        _positive("staleness.follow_up_retrains", self.follow_up_retrains, allow_zero=True)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

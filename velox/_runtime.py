@@ -278,7 +278,6 @@ class Runtime:
         job = None
         if verdict.stale:
             detail = {
-                "reason": "loss rising",
                 **verdict.to_dict(),
                 "threshold": self.config.staleness.threshold,
                 "version": live.version,
@@ -286,10 +285,12 @@ class Runtime:
             self.store.record_event(self.name, "stale", detail, self.clock())
             log.info("model %r is stale: %s", self.name, detail)
             if self.config.staleness.auto_retrain:
-                job = self.start_retrain(
-                    f"stale: loss trend {verdict.trend:.3f} > {self.config.staleness.threshold}"
-                    f" after {verdict.observations} observations"
+                why = (
+                    f"loss trend {verdict.trend:.3f} > {self.config.staleness.threshold}"
+                    if verdict.reason == "loss rising"
+                    else f"{verdict.reason} ({self.detector.reference:.4g})"
                 )
+                job = self.start_retrain(f"stale: {why} after {verdict.observations} observations")
         self._since_checkpoint += 1
         if self._since_checkpoint >= self.config.checkpoint_every:
             self.start_checkpoint()

@@ -29,6 +29,7 @@ class StalenessVerdict:
     slow: float
     trend: float
     observations: int
+    reason: str = ""  # "loss rising", or "loss still above the level before the drift"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -37,6 +38,7 @@ class StalenessVerdict:
             "slow": self.slow,
             "trend": self.trend,
             "observations": self.observations,
+            "reason": self.reason,
         }
 
     @classmethod
@@ -110,6 +112,10 @@ class StalenessDetector:
         self._slow = _Ewma(self._slow_decay)
         self._seen = 0
         self._armed = True
+        # the slow average when a drift was first flagged (the loss the model had before it),
+        # kept across versions until a version brings the loss back near it
+        self.reference: float | None = None
+        self._follow_ups = 0
         self.global_loss = LossStats(self._slow_decay)
         self.users: dict[str, LossStats] = {}
 
@@ -138,18 +144,30 @@ class StalenessDetector:
         self._slow.add(loss)
         fast, slow = self._fast.value, self._slow.value
         trend = (fast - slow) / slow if slow > 0 else 0.0
-        stale = (
-            self._armed
-            and self._seen >= self.config.min_observations
-            and trend > self.config.threshold
-        )
-        if stale:
+        cfg = self.config
+        if not (self._armed and self._seen >= cfg.min_observations):
+            return StalenessVerdict(False, fast, slow, trend, self._seen)
+        reason = ""
+        if trend > cfg.threshold:
+            reason = "loss rising"
+            if self.reference is None:
+                self.reference, self._follow_ups = slow, 0
+        elif self.reference is not None:
+            if fast <= (1.0 + cfg.threshold) * self.reference:
+                self.reference = None  # recovered
+            elif self._follow_ups < cfg.follow_up_retrains:
+                self._follow_ups += 1
+                reason = "loss still above the level before the drift"
+            else:
+                self.reference = None  # give up until the loss rises again
+        if reason:
             self._armed = False
-        return StalenessVerdict(stale, fast, slow, trend, self._seen)
+        return StalenessVerdict(bool(reason), fast, slow, trend, self._seen, reason)
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "armed": self._armed,
+            "reference": self.reference,
             "observations_since_reset": self._seen,
             "fast": self._fast.value,
             "slow": self._slow.value,

@@ -357,6 +357,42 @@ def test_staleness_triggers_a_recorded_retrain() -> None:
     run(main)
 
 
+def test_an_abrupt_drift_is_followed_up_until_the_loss_comes_down() -> None:
+    """The items' true factors change at once: the first retrain learns from a handful of
+    new observations and the loss stays high but flat; follow-up retrains (each with more of
+    the new data) bring it down. Before, nothing fired again and the loss stayed put."""
+    k, n_items, n_users = 4, 120, 20
+    rng = np.random.default_rng(0)
+    v_old, v_new = rng.normal(size=(n_items, k)), rng.normal(size=(n_items, k))
+    users = rng.normal(size=(n_users, k))
+    ids = [f"i{j}" for j in range(n_items)]
+    table = FeatureTable(ids, np.hstack([np.ones((n_items, 1)), np.zeros((n_items, 1)), v_old]))
+
+    async def main() -> tuple[list[float], list[str]]:
+        svc = VeloxService()
+        cfg = VeloxConfig(alpha=0.0, staleness=StalenessConfig(min_observations=400))
+        await svc.register(TableModel("m", table, mf_iters=10), cfg)
+        losses = []
+        for t in range(5000):
+            v = v_old if t < 1200 else v_new
+            u, j = int(rng.integers(n_users)), int(rng.integers(n_items))
+            y = float(users[u] @ v[j] + 0.1 * rng.normal())
+            losses.append((await svc.observe("m", f"u{u}", f"i{j}", y)).loss)
+            if t % 10 == 0:
+                await asyncio.sleep(0.001)  # a server idles between requests: the retrain runs
+        await svc.runtime("m").wait_retrain()
+        reasons = [v.reason for v in svc.versions("m")]
+        await svc.close()
+        return losses, reasons
+
+    losses, reasons = run(main)
+    assert reasons[1].startswith("stale: loss trend")
+    follow = [r for r in reasons if "still above the level before the drift" in r]
+    assert 1 <= len(follow) <= 5, reasons
+    early, late = np.mean(losses[1600:2400]), np.mean(losses[4200:5000])
+    assert late < 0.7 * early, (early, late, reasons)
+
+
 def test_failed_retrain_is_recorded_and_serving_continues() -> None:
     async def main() -> None:
         def boom(state: Any, obs: Any, w: Any, lam: float) -> Any:

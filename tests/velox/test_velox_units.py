@@ -212,6 +212,36 @@ def test_staleness_fires_once_on_rising_loss_not_on_noise() -> None:
     assert det.users["u1"].count == 4000 + sum(1 for i in range(20000) if i % 7 == 1)
 
 
+def test_staleness_after_an_abrupt_drift_follows_up_until_the_loss_is_back() -> None:
+    """An abrupt jump fires at once, so the retrain sees few new observations and the new
+    version's loss stays high but flat (no trend): the follow-up rule fires again after
+    min_observations on each new version, up to follow_up_retrains, and stops once the loss
+    is back near the level before the drift."""
+    rng = np.random.default_rng(9)
+    cfg = StalenessConfig(min_observations=500, follow_up_retrains=2)
+    det = StalenessDetector(cfg)
+
+    def feed(n: int, level: float) -> list[int]:
+        return [i for i in range(n) if det.update("u", level * float(rng.normal() ** 2)).stale]
+
+    assert feed(3000, 1.0) == []
+    fired = feed(200, 20.0)
+    assert len(fired) == 1 and fired[0] < 20  # flagged within a few observations
+    ref = det.reference
+    assert ref is not None and 0.8 < ref < 1.2  # the level before the drift
+    reasons = []
+    for _ in range(4):  # new versions that do not bring the loss back
+        det.reset()
+        fired = feed(1500, 10.0)
+        reasons.append(len(fired))
+    assert reasons == [1, 1, 0, 0]  # two follow-ups, then it gives up
+    # A version that brings the loss back near the level before the drift ends the rule:
+    det = StalenessDetector(cfg)
+    assert feed(3000, 1.0) == [] and len(feed(200, 20.0)) == 1
+    det.reset()
+    assert feed(1500, 1.1) == [] and det.reference is None
+
+
 def test_staleness_ignores_non_finite_loss() -> None:
     det = StalenessDetector(StalenessConfig(min_observations=0))
     v = det.update("u", float("nan"))
