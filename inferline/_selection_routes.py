@@ -18,6 +18,7 @@ Mounted by ``inferline serve`` when a deployment has selection apps, or by namin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from typing import Any
@@ -91,7 +92,10 @@ def make_selection_router(service: Any) -> APIRouter:
             x = service.check_input(service.app(app), body["input"], "input")
         else:
             raise ValidationError("query_id", "a query id or the input", None)
-        return json_response(sel.feedback(label, query_id=qid, x=x, user=_user(body)))
+        user = _user(body)
+        # in a thread: a durable store's commit waits for the disk (fsync), not the loop
+        answer = await asyncio.to_thread(sel.feedback, label, query_id=qid, x=x, user=user)
+        return json_response(answer)
 
     @router.post("/apps/{app}/select", summary="Predict in a user's selection context")
     async def select(app: str, request: Request) -> Response:

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -165,6 +166,7 @@ class SelectionService:
         self.store: StateStore = store if store is not None else MemoryStore()
         self._clock = clock  # default: the running event loop's clock
         self._log: OrderedDict[str, _Logged] = OrderedDict()
+        self._feedback_lock = threading.Lock()
         self._by_input: dict[str, str] = {}
 
     # -- state --------------------------------------------------------------------------
@@ -254,6 +256,14 @@ class SelectionService:
     # -- feedback -----------------------------------------------------------------------
     def feedback(
         self, label: Any, *, query_id: str | None = None, x: Any = None, user: str | None = None
+    ) -> dict[str, Any]:
+        # Callers may run this in a thread (a durable store's fsync must not stall the event
+        # loop): one at a time, so "once per query" holds.
+        with self._feedback_lock:
+            return self._feedback(label, query_id, x, user)
+
+    def _feedback(
+        self, label: Any, query_id: str | None, x: Any, user: str | None
     ) -> dict[str, Any]:
         """Join feedback to the logged predictions of a query and update the context state.
 
