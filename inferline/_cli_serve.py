@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,16 @@ def _deploy(args: argparse.Namespace) -> int:
     return _serve_with(args, dep, plan)
 
 
+def _speed(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < v < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a factor > 0, got {text!r}")
+    return v
+
+
 def _read_timeout(text: str) -> float:
     try:
         v = float(text)
@@ -529,7 +540,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     r.add_argument("--token", default=None, help=f"bearer token (or ${_TOKEN_ENV})")
     r.add_argument("--connections", type=int, default=64, help="connections opened up front")
     r.add_argument("--limit", type=int, default=None, help="send only the first N arrivals")
-    r.add_argument("--speed", type=float, default=1.0, help="time compression factor")
+    r.add_argument(
+        "--speed",
+        type=_speed,
+        default=1.0,
+        help="time compression factor (2: twice as fast; default %(default)s)",
+    )
     r.add_argument("-o", "--output", default=None, help="write the summary and latencies JSON")
     r.set_defaults(func=_replay)
 

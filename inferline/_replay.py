@@ -387,6 +387,9 @@ async def replay(
     times = np.asarray(arrivals_s, dtype=float)
     if times.ndim != 1 or times.size == 0:
         raise ValidationError("arrivals_s", "a non-empty list of times", times.shape)
+    if not np.isfinite(times).all() or (times.size > 1 and (np.diff(times) < 0).any()):
+        # a NaN time is never due: the send loop would spin on it forever
+        raise ValidationError("arrivals_s", "finite, non-decreasing times", "NaN, inf or unsorted")
     if not bodies:
         raise ValidationError("bodies", "at least one request body", [])
     times = times - times[0]

@@ -104,6 +104,10 @@ def test_unreachable_server_is_a_validation_error():
     assert time.perf_counter() - t0 < 5
     with pytest.raises(ValidationError):
         replay_sync([0.0], "ftp://x", "a", [b"{}"])
+    # a NaN time was never due: the client spun at 100% CPU forever (--speed 0 made one)
+    for bad in ([0.0, float("nan")], [1.0, 0.5], [0.0, float("inf")]):
+        with pytest.raises(ValidationError, match="finite, non-decreasing"):
+            replay_sync(bad, f"http://127.0.0.1:{port}", "a", [b"{}"])
 
 
 def test_response_parser():
