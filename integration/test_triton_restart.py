@@ -209,3 +209,39 @@ def test_model_unloaded_behind_the_adapters_back(triton: tuple[TritonServer, Dig
             await b.close()
 
     asyncio.run(main())
+
+
+def test_a_server_away_past_the_recovery_timeout_is_still_brought_back(
+    triton: tuple[TritonServer, Digits],
+) -> None:
+    """Recovery gives the models up as failed after recovery_timeout_s, but keeps probing
+    (every few seconds): before, they stayed failed for good though the server came back."""
+    server, digits = triton
+    image = digits.test_images[0]
+
+    async def main() -> None:
+        b = TritonBackend(server.http_url, oversubscribe=True, recovery_timeout_s=1.0)
+        try:
+            await b.deploy(ModelSpec("pre2", source="digits_pre"), ModelConfig("cpu", 4, 1))
+            (h,) = b.replicas("pre2")
+            await h.predict_batch([image])
+            server.kill()
+            with pytest.raises(ReplicaError):
+                await h.predict_batch([image])
+            t0 = time.monotonic()
+            while (await b.stats("pre2"))["state"] != "failed":
+                assert time.monotonic() - t0 < 30, await b.stats("pre2")
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.5)  # well past the timeout
+            await asyncio.to_thread(server.start)
+            while not b.replicas("pre2"):  # no reconnect(), no scale(): recovery's own probe
+                assert time.monotonic() - t0 < 60, await b.stats("pre2")
+                await asyncio.sleep(0.2)
+            out = await b.replicas("pre2")[0].predict_batch([image])
+            assert len(out) == 1
+            st = await b.stats("pre2")
+            assert st["state"] == "ready" and st["restarts"] == 1
+        finally:
+            await b.close()
+
+    asyncio.run(main())

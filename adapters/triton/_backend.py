@@ -154,6 +154,9 @@ def _has_loop() -> bool:
         return False
 
 
+_SLOW_PROBE_S = 5.0  # how often recovery probes a server that stayed away past its timeout
+
+
 @dataclass
 class _Managed:
     """A model inferline manages on the server, and its desired state."""
@@ -171,6 +174,9 @@ class _Managed:
     next_index: int = 0
     restarts: int = 0
     state: str = "ready"  # ready | recovering | failed | unloaded
+    # failed because the server stayed away past recovery_timeout_s (not a load error):
+    # recovery keeps probing, slowly, and brings it back when the server returns
+    unreachable: bool = False
     timing: ClientTiming = field(default_factory=ClientTiming)
     last_stats: dict[str, Any] | None = None
     last_stats_t: float | None = None
@@ -758,7 +764,7 @@ class TritonBackend(ModelRegistry):
         self._check_open()
         for m in self._models.values():
             if m.state == "failed":
-                m.state = "recovering"
+                m.state, m.unreachable = "recovering", False
         if self._recovery is None or self._recovery.done():
             self._recovery = asyncio.get_running_loop().create_task(self._recover())
         await asyncio.shield(self._recovery)
@@ -767,22 +773,36 @@ class TritonBackend(ModelRegistry):
         deadline = time.monotonic() + self.recovery_timeout_s
         delay = 0.05
         while not self._closed:
-            pending = [m for m in self._models.values() if m.state == "recovering"]
+            pending = [
+                m
+                for m in self._models.values()
+                if m.state == "recovering" or (m.state == "failed" and m.unreachable)
+            ]
             if not pending:
                 return
             if not await self._client.ready(timeout_s=self.probe_timeout_s):
                 if time.monotonic() > deadline:
-                    log.error(
-                        "Triton at %s did not come back within %ss",
-                        self._url,
-                        self.recovery_timeout_s,
-                    )
+                    if any(m.state == "recovering" for m in pending):
+                        log.error(
+                            "Triton at %s did not come back within %ss: %s failed; "
+                            "still probing every %ss",
+                            self._url,
+                            self.recovery_timeout_s,
+                            sorted(m.name for m in pending),
+                            _SLOW_PROBE_S,
+                        )
                     for m in pending:
-                        m.state = "failed"
-                    return
+                        m.state, m.unreachable = "failed", True
+                    # Before, recovery ended here and the models stayed failed for good,
+                    # although the server came back minutes later.
+                    await asyncio.sleep(_SLOW_PROBE_S)
+                    continue
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
+            for m in pending:
+                if m.unreachable:
+                    m.state, m.unreachable = "recovering", False
             async with self._control_lock():
                 for m in pending:
                     if m.state != "recovering" or self._closed:
