@@ -157,6 +157,21 @@ class FrontDoor:
         d = self.service.dispatcher
         return sorted(set(self.service.apps) | set(d.models if d is not None else ()))
 
+    def ready(self, name: str | None = None) -> bool:
+        """The server (``name`` None) or one model/app can answer now: what the KServe and
+        TF Serving readiness routes report. A model with no serving replica (its backend
+        down, recovering) is not ready, so a readiness probe written for Triton stops
+        sending traffic to this instance."""
+        h = self.service.health()
+        if name is None:
+            return bool(h["status"] == "ok")
+        if self.service.closing or name not in self.names():
+            return False
+        app = self.service.apps.get(name)
+        models = app.models if app is not None and app.models else (name,)
+        reps = h.get("replicas", {})
+        return all(reps.get(m, 1) > 0 for m in models)  # not a backend model: in process
+
     def check(self, name: str) -> None:
         if name not in self.names():
             raise NotFoundError("model", name, self.names())
@@ -425,7 +440,7 @@ def make_kserve_router(door: FrontDoor | Service) -> APIRouter:
 
     @r.get("/v2/health/ready")
     async def ready() -> Response:
-        return Response(status_code=200 if not fd.service.closing else 503)
+        return Response(status_code=200 if fd.ready() else 503)
 
     @r.get("/v2/models/{model}")
     @r.get("/v2/models/{model}/versions/{version}")
@@ -454,7 +469,9 @@ def make_kserve_router(door: FrontDoor | Service) -> APIRouter:
     @r.get("/v2/models/{model}/ready")
     @r.get("/v2/models/{model}/versions/{version}/ready")
     async def model_ready(model: str, version: str = "1") -> Response:
-        return Response(status_code=200 if model in fd.names() else 400)
+        if model not in fd.names():
+            return Response(status_code=400)
+        return Response(status_code=200 if fd.ready(model) else 503)
 
     @r.post("/v2/models/{model}/infer")
     @r.post("/v2/models/{model}/versions/{version}/infer")
@@ -531,12 +548,17 @@ def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
         except InferlineError as e:
             return _tf_error(e)
         if what == "status":
+            # TF Serving's states: a model whose replicas are down is being loaded again
+            up = fd.ready(name)
             body: dict[str, Any] = {
                 "model_version_status": [
                     {
                         "version": "1",
-                        "state": "AVAILABLE",
-                        "status": {"error_code": "OK", "error_message": ""},
+                        "state": "AVAILABLE" if up else "LOADING",
+                        "status": {
+                            "error_code": "OK" if up else "UNAVAILABLE",
+                            "error_message": "" if up else "no serving replica",
+                        },
                     }
                 ]
             }
@@ -792,11 +814,11 @@ def _kserve_servicer(g: FrontDoorGrpc, pb: Any, pbg: Any) -> Any:
 
         async def ServerReady(self, request: Any, context: Any) -> Any:
             await _grpc_auth(g, context)
-            return pb.ServerReadyResponse(ready=not fd.service.closing)
+            return pb.ServerReadyResponse(ready=fd.ready())
 
         async def ModelReady(self, request: Any, context: Any) -> Any:
             await _grpc_auth(g, context)
-            return pb.ModelReadyResponse(ready=request.name in fd.names())
+            return pb.ModelReadyResponse(ready=fd.ready(request.name))
 
         async def ServerMetadata(self, request: Any, context: Any) -> Any:
             await _grpc_auth(g, context)
@@ -963,7 +985,7 @@ def _tfserving_servicers(g: FrontDoorGrpc, st: Any) -> tuple[Any, Any]:
             resp = st.get_model_status_pb2.GetModelStatusResponse()
             mv = resp.model_version_status.add()
             mv.version = 1
-            mv.state = 30  # AVAILABLE
+            mv.state = 30 if fd.ready(request.model_spec.name) else 20  # AVAILABLE / LOADING
             return resp
 
     return Prediction(), Models()

@@ -292,3 +292,37 @@ def test_kserve_grpc_needs_the_token_on_every_rpc_and_checks_raw_inputs() -> Non
             await g.stop()
 
     run(main())
+
+
+def test_readiness_follows_the_replicas() -> None:
+    """KServe and TF Serving readiness say not ready while an app's model has no serving
+    replica (its backend down): before, they said ready whenever the name was known."""
+
+    class _Backend:  # a fake: only replicas(), which Service.health reads
+        n = 0
+
+        def replicas(self, model: str) -> list[Any]:
+            return [object()] * self.n
+
+    be = _Backend()
+    svc = Service(
+        [App("dbl", double, 1.0, input_spec=InputSpec("float32", (3,)), models=("m",))],
+        backend=be,
+        models=["m"],
+    )
+    fd = FrontDoor(svc, {"dbl": make_service()[1].signatures["dbl"]})
+    app = create_app(svc, routers=[make_kserve_router(fd), make_tfserving_router(fd)])
+
+    async def probe() -> tuple[int, int, int, str]:
+        async with client(app) as c:
+            status = (await c.get("/v1/models/dbl")).json()["model_version_status"][0]["state"]
+            return (
+                (await c.get("/v2/health/ready")).status_code,
+                (await c.get("/v2/models/dbl/ready")).status_code,
+                (await c.get("/v2/models/nope/ready")).status_code,
+                status,
+            )
+
+    assert run(probe()) == (503, 503, 400, "LOADING")
+    be.n = 2
+    assert run(probe()) == (200, 200, 400, "AVAILABLE")
