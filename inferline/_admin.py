@@ -40,7 +40,12 @@ def make_admin_router(service: Service) -> APIRouter:
     async def put_plan(request: Request) -> Response:
         body = decode_json(await request.body(), "a JSON plan (inferline.plan/1)")
         plan = Plan.from_dict(body)
-        result = await apply_plan(service, plan)
+        if service.attachment is not None:  # inferline attach: the attached models, in place
+            from ._attach import apply_attachment_plan
+
+            result = await apply_attachment_plan(service, service.attachment, plan)
+        else:
+            result = await apply_plan(service, plan)
         return _json({"applied": result})
 
     @r.get("/models", summary="Queue and backend statistics per model")

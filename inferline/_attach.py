@@ -397,6 +397,7 @@ async def start_attachment_service(
         d.add_model(name, batching=FixedBatching(b), max_queue=max_queue)
     d.attach(att.backend)
     svc = Service(dispatcher=d, backend=att.backend, models=list(att.models))
+    svc.attachment = att
     svc.metrics.watch(d)
     sigs = dict(att.signatures)
     try:

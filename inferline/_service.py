@@ -282,6 +282,7 @@ class Service:
         # The plugin host whose observers hear about configuration and scaling changes.
         self.plugins: Any = None
         self.deployment: Any = None
+        self.attachment: Any = None  # set by ``inferline attach``: PUT /admin/plan goes there
         self._on_close: list[Callable[[], Awaitable[None]]] = []
         for a in apps:
             self.add_app(a)

@@ -77,6 +77,26 @@ def test_attach_to_triton_and_serve_a_triton_client(triton: tuple[TritonServer, 
             via.close()
             st = svc.dispatcher.stats("digits_pre")
             assert st.completed >= 4
+            # PUT /admin/plan on an attach server moves the attached model in place (it was
+            # a 422 "expected a service started from a deployment")
+            import httpx
+
+            plan = {
+                "format": "inferline.plan/1",
+                "pipeline": "attached",
+                "slo_s": 1.0,
+                "percentile": 99,
+                "cost_per_hour": 0.0,
+                "estimated_latency_s": 0.1,
+                "strategy": "inferline",
+                "models": {"digits_pre": {"hardware": "cpu", "max_batch_size": 2, "replicas": 2}},
+            }
+            async with httpx.AsyncClient(base_url=info["url"], timeout=60) as c:
+                r = await c.put("/admin/plan", json=plan)
+                assert r.status_code == 200, r.text
+                assert "2 replicas" in r.json()["applied"]["digits_pre"]
+                assert len(svc.backend.replicas("digits_pre")) == 2
+                assert (await c.get("/admin/plan")).json()["models"]["digits_pre"]["replicas"] == 2
         finally:
             stop.set()
             await task
