@@ -77,7 +77,7 @@ def _plan(args: argparse.Namespace) -> int:
     trace = load_trace(args.trace)
     catalog = load_catalog(args.hardware)
     options = PlannerOptions(
-        estimator=EstimatorOptions(seed=args.seed),
+        estimator=EstimatorOptions(seed=args.seed, hop_overhead_s=args.hop_overhead_ms / 1e3),
         escape=not args.paper_only,
         widen=not args.paper_only,
         rate_margin=args.rate_margin,
@@ -159,7 +159,38 @@ def _plan(args: argparse.Namespace) -> int:
             )
         )
         print(_room_note(plan, options.rate_margin))
+    if args.hop_overhead_ms == 0:
+        print(_HOP_NOTE)
     return 0
+
+
+# The estimate covers queueing and batch latency only; a live system adds its own time per
+# model a query visits (HTTP, RPC, event loop). Plans near the SLO missed it live without this.
+_HOP_NOTE = (
+    "note: the estimate leaves out the serving system's own time per model visited (HTTP, "
+    "RPC, queue: about 2 ms per hop on the bundled runtime, as `inferline demo` measures); "
+    "pass --hop-overhead-ms to plan with it, or keep the estimate well below the SLO"
+)
+
+
+def _hop_ms(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
+    if not 0 <= v <= 10_000:
+        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 10000], got {text!r}")
+    return v
+
+
+def add_hop_overhead(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--hop-overhead-ms",
+        type=_hop_ms,
+        default=0.0,
+        help="the serving system's own time before each model's queue (HTTP, RPC; about 2 on "
+        "the bundled runtime), added by the estimator (default %(default)s)",
+    )
 
 
 def _plan_variants(
@@ -323,6 +354,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", required=True, help="arrival trace (one time in seconds per line)")
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
     p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
+    add_hop_overhead(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     from ._sim_tuning import add_tuner_arguments
 
@@ -368,7 +400,9 @@ def _simulate(args: argparse.Namespace) -> int:
         # may switch them (the profiles keep every variant's own entry)
         profiles = stage_profiles(profiles, plan.variants.choice)
     opts = EstimatorOptions(
-        seed=args.seed, activation_delay_s=getattr(args, "activation_delay_s", 0.0)
+        seed=args.seed,
+        activation_delay_s=getattr(args, "activation_delay_s", 0.0),
+        hop_overhead_s=args.hop_overhead_ms / 1e3,
     )
     ctx = SimulateContext(pipeline, profiles, plan, trace, catalog, opts)
     controller = make_controller(args, ctx)
@@ -488,6 +522,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="InferLine's planner or the CG-Mean / CG-Peak baselines (default %(default)s)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
+    add_hop_overhead(p)
     p.add_argument(
         "--paper-only",
         action="store_true",

@@ -368,3 +368,24 @@ def test_simulate_switches_variants_with_the_tuner_in_the_loop(files, tmp_path, 
     # the readable output counts the switches
     assert main(_sim_args(files, "--tuner", "inferline")) == 0
     assert "2 variant switches" in capsys.readouterr().out
+
+
+def test_hop_overhead_is_planned_for_and_simulated(files, capsys):
+    """The estimate leaves out the live system's own time per hop unless told: a plan near
+    the SLO then missed it live (audit). With --hop-overhead-ms both plan and simulate add
+    it; without, the plan says so."""
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder")) == 0
+    assert "--hop-overhead-ms" in capsys.readouterr().out
+    bare = load_plan(files["plan"])
+    assert main(_sim_args(files, "--json")) == 0
+    p99_bare = json.loads(capsys.readouterr().out)["latency_p99_s"]
+    assert main(_sim_args(files, "--json", "--hop-overhead-ms", "5")) == 0
+    p99_hop = json.loads(capsys.readouterr().out)["latency_p99_s"]
+    assert p99_hop == pytest.approx(p99_bare + 2 * 0.005, abs=0.004)  # two hops: pre, cls
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", "--hop-overhead-ms", "5")) == 0
+    assert "--hop-overhead-ms" not in capsys.readouterr().out
+    with_hop = load_plan(files["plan"])
+    assert with_hop.estimated_latency_s >= bare.estimated_latency_s + 0.005
+    with pytest.raises(SystemExit) as e:
+        main(_plan_args(files, "--slo-s", "0.1", "--hop-overhead-ms", "-1"))
+    assert e.value.code == 2
