@@ -25,7 +25,7 @@ from inferline.core import (
     save,
 )
 
-from ._cli_plan import _nonneg as _rate_margin
+from ._cli_plan import rate_margin as _rate_margin
 from ._cli_serve import add_read_timeout
 
 _TOKEN_ENV = "INFERLINE_TOKEN"

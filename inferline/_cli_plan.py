@@ -50,6 +50,8 @@ from inferline.core import (
 )
 from inferline.core._validate import as_float
 
+from ._cli_args import number_in
+
 __all__ = [
     "SimulateContext",
     "add_simulate_arguments",
@@ -173,14 +175,7 @@ _HOP_NOTE = (
 )
 
 
-def _hop_ms(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected milliseconds, got {text!r}") from None
-    if not 0 <= v <= 10_000:
-        raise argparse.ArgumentTypeError(f"expected milliseconds in [0, 10000], got {text!r}")
-    return v
+_hop_ms = number_in(0, 10_000, "milliseconds")
 
 
 def add_hop_overhead(p: argparse.ArgumentParser) -> None:
@@ -472,24 +467,8 @@ def _print_summary(ctx: SimulateContext, summary: dict[str, Any]) -> None:
 # ---------------------------------------------------------------- registration
 
 
-def _positive(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return v
-
-
-def _nonneg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= v <= 10:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 10, got {text!r}")
-    return v
+_slo_s = number_in(0, 3600, "seconds", lo_open=True)
+rate_margin = number_in(0, 10, "a margin")  # 0.05: plan for 5% above the rate
 
 
 def _count(text: str) -> int:
@@ -512,7 +491,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--pipeline", required=True, help="pipeline JSON (inferline.pipeline/1)")
     p.add_argument("--profiles", required=True, help="profiles JSON (inferline.profiles/1)")
     p.add_argument("--trace", required=True, help="sample arrival trace used for planning")
-    p.add_argument("--slo-s", type=_positive, required=True, help="latency objective, seconds")
+    p.add_argument("--slo-s", type=_slo_s, required=True, help="latency objective, seconds")
     p.add_argument("--percentile", type=float, default=99.0, help="tail percentile (default 99)")
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
     p.add_argument(
@@ -530,7 +509,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     p.add_argument(
         "--rate-margin",
-        type=_nonneg,
+        type=rate_margin,
         default=0.0,
         metavar="M",
         help="judge configurations on the sample sped up by 1+M, keeping that much throughput "

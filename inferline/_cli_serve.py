@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from inferline.core import (
     save,
 )
 
+from ._cli_args import number_in
 from ._sim_tuning import add_ladder_knobs, ladder_knobs
 
 log = logging.getLogger(__name__)
@@ -281,24 +281,9 @@ def _deploy(args: argparse.Namespace) -> int:
     return _serve_with(args, dep, plan)
 
 
-def _speed(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < v < math.inf:
-        raise argparse.ArgumentTypeError(f"expected a factor > 0, got {text!r}")
-    return v
-
-
-def _read_timeout(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 < v <= 3600:
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, 3600], got {text!r}")
-    return v
+# how much faster than recorded a trace is replayed; how long a request may take to arrive
+_speed = number_in(0, 1e6, "a factor", lo_open=True)
+_read_timeout = number_in(0, 3600, "seconds", lo_open=True)
 
 
 def add_read_timeout(p: argparse.ArgumentParser) -> None:

@@ -28,6 +28,10 @@ from ._policy import (
     zero_one_loss,
 )
 
+Losses = list[tuple[int, float]]  # (model index, loss) of each observed model
+Drops = list[tuple[int, float]]  # (model index, how much its log-weight drops)
+Probs = Mapping[str, float]
+
 __all__ = [
     "BUILTIN_POLICIES",
     "UCB1",
@@ -85,7 +89,7 @@ class _Base:
 
     def _counted(
         self, state: WeightState, feedback: Any, predictions: Mapping[str, Any]
-    ) -> tuple[list[tuple[int, float]], WeightState]:
+    ) -> tuple[Losses, WeightState]:
         """Each observed model's (index, loss), and ``state`` with counts, total losses and the
         step counter updated: the bookkeeping every policy shares."""
         counts = list(state.counts)
@@ -108,8 +112,30 @@ class _Base:
         predictions: Mapping[str, Any],
         selected_p: Mapping[str, float] | None = None,
     ) -> WeightState:
-        """Reference policies only count: their choice is computed from counts and losses."""
-        return self._counted(state, feedback, predictions)[1]
+        """Count each observed model's loss (``missing_loss`` for MISSING), then let the
+        policy move its weights (``_drops``). ``selected_p``: the probabilities the
+        query's models were selected with, for policies whose update needs them."""
+        losses, new = self._counted(state, feedback, predictions)
+        if not losses and self.empty_is_no_step:
+            return state
+        drops = self._drops(state, losses, selected_p)
+        return new if drops is None else self._shifted(state, new, drops)
+
+    # Exp3 learns nothing from a query whose selected model gave nothing at all to observe.
+    empty_is_no_step = False
+
+    def _drops(self, state: WeightState, losses: Losses, sel_p: Probs | None) -> Drops | None:
+        """How much each observed model's log-weight drops; None: the policy keeps no weights
+        (reference policies choose from counts and losses)."""
+        return None
+
+    def _shifted(self, state: WeightState, new: WeightState, drops: Drops) -> WeightState:
+        """``new`` with each log-weight ``i`` lowered by its drop, renormalized."""
+        lw = list(state.log_weights)
+        for i, d in drops:
+            lw[i] -= d
+        floor: float = getattr(self, "weight_floor", 0.0)
+        return replace(new, log_weights=_renormalized(lw, floor))
 
 
 def _migrated(st: WeightState, models: tuple[str, ...]) -> WeightState:
@@ -216,27 +242,17 @@ class Exp3(_Base):
         p = self.probabilities(state)
         return {m: float(p[i]) for i, m in enumerate(state.models)}
 
-    def observe(
-        self,
-        state: WeightState,
-        x: Any,
-        feedback: Any,
-        predictions: Mapping[str, Any],
-        selected_p: Mapping[str, float] | None = None,
-    ) -> WeightState:
-        """``predictions``: the selected model's (MISSING if it did not answer: loss
-        ``missing_loss``). ``selected_p``: the probabilities it was selected with (the
-        importance weight must be that p_i, not the p of a later state when feedback is
-        delayed); the current ones when not given."""
-        if not predictions:
-            return state
+    empty_is_no_step = True
+
+    def _drops(self, state: WeightState, losses: Losses, sel_p: Probs | None) -> Drops | None:
+        """The importance weight is the p_i the model was selected with (``sel_p``), not the
+        p of a later state when feedback is delayed; the current one when not given."""
         p = self.probabilities(state)
-        lw = list(state.log_weights)
-        losses, new = self._counted(state, feedback, predictions)
-        for i, loss in losses:
-            pi = p[i] if selected_p is None else selected_p.get(state.models[i], p[i])
-            lw[i] -= self.eta * loss / max(pi, 1e-12)
-        return replace(new, log_weights=_renormalized(lw, self.weight_floor))
+
+        def p_of(i: int) -> float:
+            return float(p[i] if sel_p is None else sel_p.get(state.models[i], p[i]))
+
+        return [(i, self.eta * loss / max(p_of(i), 1e-12)) for i, loss in losses]
 
     def config(self) -> dict[str, Any]:
         return {
@@ -267,19 +283,8 @@ class Exp4(_Base):
     def select(self, state: WeightState, x: Any) -> list[str]:
         return list(state.models)
 
-    def observe(
-        self,
-        state: WeightState,
-        x: Any,
-        feedback: Any,
-        predictions: Mapping[str, Any],
-        selected_p: Mapping[str, float] | None = None,
-    ) -> WeightState:
-        lw = list(state.log_weights)
-        losses, new = self._counted(state, feedback, predictions)
-        for i, loss in losses:
-            lw[i] -= self.eta * loss
-        return replace(new, log_weights=_renormalized(lw, self.weight_floor))
+    def _drops(self, state: WeightState, losses: Losses, sel_p: Probs | None) -> Drops | None:
+        return [(i, self.eta * loss) for i, loss in losses]
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "eta": self.eta, "weight_floor": self.weight_floor}

@@ -31,6 +31,13 @@ __all__ = ["MemoryStore", "RedisStore", "SQLiteStore", "StateStore", "open_store
 JSONState = dict[str, Any]
 # keys to file the receipt under, and its record made from the state the update wrote
 Receipt = tuple[Sequence[str], Callable[[JSONState], Mapping[str, Any]]]
+UpdateFn = Callable[[JSONState | None], Mapping[str, Any]]  # old state (None: none) -> new
+
+
+def _receipt_record(receipt: Receipt, new: JSONState) -> tuple[list[str], str]:
+    """The checked keys and the JSON record of ``receipt`` for the state ``new``."""
+    rkeys, make = receipt
+    return [_check_key(k) for k in rkeys], json.dumps(dict(make(new)))
 
 
 @runtime_checkable
@@ -39,9 +46,7 @@ class StateStore(Protocol):
 
     def put(self, key: str, state: Mapping[str, Any]) -> None: ...
 
-    def update(
-        self, key: str, fn: Callable[[JSONState | None], Mapping[str, Any]]
-    ) -> JSONState: ...  # stores with receipts also take ``receipt: Receipt | None = None``
+    def update(self, key: str, fn: UpdateFn) -> JSONState: ...  # and ``receipt=`` (optional)
 
     def delete(self, key: str) -> None: ...
 
@@ -82,12 +87,7 @@ class MemoryStore:
             while len(self._data) > self.capacity:
                 self._data.popitem(last=False)
 
-    def update(
-        self,
-        key: str,
-        fn: Callable[[JSONState | None], Mapping[str, Any]],
-        receipt: Receipt | None = None,
-    ) -> JSONState:
+    def update(self, key: str, fn: UpdateFn, receipt: Receipt | None = None) -> JSONState:
         with self._lock:
             raw = self._data.get(_check_key(key))
             new = dict(fn(json.loads(raw) if raw is not None else None))
@@ -96,10 +96,9 @@ class MemoryStore:
             while len(self._data) > self.capacity:
                 self._data.popitem(last=False)
             if receipt is not None:
-                rkeys, make = receipt
-                rec = json.dumps(dict(make(new)))
+                rkeys, rec = _receipt_record(receipt, new)
                 for rk in rkeys:
-                    self._receipts[_check_key(rk)] = rec
+                    self._receipts[rk] = rec
                     self._receipts.move_to_end(rk)
                 while len(self._receipts) > self.receipt_capacity:
                     self._receipts.popitem(last=False)
@@ -170,12 +169,7 @@ class SQLiteStore:
                 (_check_key(key), raw),
             )
 
-    def update(
-        self,
-        key: str,
-        fn: Callable[[JSONState | None], Mapping[str, Any]],
-        receipt: Receipt | None = None,
-    ) -> JSONState:
+    def update(self, key: str, fn: UpdateFn, receipt: Receipt | None = None) -> JSONState:
         with self._lock, self._errors():
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -199,13 +193,10 @@ class SQLiteStore:
         return new
 
     def _write_receipt(self, receipt: Receipt, new: JSONState) -> None:
-        rkeys, make = receipt
-        rec = json.dumps(dict(make(new)))
+        rkeys, rec = _receipt_record(receipt, new)
         for rk in rkeys:
             # REPLACE gives the row a new, highest rowid: rowid order is write order
-            self._db.execute(
-                "INSERT OR REPLACE INTO receipts(key, value) VALUES(?, ?)", (_check_key(rk), rec)
-            )
+            self._db.execute("INSERT OR REPLACE INTO receipts(key, value) VALUES(?, ?)", (rk, rec))
         self._receipts_since_prune += 1
         if self._receipts_since_prune >= 256:  # keep the newest receipt_capacity rows
             self._receipts_since_prune = 0
@@ -266,12 +257,7 @@ class RedisStore:
     def put(self, key: str, state: Mapping[str, Any]) -> None:
         self._redis.set(self._k(key), json.dumps(dict(state)))
 
-    def update(
-        self,
-        key: str,
-        fn: Callable[[JSONState | None], Mapping[str, Any]],
-        receipt: Receipt | None = None,
-    ) -> JSONState:
+    def update(self, key: str, fn: UpdateFn, receipt: Receipt | None = None) -> JSONState:
         k = self._k(key)
         with self._redis.pipeline() as pipe:
             while True:
@@ -282,8 +268,7 @@ class RedisStore:
                     pipe.multi()
                     pipe.set(k, json.dumps(new))
                     if receipt is not None:
-                        rkeys, make = receipt
-                        rec = json.dumps(dict(make(new)))
+                        rkeys, rec = _receipt_record(receipt, new)
                         for rk in rkeys:
                             pipe.set(self._rk(rk), rec, ex=self.receipt_ttl_s)
                     pipe.execute()

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 
 import numpy as np
 import pytest
+from _served_app import served
 
-from inferline._app import bind_socket, create_app, serve_app
+from inferline._app import create_app
 from inferline._replay import _parse_response, encode_bodies, replay_sync
 from inferline._service import App, Service
 from inferline.core import ValidationError
@@ -40,26 +40,8 @@ def server():
             App("late", _slow, 0.02, default_output="d", respond_by_slo=True),
         ]
     )
-    app = create_app(svc)
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(serve_app(app, sock, ready=ready.set, stop=stop))
-
-    # uvicorn installs signal handlers only in the main thread; here it just serves.
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(20)
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(stop.set)
-    t.join(10)
-    assert not t.is_alive()
-    loop.close()
+    with served(create_app(svc)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_open_loop_does_not_wait_for_answers(server):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 import time
 
 import httpx
 import pytest
+from _served_app import served
 from fastapi import APIRouter, Request
 
-from inferline._app import bind_socket, create_app, serve_app
+from inferline._app import create_app
 from inferline._service import App, Service
 
 TIMEOUT_S = 0.5
@@ -37,23 +37,8 @@ def _body_router() -> APIRouter:
 @pytest.fixture()
 def server():
     app = create_app(Service([App("slow", _slow_echo, 5.0)]), routers=[_body_router()])
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    t = threading.Thread(
-        target=lambda: loop.run_until_complete(
-            serve_app(app, sock, ready=ready.set, stop=stop, read_timeout_s=TIMEOUT_S)
-        ),
-        daemon=True,
-    )
-    t.start()
-    assert ready.wait(20)
-    yield port
-    loop.call_soon_threadsafe(stop.set)
-    t.join(10)
-    loop.close()
+    with served(app, read_timeout_s=TIMEOUT_S) as port:
+        yield port
 
 
 def _read_until_closed(s: socket.socket, limit_s: float = 5.0) -> tuple[bytes, float]:

@@ -3,14 +3,12 @@ the store, nothing acknowledged) and a bug in a route (a JSON 500, the connectio
 
 from __future__ import annotations
 
-import asyncio
-import threading
-
 import httpx
 import pytest
+from _served_app import served
 from fastapi import APIRouter
 
-from inferline._app import bind_socket, create_app, serve_app
+from inferline._app import create_app
 from inferline._service import App, Service
 from inferline.core import StorageError
 from inferline.selection import SQLiteStore as SelectionStore
@@ -34,23 +32,8 @@ def _bug_router() -> APIRouter:
 @pytest.fixture()
 def url():
     app = create_app(Service([App("echo", _echo, 1.0)]), routers=[_bug_router()])
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    ready = threading.Event()
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    t = threading.Thread(
-        target=lambda: loop.run_until_complete(
-            serve_app(app, sock, ready=ready.set, stop=stop, log_level="critical")
-        ),
-        daemon=True,
-    )
-    t.start()
-    assert ready.wait(20)
-    yield f"http://127.0.0.1:{port}"
-    loop.call_soon_threadsafe(stop.set)
-    t.join(10)
-    loop.close()
+    with served(app, log_level="critical") as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_a_bug_is_a_json_500_and_the_connection_stays_open(url, caplog):

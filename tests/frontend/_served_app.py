@@ -1,0 +1,38 @@
+"""A real uvicorn server on 127.0.0.1 in a thread, for the frontend tests (a uniquely named
+module: several test folders have a conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from inferline._app import bind_socket, serve_app
+
+
+@contextmanager
+def served(app: Any, **serve_kw: Any) -> Iterator[int]:
+    """Serve ``app`` (``serve_app``'s keywords) until the block ends; yields the port."""
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    ready = threading.Event()
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(serve_app(app, sock, ready=ready.set, stop=stop, **serve_kw))
+
+    # uvicorn installs signal handlers only in the main thread; here it just serves.
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(20)
+    try:
+        yield port
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        t.join(10)
+        assert not t.is_alive()
+        loop.close()
