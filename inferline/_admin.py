@@ -1,7 +1,9 @@
 """Operator endpoints of a running server (``/admin/...``), mounted by ``inferline serve``.
 
 ``GET /admin/plan`` the plan in force; ``PUT /admin/plan`` apply a new plan (replica counts
-and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends);
+and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends; 502
+``PlanPartlyApplied`` with the per-model results when a model could not be moved, which then
+keeps its old configuration in ``GET /admin/plan``);
 ``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
 activation delays; with model variants, every variant's ``serves_stages``: the stages it serves
 now, empty when idle). They sit behind the same bearer token as every other endpoint.
@@ -46,6 +48,17 @@ def make_admin_router(service: Service) -> APIRouter:
             result = await apply_attachment_plan(service, service.attachment, plan)
         else:
             result = await apply_plan(service, plan)
+        failed = sorted(n for n, what in result.items() if what.startswith("failed"))
+        if failed:  # a 200 here made scripts believe the whole plan was in force
+            return _json(
+                {
+                    "error": "PlanPartlyApplied",
+                    "detail": f"the plan did not reach {', '.join(failed)}; "
+                    "GET /admin/plan shows what is in force",
+                    "applied": result,
+                },
+                502,
+            )
         return _json({"applied": result})
 
     @r.get("/models", summary="Queue and backend statistics per model")

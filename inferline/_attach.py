@@ -346,6 +346,8 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
     from inferline.queueing import FixedBatching
 
     done: dict[str, str] = {}
+    in_force = dict(plan.models)
+    reconfigure = getattr(att.backend, "reconfigure", None)
     for name, cfg in plan.models.items():
         if name not in att.models:
             continue
@@ -354,22 +356,31 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
         if cfg.hardware != old.hardware:
             notes.append(f"stays on {old.hardware} (plan says {cfg.hardware})")
         replicas = old.replicas
-        if cfg.replicas != old.replicas:
-            try:
+        try:
+            # the server's model must take the planned batch in one request (else the
+            # queue's batch is split); a smaller one fits, and the operator's setting stays
+            server_max = int((await att.backend.stats(name)).get("max_batch_size", 0) or 0)
+            if reconfigure is not None and cfg.max_batch_size > server_max > 0:
+                await reconfigure(name, ModelConfig(old.hardware, cfg.max_batch_size, cfg.replicas))
+                notes.append(f"server max batch {server_max} -> {cfg.max_batch_size}")
+                replicas = cfg.replicas
+            elif cfg.replicas != old.replicas:
                 await att.backend.scale(name, cfg.replicas)
                 replicas = cfg.replicas
-                notes.append(f"{cfg.replicas} replicas")
-            except InferlineError as e:
-                notes.append(f"kept {old.replicas} replicas ({type(e).__name__}: {e})")
-                log.warning("could not scale %r to %d: %s", name, cfg.replicas, e)
+            if replicas != old.replicas:
+                notes.append(f"{replicas} replicas")
+        except InferlineError as e:
+            notes.insert(0, f"failed: kept {old.replicas} replicas ({type(e).__name__}: {e})")
+            log.warning("could not apply the plan to %r: %s", name, e)
         if svc.dispatcher is not None:
             svc.dispatcher.set_batching(name, FixedBatching(cfg.max_batch_size))
         notes.append(f"max batch {cfg.max_batch_size}")
         new = ModelConfig(old.hardware, cfg.max_batch_size, replicas)
         att.models[name] = new
+        in_force[name] = new
         att.host.notify_config(name, old, new, backend=att.url, reason="plan applied")
         done[name] = ", ".join(notes)
-    svc.plan = plan
+    svc.plan = plan.with_models(in_force)
     return done
 
 

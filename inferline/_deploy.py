@@ -500,10 +500,20 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
     # models that shrink do so last: after the others have grown and the stages moved
     leaving = {n for n, c in configs.items() if n in planned and c.replicas < active(n)}
 
+    # a backend that can change a model's batch size and hardware in place (Triton: one
+    # reload with the new model configuration) does so; before, only the replica count
+    # reached Triton, and a larger planned batch was split into several requests
+    reconfigure = getattr(svc.backend, "reconfigure", None)
+
     async def one(name: str, cfg: ModelConfig) -> None:
         old = olds[name]
         try:
-            if old.hardware != cfg.hardware:
+            if reconfigure is not None:
+                await reconfigure(name, cfg)
+                done[name] = f"{cfg.replicas} replicas" + (
+                    f" on {cfg.hardware}" if old.hardware != cfg.hardware else ""
+                )
+            elif old.hardware != cfg.hardware:
                 await svc.backend.remove(name)
                 try:
                     await svc.backend.deploy(dep.model(name), cfg)
@@ -539,7 +549,13 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
         if configs[name].replicas == 0:  # nothing would serve what it still has queued
             await drain(svc.dispatcher, name)
         await one(name, configs[name])
-    svc.plan = plan
+    failed = {n for n, what in done.items() if n in configs and what.startswith("failed")}
+    # what is in force: a model the plan could not move keeps its old configuration
+    svc.plan = (
+        plan.with_models({n: (olds[n] if n in failed else c) for n, c in plan.models.items()})
+        if failed
+        else plan
+    )
     live = getattr(svc, "live_tuner", None)
     if live is not None:
         if plan.tuner is not None:

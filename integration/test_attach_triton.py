@@ -97,6 +97,20 @@ def test_attach_to_triton_and_serve_a_triton_client(triton: tuple[TritonServer, 
                 assert "2 replicas" in r.json()["applied"]["digits_pre"]
                 assert len(svc.backend.replicas("digits_pre")) == 2
                 assert (await c.get("/admin/plan")).json()["models"]["digits_pre"]["replicas"] == 2
+                # a batch the server's model does not take in one request: its configuration
+                # follows (before, the queue's batch was split into several Triton requests)
+                before = (await svc.backend.client.model_config("digits_pre"))["max_batch_size"]
+                plan["models"]["digits_pre"] = {
+                    "hardware": "cpu",
+                    "max_batch_size": before * 2,
+                    "replicas": 1,
+                }
+                r = await c.put("/admin/plan", json=plan)
+                assert r.status_code == 200, r.text
+                assert f"-> {before * 2}" in r.json()["applied"]["digits_pre"], r.text
+                cfg = await svc.backend.client.model_config("digits_pre")
+                assert cfg["max_batch_size"] == before * 2
+                assert len(svc.backend.replicas("digits_pre")) == 1
         finally:
             stop.set()
             await task

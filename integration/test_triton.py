@@ -724,3 +724,50 @@ def test_a_stage_moves_between_model_variants_on_triton(
     assert not any(p.default for p in outs)
     assert done["cls"] == "served by cls-knn" and done["cls-mlp"].startswith("0 replicas"), done
     assert ready == {"digits_mlp": False, "digits_knn": True}
+
+
+def test_a_plan_s_batch_size_reaches_triton(triton: tuple[TritonServer, Digits]) -> None:
+    """PUT /admin/plan's batch sizes: the queue's batch and Triton's ``max_batch_size`` move
+    together (before, only the replica count reached Triton, and a larger planned batch was
+    split into several requests)."""
+    from inferline._deploy import Deployment, apply_plan, start_service
+    from inferline.core import Plan
+
+    server, digits = triton
+    dep = Deployment.from_dict(
+        {
+            "format": "inferline.deployment/1",
+            "name": "digits-batch",
+            "backend": "triton://" + server.http_url.split("://", 1)[1],
+            "models": [{"name": "pre", "source": "digits_pre"}],
+            "apps": {
+                "pre": {"pipeline": "triton_harness.models:digits_pre_pipeline", "slo_ms": 5000}
+            },
+        }
+    )
+
+    async def main() -> None:
+        tb = TritonBackend(server.http_url, oversubscribe=True)
+        try:
+            svc = await start_service(
+                dep, Plan("digits-batch", 5.0, {"pre": ModelConfig("cpu", 4, 1)}), backend=tb
+            )
+            try:
+                assert (await tb.client.model_config("digits_pre"))["max_batch_size"] == 4
+                done = await apply_plan(
+                    svc, Plan("digits-batch", 5.0, {"pre": ModelConfig("cpu", 16, 2)})
+                )
+                cfg = await tb.client.model_config("digits_pre")
+                assert cfg["max_batch_size"] == 16, done
+                assert sum(int(g.get("count", 1)) for g in cfg["instance_group"]) == 2
+                assert len(tb.replicas("pre")) == 2
+                assert svc.plan is not None and svc.plan.models["pre"].max_batch_size == 16
+                out = await svc.predict("pre", digits.test_images[0])
+                assert not out.default
+            finally:
+                await svc.close()
+        finally:
+            await tb.close()
+            await _restore_pre(server)
+
+    run(main())

@@ -9,6 +9,8 @@ configuration and publishes fresh replicas; queued queries are then served.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -241,6 +243,120 @@ def test_a_server_away_past_the_recovery_timeout_is_still_brought_back(
             assert len(out) == 1
             st = await b.stats("pre2")
             assert st["state"] == "ready" and st["restarts"] == 1
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+async def _until(cond: Any, what: str, timeout_s: float = 60.0) -> None:
+    t0 = time.monotonic()
+    while not await cond():
+        assert time.monotonic() - t0 < timeout_s, what
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_restart_between_queries_is_noticed_and_the_plan_put_back(
+    triton: tuple[TritonServer, Digits], protocol: str
+) -> None:
+    """A server restarted while no query runs comes back without inferline's models (or with
+    its repository's configuration); the watch notices and reloads them as planned. Before,
+    inferline kept counting the plan's instances until a query failed."""
+    server, digits = triton
+    url = server.http_url if protocol == "http" else server.grpc_url
+    image = digits.test_images[0]
+
+    async def main() -> None:
+        b = TritonBackend(url, oversubscribe=True, watch_interval_s=0.3)
+        try:
+            await b.deploy(ModelSpec("pre3", source="digits_pre"), ModelConfig("cpu", 4, 2))
+            await asyncio.sleep(1.5)  # several quiet checks: a loaded model is not "changed"
+            assert (await b.stats("pre3"))["restarts"] == 0
+            await asyncio.to_thread(server.restart)
+
+            async def back() -> bool:
+                st = await b.stats("pre3")
+                return st["restarts"] == 1 and st["state"] == "ready"
+
+            await _until(back, "the restart was not noticed")
+            cfg = await b.client.model_config("digits_pre")
+            assert cfg["max_batch_size"] == 4
+            assert sum(int(g.get("count", 1)) for g in cfg["instance_group"]) == 2
+            assert len(b.replicas("pre3")) == 2
+            assert len(await b.replicas("pre3")[0].predict_batch([image])) == 1
+            await b.remove("pre3")
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_configuration_changed_behind_the_adapters_back_is_put_back(
+    triton: tuple[TritonServer, Digits],
+) -> None:
+    server, _ = triton
+
+    async def main() -> None:
+        b = TritonBackend(server.http_url, oversubscribe=True, watch_interval_s=0.3)
+        other = TritonBackend(server.http_url)  # an operator's script on the same server
+        try:
+            await b.deploy(ModelSpec("pre4", source="digits_pre"), ModelConfig("cpu", 8, 3))
+            cfg = await other.client.model_config("digits_pre")
+            cfg["max_batch_size"] = 64
+            cfg["instance_group"] = [{"count": 1, "kind": "KIND_CPU"}]
+            await other.client.load("digits_pre", cfg)
+            changed = await other.client.model_config("digits_pre")
+            assert changed["max_batch_size"] == 64  # the operator's change took
+
+            async def put_back() -> bool:
+                cfg = await other.client.model_config("digits_pre")
+                n = sum(int(g.get("count", 1)) for g in cfg["instance_group"])
+                return cfg["max_batch_size"] == 8 and n == 3
+
+            await _until(put_back, "the configuration was not put back")
+            assert (await b.stats("pre4"))["restarts"] == 1
+            assert len(b.replicas("pre4")) == 3
+            await b.remove("pre4")
+        finally:
+            await other.close()
+            await b.close()
+
+    asyncio.run(main())
+
+
+def test_a_hung_server_is_taken_out_of_service_and_brought_back(
+    triton: tuple[TritonServer, Digits],
+) -> None:
+    """A stopped (SIGSTOP) server accepts connections but answers nothing: after two missed
+    health checks its replicas leave the queue (queries wait there instead of hanging on the
+    server), and they come back when it answers again."""
+    server, digits = triton
+    image = digits.test_images[0]
+    pid = server.pid
+    assert pid is not None
+
+    async def main() -> None:
+        b = TritonBackend(server.http_url, oversubscribe=True, watch_interval_s=0.3)
+        b.probe_timeout_s = 0.5
+        try:
+            await b.deploy(ModelSpec("pre5", source="digits_pre"), ModelConfig("cpu", 4, 1))
+            os.kill(pid, signal.SIGSTOP)
+            try:
+
+                async def withdrawn() -> bool:
+                    return not b.replicas("pre5")
+
+                await _until(withdrawn, "a hung server kept its replicas", 20)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+            async def back() -> bool:
+                return bool(b.replicas("pre5"))
+
+            await _until(back, "the replicas did not come back", 60)
+            assert len(await b.replicas("pre5")[0].predict_batch([image])) == 1
+            await b.remove("pre5")
         finally:
             await b.close()
 

@@ -197,6 +197,12 @@ class TritonBackend(ModelRegistry):
         timeout_s: limit for one request (inference or model control).
         drain_timeout_s: how long scale-down waits for an instance's in-flight batch.
         recovery_timeout_s: how long recovery waits for a lost server to come back.
+        watch_interval_s: how often the managed models' configuration is checked on the
+            server while nothing fails (0: never). A server restarted, or a model reloaded by
+            someone else, between queries comes back with its repository's configuration;
+            without the check inferline went on counting the plan's instances until a query
+            failed. A changed configuration is put back (inferline's plan is the desired
+            state); a server that misses two health checks in a row is treated as lost.
         token: bearer token sent with every request (for a server behind an auth proxy).
         unload_on_close: unload the models inferline deployed when closing (default: leave the
             server's models running, as an attached deployment should be).
@@ -214,6 +220,7 @@ class TritonBackend(ModelRegistry):
         timeout_s: float = 60.0,
         drain_timeout_s: float = 30.0,
         recovery_timeout_s: float = 120.0,
+        watch_interval_s: float = 5.0,
         token: str | None = None,
         unload_on_close: bool = False,
     ) -> None:
@@ -230,6 +237,9 @@ class TritonBackend(ModelRegistry):
         self.drain_timeout_s = float(opts.get("drain_timeout_s", drain_timeout_s))
         self.recovery_timeout_s = float(opts.get("recovery_timeout_s", recovery_timeout_s))
         self.unload_on_close = bool(opts.get("unload_on_close", unload_on_close))
+        self.watch_interval_s = float(opts.get("watch_interval_s", watch_interval_s))
+        if not self.watch_interval_s >= 0:
+            raise ValidationError("watch_interval_s", "seconds >= 0", self.watch_interval_s)
         self.probe_timeout_s = 2.0  # health probes after a failure must not wait a full timeout
         if cpu_cores is None:
             cpu_cores = (
@@ -250,6 +260,7 @@ class TritonBackend(ModelRegistry):
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._recovery: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self._outages = 0
         self._seen_configs: dict[str, dict[str, Any]] = {}  # server model -> last config
         self._closed = False
@@ -381,6 +392,7 @@ class TritonBackend(ModelRegistry):
             self._models[name] = m
             self._add_handles(m, config.replicas)
         self._notify(name)
+        self._start_watch()
         return config
 
     async def _loaded_names(self) -> list[str]:
@@ -506,6 +518,7 @@ class TritonBackend(ModelRegistry):
             self._models[spec.name] = m
             self._add_handles(m, config.replicas)
         self._notify(spec.name)
+        self._start_watch()
 
     def _add_handles(self, m: _Managed, n: int) -> None:
         for _ in range(n):
@@ -827,15 +840,69 @@ class TritonBackend(ModelRegistry):
     async def _ensure_loaded(self, m: _Managed) -> None:
         if await self._client.model_ready(m.server_name):
             cfg = await self._client.model_config(m.server_name)
-            same = (
-                instance_count(cfg) == instance_count(m.triton_config)
-                and cfg.get("max_batch_size", 0) == m.triton_config.get("max_batch_size", 0)
-                and (cfg.get("dynamic_batching") is None)
-                == (m.triton_config.get("dynamic_batching") is None)
-            )
-            if same:
+            if _differs(cfg, m.triton_config) is None:
                 return
         await self._client.load(m.server_name, m.triton_config)
+
+    # -- watch: changes nobody's query noticed ------------------------------------------------
+
+    def _start_watch(self) -> None:
+        if self._closed or self.watch_interval_s <= 0:
+            return
+        if self._watch_task is None or self._watch_task.done():
+            self._watch_task = asyncio.get_running_loop().create_task(
+                self._watch(), name=f"inferline-triton-watch-{self.address}"
+            )
+
+    async def _watch(self) -> None:
+        misses = 0
+        while not self._closed:
+            await asyncio.sleep(self.watch_interval_s)
+            if self._closed or (self._recovery is not None and not self._recovery.done()):
+                misses = 0  # recovery is already on it
+                continue
+            if not any(m.state == "ready" for m in self._models.values()):
+                continue
+            if not await self._client.ready(timeout_s=self.probe_timeout_s):
+                # one slow answer under load is not an outage; two in a row are (a stopped
+                # or hung server accepts connections but answers nothing)
+                misses += 1
+                if misses >= 2:
+                    misses = 0
+                    self._start_recovery(None, "the server missed two health checks")
+                continue
+            misses = 0
+            try:
+                changed = await self._changed_models()
+            except TritonFailure as e:
+                log.debug("watch of %s: %s", self._url, e)
+                continue
+            if changed:
+                self._start_recovery(
+                    set(changed), "; ".join(f"{n}: {w}" for n, w in changed.items())
+                )
+
+    async def _changed_models(self) -> dict[str, str]:
+        """Managed models the server no longer runs as inferline loaded them, and how."""
+        changed: dict[str, str] = {}
+        async with self._control_lock():  # scale() and reconfigure() change triton_config
+            for m in list(self._models.values()):
+                if m.state != "ready" or self._closed:
+                    continue
+                if not await self._client.model_ready(
+                    m.server_name, timeout_s=self.probe_timeout_s
+                ):
+                    changed[m.name] = "no longer loaded on the server"
+                    continue
+                try:
+                    cfg = await self._client.model_config(m.server_name)
+                except TritonModelMissing:
+                    changed[m.name] = "no longer loaded on the server"
+                    continue
+                diff = _differs(cfg, m.triton_config)
+                if diff is not None:
+                    changed[m.name] = f"the server runs it with {diff}"
+        return changed
 
     # -- stats / close ----------------------------------------------------------------------
 
@@ -880,10 +947,11 @@ class TritonBackend(ModelRegistry):
         if self._closed:
             return
         self._closed = True
-        if self._recovery is not None and not self._recovery.done():
-            self._recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._recovery
+        for task in (self._recovery, self._watch_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         handles = [h for m in self._models.values() for h in m.handles]
         for name in list(self._models):
             self._subscribers.notify(name, [])
@@ -896,6 +964,18 @@ class TritonBackend(ModelRegistry):
                 with contextlib.suppress(TritonFailure):
                     await self._client.unload(m.server_name)
         await self._client.close()
+
+
+def _differs(cfg: Mapping[str, Any], want: Mapping[str, Any]) -> str | None:
+    """What of inferline's configuration ``cfg`` (the server's) lacks, or None."""
+    if instance_count(cfg) != instance_count(want):
+        return f"{instance_count(cfg)} instances, not {instance_count(want)}"
+    if cfg.get("max_batch_size", 0) != want.get("max_batch_size", 0):
+        got, exp = cfg.get("max_batch_size", 0), want.get("max_batch_size", 0)
+        return f"max batch size {got}, not {exp}"
+    if (cfg.get("dynamic_batching") is None) != (want.get("dynamic_batching") is None):
+        return "dynamic batching " + ("on" if cfg.get("dynamic_batching") is not None else "off")
+    return None
 
 
 _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -912,7 +992,7 @@ def _query_options(url: str, query: Mapping[str, str]) -> dict[str, Any]:
                 out[key] = int(val)
             elif key == "gpus":
                 out[key] = [int(g) for g in val.split(",") if g]
-            elif key in ("timeout_s", "drain_timeout_s", "recovery_timeout_s"):
+            elif key in ("timeout_s", "drain_timeout_s", "recovery_timeout_s", "watch_interval_s"):
                 out[key] = float(val)
             elif key in ("cpu_kind", "gpu_kind"):
                 out[key] = val

@@ -156,3 +156,8 @@ async def digits_stage_pipeline(x: Any, ctx: Any) -> int:
     an 8x8 image -> its label. For the model-variant test on Triton."""
     features = await ctx.predict("pre", x)
     return int(np.asarray(await ctx.predict("cls", features)).reshape(-1)[0])
+
+
+async def digits_pre_pipeline(x: Any, ctx: Any) -> Any:
+    """``digits_pre`` alone: an 8x8 image -> its 64 standardized features."""
+    return await ctx.predict("pre", x)

@@ -131,7 +131,9 @@ def test_third_party_backend_end_to_end(echo_installed: dict[str, str]) -> None:
                 np.testing.assert_allclose(p.output, np.tanh(2 * np.tanh(x)))
             import httpx
 
-            app = create_app(svc, close_service_on_shutdown=False)
+            from inferline._admin import make_admin_router
+
+            app = create_app(svc, close_service_on_shutdown=False, routers=[make_admin_router])
             async with httpx.AsyncClient(
                 transport=httpx.ASGITransport(app), base_url="http://t"
             ) as c:
@@ -139,6 +141,18 @@ def test_third_party_backend_end_to_end(echo_installed: dict[str, str]) -> None:
                 assert r.status_code == 200, r.text
                 got = value_from_json(r.json()["output"])
                 assert got.tolist() == pytest.approx(np.tanh(2 * np.tanh([0.5, -0.5])).tolist())
+                # a plan the backend cannot hold for one model: not a 200, and the plan in
+                # force keeps that model's old configuration (it said the new one before)
+                first = plan.models["first"]
+                big = ModelConfig(first.hardware, first.max_batch_size, 50)
+                r = await c.put(
+                    "/admin/plan", json=plan.with_models({**plan.models, "first": big}).to_dict()
+                )
+                assert r.status_code == 502, r.text
+                assert r.json()["error"] == "PlanPartlyApplied"
+                assert r.json()["applied"]["first"].startswith("failed: "), r.text
+                in_force = (await c.get("/admin/plan")).json()["models"]
+                assert in_force["first"] == first.to_dict()
             for name, cfg in plan.models.items():
                 assert len(svc.backend.replicas(name)) == cfg.replicas
         finally:
