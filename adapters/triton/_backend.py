@@ -11,8 +11,11 @@ configuration (fetched from the server, changed, sent back; see ``_config``). Fa
 back as inferline's errors: a broken connection or a model the restarted server no longer
 has raises ``ReplicaError`` for the batch and starts a recovery task that waits for the server,
 reloads every managed model with its last configuration and publishes fresh handles to the
-subscribers. A batch the model itself rejects is bisected so each query gets its own answer:
-an output, or a ``BackendError`` for the queries that fail on their own.
+subscribers. Between queries, a watch (``watch_interval_s``) checks that the server still runs
+each model as inferline loaded it (a restarted server comes back with its repository's
+configuration, or none) and starts the same recovery when it does not. A batch the model
+itself rejects is bisected so each query gets its own answer: an output, or a
+``BackendError`` for the queries that fail on their own.
 """
 
 from __future__ import annotations
