@@ -345,6 +345,9 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
     operator's); each change is reported to the plugins' observers."""
     from inferline.queueing import FixedBatching
 
+    from ._deploy import check_stages_served
+
+    check_stages_served(plan)
     done: dict[str, str] = {}
     in_force = dict(plan.models)
     reconfigure = getattr(att.backend, "reconfigure", None)

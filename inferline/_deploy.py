@@ -331,6 +331,22 @@ def planned_models(plan: Plan) -> dict[str, ModelConfig]:
     return out
 
 
+def check_stages_served(plan: Plan | None) -> None:
+    """Refuse a plan that gives a pipeline's model no replica: every query for it would wait
+    in its queue until the deadline (``simulate`` refuses such a plan too). Idle model
+    variants are not in ``plan.models``; ``planned_models`` adds them."""
+    if plan is None:
+        return
+    for name, cfg in sorted(plan.models.items()):
+        if cfg.replicas < 1:
+            raise ValidationError(
+                f"plan.models.{name}.replicas",
+                "at least 1: the pipeline sends queries there (idle model variants are "
+                "listed in plan.variants, not here)",
+                cfg.replicas,
+            )
+
+
 def _configs(dep: Deployment, plan: Plan | None) -> dict[str, ModelConfig]:
     planned = planned_models(plan) if plan is not None else {}
     out = {}
@@ -381,6 +397,7 @@ async def start_service(
     from inferline.queueing import Dispatcher, FixedBatching
 
     host = host if host is not None else PluginHost.default()
+    check_stages_served(plan)
     configs = _configs(dep, plan)
     for a in dep.apps:  # a bad selection block fails before any replica starts
         if a.selection is not None and (apps is None or a.name in apps):
@@ -472,6 +489,7 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
     dep: Deployment | None = getattr(svc, "deployment", None)
     if dep is None or svc.backend is None or svc.dispatcher is None:
         raise ValidationError("service", "a service started from a deployment", None)
+    check_stages_served(plan)
     configs = _configs(dep, plan)
     planned = planned_models(plan)
     # without a plan the service runs the deployment's defaults (one CPU replica, batch 1)

@@ -153,6 +153,14 @@ def test_third_party_backend_end_to_end(echo_installed: dict[str, str]) -> None:
                 assert r.json()["applied"]["first"].startswith("failed: "), r.text
                 in_force = (await c.get("/admin/plan")).json()["models"]
                 assert in_force["first"] == first.to_dict()
+                # no replica for a pipeline's model: refused, not a queue waiting for nothing
+                none = ModelConfig(first.hardware, first.max_batch_size, 0)
+                r = await c.put(
+                    "/admin/plan", json=plan.with_models({**plan.models, "first": none}).to_dict()
+                )
+                assert r.status_code == 422, r.text
+                assert "plan.models.first.replicas" in r.text
+                assert len(svc.backend.replicas("first")) == first.replicas
             for name, cfg in plan.models.items():
                 assert len(svc.backend.replicas(name)) == cfg.replicas
         finally:
