@@ -191,6 +191,23 @@ class FrontDoor:
             (TensorInfo("input", "float32", (-1,)),), (TensorInfo("output", "float32", (-1,)),)
         )
 
+    def check_datatypes(self, name: str, tensors: Mapping[str, np.ndarray]) -> None:
+        """KServe requests declare each input's datatype: one that is not the declared
+        signature's is refused, as Triton does, rather than converted (FP64 values for an
+        FP32 input lost precision silently). TF Serving's JSON has no datatype to check."""
+        self.check(name)
+        sig = self.signatures.get(name)
+        if sig is None:
+            return
+        for t in sig.inputs:
+            a = tensors.get(t.name)
+            if a is not None and a.size and _dtype_name(a) != t.dtype:
+                raise ValidationError(
+                    f"inputs.{t.name}.datatype",
+                    _KSERVE_OF.get(t.dtype, t.dtype),
+                    _KSERVE_OF.get(_dtype_name(a), _dtype_name(a)),
+                )
+
     def queries(self, name: str, tensors: Mapping[str, np.ndarray]) -> list[Any]:
         """Split named batched tensors into per-row queries."""
         sig = self.signature(name)
@@ -237,6 +254,7 @@ class FrontDoor:
         """Per-query outputs as named batched tensors."""
         sig = self.signature(name)
         names = [t.name for t in sig.outputs] or ["output"]
+        declared = {t.name: tuple(t.shape) for t in sig.outputs} if name in self.signatures else {}
         first = outs[0] if outs else None
         if isinstance(first, Mapping):
             cols = {str(k): [o[k] for o in outs] for k in first}
@@ -247,11 +265,21 @@ class FrontDoor:
             if wanted and k not in wanted:
                 continue
             try:
-                result[k] = np.stack([np.asarray(v) for v in vals])
+                result[k] = arr = np.stack([np.asarray(v) for v in vals])
             except ValueError as e:
                 raise ValidationError(
                     f"outputs.{k}", "outputs of one shape across the batch", str(e)
                 ) from None
+            # the declared shape: a model's [1] output reaches pipelines as a scalar (a
+            # label), but a client of the model's route expects the model's [n, 1]
+            want = declared.get(k)
+            if (
+                want is not None
+                and all(d >= 0 for d in want)
+                and arr.shape[1:] != want
+                and math.prod(arr.shape[1:]) == math.prod(want)
+            ):
+                result[k] = arr.reshape((arr.shape[0], *want))
         missing = [w for w in wanted if w not in result]
         if missing:
             raise ValidationError("outputs", f"names among {sorted(cols)}", missing)
@@ -303,11 +331,39 @@ def _tensor_from_kserve(t: Mapping[str, Any], raw: bytes | None, field: str) -> 
         if dt == "BYTES":
             flat = np.array(np.asarray(t["data"], dtype=object).reshape(-1).tolist(), dtype=object)
             return flat.reshape(shape)
-        return np.asarray(t["data"], dtype=KSERVE_DTYPES[dt]).reshape(shape)
+        vals = np.asarray(t["data"])
+        _check_json_values(vals, dt, f"{field}.data")
+        return vals.astype(KSERVE_DTYPES[dt]).reshape(shape)
     except (TypeError, ValueError, OverflowError) as e:
         if isinstance(e, ValidationError):
             raise
         raise ValidationError(f"{field}.data", f"{n} values of {dt}", str(e)) from None
+
+
+_KIND_WORDS = {"b": "booleans", "i": "integers", "u": "integers", "f": "fractional numbers"}
+
+
+def _check_json_values(vals: np.ndarray, dt: str, field: str) -> None:
+    """Values of the declared datatype, as Triton reads them: JSON booleans for BOOL, integers
+    in range for INT/UINT, numbers for FP. Before, numpy converted "1.5", true and 2.7 for an
+    INT32 input (to 1) without a word."""
+    if vals.size == 0:
+        return
+    kind = vals.dtype.kind
+    if dt == "BOOL":
+        ok, want = kind == "b", "JSON booleans"
+    elif dt.startswith(("INT", "UINT")):
+        ok, want = kind in "iu", f"integers that fit {dt}"
+    else:
+        ok, want = kind in "iuf", "JSON numbers"
+    if not ok:
+        got = _KIND_WORDS.get(kind, "strings" if kind in "SU" else "mixed or nested values")
+        raise ValidationError(field, f"{want} for {dt}", got)
+    if kind in "iu" and dt != "BOOL" and not dt.startswith("FP"):
+        info = np.iinfo(KSERVE_DTYPES[dt])
+        lo, hi = int(vals.min()), int(vals.max())
+        if lo < info.min or hi > info.max:
+            raise ValidationError(field, f"integers that fit {dt}", f"values from {lo} to {hi}")
 
 
 def _params(obj: Mapping[str, Any], field: str) -> Mapping[str, Any]:
@@ -480,6 +536,7 @@ def make_kserve_router(door: FrontDoor | Service) -> APIRouter:
         try:
             raw = await request.body()
             req, tensors = kserve_decode(raw, header_length(hl, len(raw)))
+            fd.check_datatypes(model, tensors)
             outs = await fd.run(model, fd.queries(model, tensors))
             wanted = [
                 o["name"] for o in req.get("outputs") or [] if isinstance(o, dict) and "name" in o
@@ -858,20 +915,11 @@ def _kserve_servicer(g: FrontDoorGrpc, pb: Any, pbg: Any) -> Any:
                     if raws:
                         tensors[t.name] = _tensor_from_kserve(d, raws[i], f"inputs[{i}]")
                     else:
-                        c = t.contents
-                        vals = (
-                            list(c.fp32_contents)
-                            or list(c.fp64_contents)
-                            or list(c.int_contents)
-                            or list(c.int64_contents)
-                            or list(c.uint_contents)
-                            or list(c.uint64_contents)
-                            or list(c.bool_contents)
-                            or list(c.bytes_contents)
-                        )
+                        vals = _grpc_contents(t, f"inputs[{i}]")
                         tensors[t.name] = _tensor_from_kserve(
                             {**d, "data": vals}, None, f"inputs[{i}]"
                         )
+                fd.check_datatypes(request.model_name, tensors)
                 wanted = [o.name for o in request.outputs]
                 outs = fd.stack(
                     request.model_name,
@@ -904,6 +952,35 @@ def _kserve_servicer(g: FrontDoorGrpc, pb: Any, pbg: Any) -> Any:
         if rpc[0].isupper() and rpc not in KServe.__dict__:
             setattr(KServe, rpc, _unimplemented(g, rpc))
     return KServe()
+
+
+# KServe's typed contents field per datatype (FP16 has none: raw_input_contents only)
+_CONTENTS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def _grpc_contents(t: Any, field: str) -> list[Any]:
+    """The values of a typed-contents input, from the field its datatype names (values in
+    another field were converted before: ints for an FP32 input, floats for INT32)."""
+    want = _CONTENTS.get(t.datatype)
+    if want is None:
+        raise ValidationError(f"{field}.contents", f"raw_input_contents for {t.datatype}", None)
+    others = [f for f in sorted(set(_CONTENTS.values())) if f != want and getattr(t.contents, f)]
+    if others:
+        raise ValidationError(f"{field}.contents", f"{want} for {t.datatype}", others)
+    return list(getattr(t.contents, want))
 
 
 def _unimplemented(g: FrontDoorGrpc, rpc: str) -> Any:

@@ -326,3 +326,108 @@ def test_readiness_follows_the_replicas() -> None:
     assert run(probe()) == (503, 503, 400, "LOADING")
     be.n = 2
     assert run(probe()) == (200, 200, 400, "AVAILABLE")
+
+
+@pytest.mark.parametrize(
+    ("inp", "field", "says"),
+    [
+        (
+            {"datatype": "FP32", "shape": [1, 3], "data": ["1", "2", "3"]},
+            "inputs[0].data",
+            "strings",
+        ),
+        (
+            {"datatype": "FP32", "shape": [1, 3], "data": [True, False, True]},
+            "inputs[0].data",
+            "booleans",
+        ),
+        (
+            {"datatype": "INT32", "shape": [1, 3], "data": [1, 2.7, 3]},
+            "inputs[0].data",
+            "fractional",
+        ),
+        ({"datatype": "INT8", "shape": [1, 3], "data": [1, 300, 3]}, "inputs[0].data", "300"),
+        ({"datatype": "BOOL", "shape": [1, 3], "data": [1, 0, 1]}, "inputs[0].data", "integers"),
+        # the signature's input is FP32: FP64 values are not narrowed without a word
+        (
+            {"datatype": "FP64", "shape": [1, 3], "data": [0.1, 0.2, 0.3]},
+            "inputs.x.datatype",
+            "FP32",
+        ),
+    ],
+)
+def test_kserve_values_and_datatypes_are_not_converted(inp: dict, field: str, says: str) -> None:
+    """Triton refuses these; the front door converted them (strings and booleans to floats,
+    2.7 to 2, 300 to an INT8, FP64 to FP32)."""
+    svc, fd = make_service()
+    app = create_app(svc, routers=[make_kserve_router(fd)])
+
+    async def main() -> None:
+        async with client(app) as c:
+            r = await c.post("/v2/models/dbl/infer", json={"inputs": [{"name": "x", **inp}]})
+            assert r.status_code == 400, r.text
+            assert field in r.json()["error"] and says in r.json()["error"], r.text
+
+    run(main())
+
+
+def test_a_declared_one_element_output_keeps_its_dimension() -> None:
+    """A model's [1] output reaches pipelines as a scalar; its KServe and TF Serving routes
+    answer the declared [n, 1] (they answered [n])."""
+
+    async def label(x: Any, slo: float) -> Any:
+        return np.int64(np.asarray(x).sum())
+
+    svc = Service([App("lbl", label, 1.0)])
+    sig = Signature((TensorInfo("x", "float32", (3,)),), (TensorInfo("label", "int64", (1,)),))
+    fd = FrontDoor(svc, {"lbl": sig})
+    app = create_app(svc, routers=[make_kserve_router(fd), make_tfserving_router(fd)])
+
+    async def main() -> None:
+        async with client(app) as c:
+            body = {
+                "inputs": [
+                    {"name": "x", "datatype": "FP32", "shape": [2, 3], "data": [1] * 3 + [2] * 3}
+                ]
+            }
+            r = await c.post("/v2/models/lbl/infer", json=body)
+            assert r.status_code == 200, r.text
+            (out,) = r.json()["outputs"]
+            assert out["shape"] == [2, 1] and out["data"] == [3, 6]
+            r = await c.post("/v1/models/lbl:predict", json={"instances": [[1, 1, 1]]})
+            assert r.status_code == 200, r.text
+            assert r.json()["predictions"] == [[3]]
+
+    run(main())
+
+
+def test_kserve_grpc_typed_contents_must_match_the_datatype() -> None:
+    grpc = pytest.importorskip("grpc")
+    pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+    pbg = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
+    from inferline._frontdoors import FrontDoorGrpc
+
+    _svc, fd = make_service()
+
+    async def main() -> None:
+        g = FrontDoorGrpc(fd)
+        port = await g.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+                stub = pbg.GRPCInferenceServiceStub(ch)
+                req = pb.ModelInferRequest(model_name="dbl")
+                t = req.inputs.add(name="x", datatype="FP32", shape=[1, 3])
+                t.contents.int_contents.extend([1, 2, 3])  # FP32 values belong in fp32_contents
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await stub.ModelInfer(req)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "fp32_contents" in e.value.details()
+                req = pb.ModelInferRequest(model_name="dbl")
+                t = req.inputs.add(name="x", datatype="FP32", shape=[1, 3])
+                t.contents.fp32_contents.extend([1, 2, 3])
+                r = await stub.ModelInfer(req)
+                assert [o.name for o in r.outputs] == ["y", "s"]
+        finally:
+            await g.stop()
+
+    run(main())
