@@ -25,6 +25,7 @@ from inferline.core import (
     save,
 )
 
+from ._cli_args import body_bytes, count, int_in, output_path, port, slo_ms
 from ._cli_plan import rate_margin as _rate_margin
 from ._cli_serve import add_read_timeout
 
@@ -240,13 +241,22 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     a.add_argument("--inputs", default=None, help="JSON {model: [sample inputs]} for profiling")
     a.add_argument(
-        "--samples", type=int, default=32, help="synthetic inputs per model when no --inputs"
+        "--samples", type=count, default=32, help="synthetic inputs per model when no --inputs"
     )
-    a.add_argument("--max-batch", type=int, default=16, help="largest profiled batch size")
+    a.add_argument("--max-batch", type=count, default=16, help="largest profiled batch size")
     a.add_argument("--quick", action="store_true", help="few samples per point")
     a.add_argument("--no-profile", action="store_true", help="only discover")
-    a.add_argument("--profiles-out", default=None, help="write the measured profiles JSON here")
-    a.add_argument("--summary-out", default=None, help="write what was found as JSON")
+    # outputs, ports and the SLO are checked here: attach connects, profiles and starts the
+    # service before it writes, plans or binds
+    a.add_argument(
+        "--profiles-out",
+        type=output_path(),
+        default=None,
+        help="write the measured profiles JSON here",
+    )
+    a.add_argument(
+        "--summary-out", type=output_path(), default=None, help="write what was found as JSON"
+    )
     a.add_argument(
         "--pipeline", default=None, help="pipeline DAG JSON over the served models: plan and serve"
     )
@@ -258,7 +268,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     a.add_argument("--app", default="pipeline", help="app name of the served pipeline")
     a.add_argument(
         "--slo-ms",
-        type=float,
+        type=slo_ms,
         default=None,
         help="latency SLO, ms, for planning and the served app (required with --pipeline)",
     )
@@ -271,22 +281,35 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="plan with 1+M times the trace's rate as throughput slack (as `inferline plan`)",
     )
     a.add_argument("--plan", default=None, help="use this plan instead of planning")
-    a.add_argument("--plan-out", default=None, help="write the plan made from --trace here")
+    a.add_argument(
+        "--plan-out",
+        type=output_path(),
+        default=None,
+        help="write the plan made from --trace here",
+    )
     a.add_argument("--dry-run", action="store_true", help="plan and apply, do not serve")
     a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    a.add_argument("--port", type=int, default=8000, help="HTTP port (0: any free port)")
+    a.add_argument("--port", type=port, default=8000, help="HTTP port (0: any free port)")
     a.add_argument(
-        "--grpc-port", type=int, default=0, help="gRPC front doors' port (0: any, -1: none)"
+        "--grpc-port",
+        type=int_in(-1, 65535, "a port (-1: none)"),
+        default=0,
+        help="gRPC front doors' port (0: any, -1: none)",
     )
     a.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
     a.add_argument(
         "--max-body-bytes",
-        type=int,
+        type=body_bytes,
         default=1 << 20,
         help="largest HTTP request body and gRPC message, bytes (default %(default)s)",
     )
     add_read_timeout(a)
-    a.add_argument("--ready-file", default=None, help="write {url, grpc, pid} here once serving")
+    a.add_argument(
+        "--ready-file",
+        type=output_path(),
+        default=None,
+        help="write {url, grpc, pid} here once serving",
+    )
     a.set_defaults(func=_attach)
 
     p = sub.add_parser("plugins", help="list the registered plugins and backend schemes")

@@ -50,7 +50,7 @@ from inferline.core import (
 )
 from inferline.core._validate import as_float
 
-from ._cli_args import number_in
+from ._cli_args import count, number_in, output_path
 
 __all__ = [
     "SimulateContext",
@@ -469,16 +469,8 @@ def _print_summary(ctx: SimulateContext, summary: dict[str, Any]) -> None:
 
 _slo_s = number_in(0, 3600, "seconds", lo_open=True)
 rate_margin = number_in(0, 10, "a margin")  # 0.05: plan for 5% above the rate
-
-
-def _count(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
-    return v
+# P0 is the fastest query: planning for it is no latency objective
+_percentile = number_in(0, 100, "a percentile", lo_open=True)
 
 
 @register
@@ -492,7 +484,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument("--profiles", required=True, help="profiles JSON (inferline.profiles/1)")
     p.add_argument("--trace", required=True, help="sample arrival trace used for planning")
     p.add_argument("--slo-s", type=_slo_s, required=True, help="latency objective, seconds")
-    p.add_argument("--percentile", type=float, default=99.0, help="tail percentile (default 99)")
+    p.add_argument(
+        "--percentile", type=_percentile, default=99.0, help="tail percentile (default 99)"
+    )
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
     p.add_argument(
         "--strategy",
@@ -525,7 +519,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     p.add_argument(
         "--workers",
-        type=_count,
+        type=count,
         default=None,
         help="threads planning the ladder's rate factors at once (default: one per CPU)",
     )
@@ -544,7 +538,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         metavar="A",
         help="with --variants: floor on the pipeline accuracy (overrides the document's)",
     )
-    p.add_argument("-o", "--output", required=True, help="where to write the plan JSON")
+    p.add_argument(
+        "-o", "--output", type=output_path(), required=True, help="where to write the plan JSON"
+    )
     p.set_defaults(func=_plan)
 
     s = sub.add_parser(

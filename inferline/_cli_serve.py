@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,15 @@ from inferline.core import (
     save,
 )
 
-from ._cli_args import number_in
+from ._cli_args import (
+    body_bytes,
+    count,
+    number_in,
+    output_path,
+    port,
+    positive,
+    slo_ms,
+)
 from ._sim_tuning import add_ladder_knobs, ladder_knobs
 
 log = logging.getLogger(__name__)
@@ -267,18 +276,28 @@ def _deploy(args: argparse.Namespace) -> int:
         r = httpx.put(
             args.url.rstrip("/") + "/admin/plan", json=plan.to_dict(), headers=headers, timeout=600
         )
+        body = _json_or_none(r)
+        applied = body.get("applied") if isinstance(body, dict) else None
+        if isinstance(applied, dict):  # also on a 502: which models moved and which did not
+            for model, what in applied.items():
+                print(f"{model}: {what}")
         if r.status_code != 200:
             raise ValidationError(
                 "server", "a 200 answer to PUT /admin/plan", f"{r.status_code} {r.text}"
             )
-        for model, what in r.json()["applied"].items():
-            print(f"{model}: {what}")
         return 0
     for model, cfg in planned.items():
         print(f"{model}: {cfg.replicas} x {cfg.hardware}, max batch {cfg.max_batch_size}")
     if args.dry_run:
         return 0
     return _serve_with(args, dep, plan)
+
+
+def _json_or_none(r: Any) -> Any:
+    try:
+        return r.json()
+    except ValueError:
+        return None
 
 
 # how much faster than recorded a trace is replayed; how long a request may take to arrive
@@ -299,16 +318,27 @@ def add_read_timeout(p: argparse.ArgumentParser) -> None:
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free port)")
+    p.add_argument("--port", type=port, default=8000, help="port (0: any free port)")
     p.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit")
+    p.add_argument(
+        "--max-body-bytes",
+        type=body_bytes,
+        default=1 << 20,
+        help="request body limit, bytes (default %(default)s)",
+    )
     add_read_timeout(p)
-    p.add_argument("--ready-file", default=None, help="write {url, pid} here once serving")
+    p.add_argument(
+        "--ready-file",
+        type=output_path(),
+        default=None,
+        help="write {url, pid} here once serving",
+    )
     p.add_argument(
         "--tuner",
         choices=("inferline", "none"),
         default="inferline",
-        help="scale replicas as traffic changes (needs a plan with tuner inputs)",
+        help="scale replicas as traffic changes (needs a plan with tuner inputs; default "
+        "%(default)s: on)",
     )
     p.add_argument(
         "--no-variant-switching",
@@ -362,7 +392,7 @@ def _replay(args: argparse.Namespace) -> int:
     from ._replay import encode_bodies, replay
 
     trace = load_trace(args.trace)
-    if args.limit:
+    if args.limit is not None:
         trace = trace[: args.limit]
     if args.speed != 1.0:
         trace = (trace - trace[0]) / args.speed
@@ -383,13 +413,22 @@ def _replay(args: argparse.Namespace) -> int:
     print_replay(summary)
     if args.output:
         out = {
-            "summary": summary,
+            # NaN (no rate, no latencies) is not JSON: null
+            "summary": {k: _finite_or_none(v) for k, v in summary.items()},
             "latency_s": [None if not np.isfinite(v) else float(v) for v in res.latency_s],
             "status": [int(s) for s in res.status],
         }
         Path(args.output).write_text(json.dumps(out) + "\n")
     # Non-zero when any query did not get an HTTP 200 (errors, refusals, no answer).
     return 0 if summary["errors"] == 0 else 1
+
+
+def _finite_or_none(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _ms(v: float) -> str:
+    return f"{v:.2f} ms" if math.isfinite(v) else "n/a (no predictions)"
 
 
 def print_replay(s: dict[str, Any]) -> None:
@@ -399,17 +438,20 @@ def print_replay(s: dict[str, Any]) -> None:
     t = Table(title="replay")
     t.add_column("metric")
     t.add_column("value", justify="right")
+    # A one-query trace (or all at one time) spans no time, so has no rate; still a fair smoke
+    # test of a server, so it runs rather than being refused, and the rate says why it is n/a.
+    rate = s["offered_qps"]
     rows = [
         ("queries sent", f"{s['queries']}"),
-        ("offered rate", f"{s['offered_qps']:.1f} q/s"),
+        ("offered rate", f"{rate:.1f} q/s" if math.isfinite(rate) else "n/a (the trace spans 0 s)"),
         ("answered", f"{s['answered']}"),
         ("predictions", f"{s['ok']}"),
         ("default outputs", f"{s['defaults']}"),
         ("errors", f"{s['errors']}  {s['error_kinds'] or ''}"),
         ("status codes", ", ".join(f"{k}: {v}" for k, v in s["status"].items())),
-        ("P50 latency", f"{s['p50_ms']:.2f} ms"),
-        ("P99 latency", f"{s['p99_ms']:.2f} ms"),
-        ("max latency", f"{s['max_ms']:.2f} ms"),
+        ("P50 latency", _ms(s["p50_ms"])),
+        ("P99 latency", _ms(s["p99_ms"])),
+        ("max latency", _ms(s["max_ms"])),
     ]
     if s["slo_ms"] is not None:
         rows.append(("SLO miss rate", f"{s['slo_miss_rate']:.2%} (SLO {s['slo_ms']:.0f} ms)"))
@@ -468,13 +510,28 @@ def add_profiler_arguments(p: argparse.ArgumentParser) -> None:
 def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("profile", help="profile a deployment's models (batch latency per hardware)")
     p.add_argument("--deployment", required=True, help="deployment JSON (inferline.deployment/1)")
-    p.add_argument("-o", "--output", required=True, help="where to write the profiles JSON")
-    p.add_argument("--pipeline-out", default=None, help="also write the traced pipeline DAG")
-    p.add_argument("--fits-out", default=None, help="also write the latency fits as JSON")
+    # outputs are checked up front: profiling takes minutes
+    p.add_argument(
+        "-o",
+        "--output",
+        type=output_path(),
+        required=True,
+        help="where to write the profiles JSON",
+    )
+    p.add_argument(
+        "--pipeline-out",
+        type=output_path(),
+        default=None,
+        help="also write the traced pipeline DAG",
+    )
+    p.add_argument(
+        "--fits-out", type=output_path(), default=None, help="also write the latency fits as JSON"
+    )
     p.add_argument("--app", default=None, help="app whose pipeline to trace (default: first)")
-    p.add_argument("--max-batch", type=int, default=32, help="largest batch size (powers of 2)")
-    p.add_argument("--max-samples", type=int, default=400, help="most batches per point")
-    p.add_argument("--samples", type=int, default=None, help="use only N sample queries")
+    p.add_argument("--max-batch", type=count, default=32, help="largest batch size (powers of 2)")
+    p.add_argument("--max-samples", type=count, default=400, help="most batches per point")
+    # -1 dropped the last sample ([:-1]) and 0 left none
+    p.add_argument("--samples", type=count, default=None, help="use only N sample queries")
     add_profiler_arguments(p)
     p.add_argument("--hardware", nargs="*", default=None, help="only these hardware kinds")
     p.add_argument("--quick", action="store_true", help="fewer samples (noisier, faster)")
@@ -517,27 +574,35 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     r.add_argument("--deployment", default=None, help="take inputs from its sample_inputs")
     r.add_argument(
         "--slo-ms",
-        type=float,
+        type=slo_ms,
         default=None,
         help="SLO for the miss rate, also sent with each request (default: the app's SLO in "
         "--deployment, not sent; neither: no miss rate)",
     )
     r.add_argument("--token", default=None, help=f"bearer token (or ${_TOKEN_ENV})")
-    r.add_argument("--connections", type=int, default=64, help="connections opened up front")
-    r.add_argument("--limit", type=int, default=None, help="send only the first N arrivals")
+    # 0 connections read as 'server unreachable'; --limit 0 sent all, -1 all but the last
+    r.add_argument("--connections", type=count, default=64, help="connections opened up front")
+    r.add_argument("--limit", type=count, default=None, help="send only the first N arrivals")
     r.add_argument(
         "--speed",
         type=_speed,
         default=1.0,
         help="time compression factor (2: twice as fast; default %(default)s)",
     )
-    r.add_argument("-o", "--output", default=None, help="write the summary and latencies JSON")
+    r.add_argument(
+        "-o",
+        "--output",
+        type=output_path(),
+        default=None,
+        help="write the summary and latencies JSON",
+    )
     r.set_defaults(func=_replay)
 
     m = sub.add_parser("demo", help="profile, plan, deploy and replay a real digits pipeline")
     m.add_argument("--out", default="out/demo", help="output folder (plots, JSON)")
     m.add_argument("--quick", action="store_true", help="reduced mode (for tests)")
-    m.add_argument("--slo-ms", type=float, default=None, help="latency SLO, ms (default 100)")
-    m.add_argument("--rate", type=float, default=None, help="arrival rate, queries/s")
-    m.add_argument("--duration-s", type=float, default=None, help="replay length")
+    # checked before the demo's minutes of work (a --slo-ms of 0 silently meant 100)
+    m.add_argument("--slo-ms", type=slo_ms, default=None, help="latency SLO, ms (default 100)")
+    m.add_argument("--rate", type=positive("queries/s"), default=None, help="arrival rate, q/s")
+    m.add_argument("--duration-s", type=positive("seconds"), default=None, help="replay length")
     m.set_defaults(func=_demo)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from inferline.core import (
     varying_trace,
 )
 
+from ._cli_args import number_in, output_path, positive
+
 
 def _gamma(args: argparse.Namespace) -> int:
     trace = gamma_trace(args.rate, args.cv, args.duration_s, np.random.default_rng(args.seed))
@@ -28,16 +31,8 @@ def _gamma(args: argparse.Namespace) -> int:
 
 
 def _varying(args: argparse.Namespace) -> int:
-    segs = []
-    for i, s in enumerate(args.segment):
-        try:
-            r, c, d = (float(x) for x in s.split(","))
-        except ValueError:
-            from inferline.core.errors import ValidationError
-
-            raise ValidationError(f"--segment[{i}]", "RATE,CV,DURATION_S", s) from None
-        segs.append((r, c, d))
-    trace = varying_trace(segs, np.random.default_rng(args.seed), transition_s=args.transition_s)
+    rng = np.random.default_rng(args.seed)
+    trace = varying_trace(args.segment, rng, transition_s=args.transition_s)
     save_trace(trace, args.output)
     print(f"wrote {trace.size} arrivals to {args.output}")
     return 0
@@ -68,10 +63,26 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
+_part = positive("a number")
+_SEGMENT = "RATE,CV,DURATION_S"
+
+
+def _segment(text: str) -> tuple[float, float, float]:
+    """A ``--segment``: three numbers > 0 (a zero or NaN length crashed the generator)."""
+    try:
+        r, c, d = (_part(x) for x in text.split(","))  # ValueError: not three parts
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"expected {_SEGMENT}, three numbers > 0, got {text!r}"
+        ) from None
+    return r, c, d
+
+
 def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "-o",
         "--output",
+        type=output_path(),
         required=True,
         help="where to write the trace (one arrival time in seconds per line)",
     )
@@ -94,14 +105,15 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     v = ts.add_parser("varying", help="move between (rate, CV) segments over a transition time")
     v.add_argument(
         "--segment",
+        type=_segment,
         action="append",
         required=True,
-        metavar="RATE,CV,DURATION_S",
+        metavar=_SEGMENT,
         help="a segment: rate in queries/s, CV and length in seconds (repeatable, in order)",
     )
     v.add_argument(
         "--transition-s",
-        type=float,
+        type=number_in(0, math.inf, "seconds"),  # a negative or NaN one was taken as 0
         default=0.0,
         help="seconds at the start of each next segment over which rate and CV change "
         "linearly from the previous one (default 0: an abrupt change)",

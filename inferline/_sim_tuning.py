@@ -221,8 +221,22 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
         help="InferLine, plan made with --variants: change replicas and batch sizes only, never "
         "switch a stage to another variant (as serve --no-variant-switching)",
     )
-    g.add_argument("--timeline-plot", default=None, help="write a timeline plot (PNG, SVG...)")
-    g.add_argument("--decisions-out", default=None, help="write the scaling decisions as JSON")
+    from ._cli_args import output_path
+    from ._timeline import plot_formats
+
+    # checked before the simulation, as every output path is
+    g.add_argument(
+        "--timeline-plot",
+        default=None,
+        type=output_path(plot_formats, "a plot file"),
+        help="write a timeline plot (PNG, SVG...)",
+    )
+    g.add_argument(
+        "--decisions-out",
+        default=None,
+        type=output_path(),
+        help="write the scaling decisions as JSON",
+    )
 
 
 def make_tuner_controller(args: argparse.Namespace, ctx: Any) -> Any:

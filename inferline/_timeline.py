@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["plot_timeline", "replicas_over_time"]
+__all__ = ["plot_formats", "plot_timeline", "replicas_over_time"]
+
+
+def plot_formats() -> list[str]:
+    """The file extensions :func:`plot_timeline` can write (matplotlib's, without dots), for
+    checking a plot path before a simulation runs rather than after."""
+    import matplotlib.figure
+
+    return sorted(matplotlib.figure.Figure().canvas.get_supported_filetypes())
 
 
 def replicas_over_time(
