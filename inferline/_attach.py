@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -339,6 +340,27 @@ def dag_pipeline(pipeline: Pipeline) -> Callable[[Any, Any], Awaitable[Any]]:
     return run
 
 
+def check_pipeline_io(pipeline: Pipeline, signatures: Mapping[str, Signature]) -> None:
+    """Refuse a pipeline edge whose model output cannot be the next model's input: bytes into
+    a numeric input or the other way round, or a different number of elements where both
+    are fixed. Before, such a pipeline started and every query failed with a 422. Only the
+    one-output -> one-input case is checked (several tensors travel as a dict by name)."""
+    for i, (a, b) in enumerate(pipeline.edges):
+        sa, sb = signatures.get(a), signatures.get(b)
+        if sa is None or sb is None or len(sa.outputs) != 1 or len(sb.inputs) != 1:
+            continue
+        out, inp = sa.outputs[0], sb.inputs[0]
+        text_out, text_in = out.dtype == "object", inp.dtype == "object"
+        n_out = math.prod(out.shape) if all(d >= 0 for d in out.shape) else None
+        n_in = math.prod(inp.shape) if all(d >= 0 for d in inp.shape) else None
+        if text_out != text_in or (n_out is not None and n_in is not None and n_out != n_in):
+            raise ValidationError(
+                f"pipeline.edges[{i}] ({a} -> {b})",
+                f"{b}'s input {inp.name} ({inp.dtype} {list(inp.shape)})",
+                f"{a}'s output {out.name} ({out.dtype} {list(out.shape)})",
+            )
+
+
 async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> dict[str, str]:
     """Move the attached models to ``plan`` in place: replica counts through the adapter,
     batch sizes in the queue. Hardware changes are not made (the server's placement is the
@@ -401,6 +423,8 @@ async def start_attachment_service(
     plan applied, and an app running the pipeline; plus the front door for protocol routes."""
     from inferline.queueing import Dispatcher, FixedBatching
 
+    if pipeline is not None:  # before anything starts
+        check_pipeline_io(pipeline, att.signatures)
     d = Dispatcher()
     for name, cfg in att.models.items():
         b = (

@@ -90,3 +90,24 @@ def test_attach_cli_refuses_bad_flags_in_one_line(tmp_path: Any, capsys: Any) ->
     assert "inputs.json: expected valid JSON" in err and "Traceback" not in err
     assert main(["attach", "triton://127.0.0.1:1", "--option", "grpc_port=8001"]) == 2
     assert "backend option 'grpc_port'" in capsys.readouterr().err
+
+
+def test_a_pipeline_whose_models_do_not_fit_together_is_refused() -> None:
+    """One model's output must be able to be the next one's input: before, such a pipeline
+    was served and every query failed with a 422."""
+    from inferline._attach import check_pipeline_io
+    from inferline._frontdoors import Signature, TensorInfo
+    from inferline.core import Pipeline, ValidationError
+
+    def sig(inp: tuple[str, tuple[int, ...]], out: tuple[str, tuple[int, ...]]) -> Signature:
+        return Signature((TensorInfo("in", *inp),), (TensorInfo("out", *out),))
+
+    pipe = Pipeline("p", ("pre", "cls"), (("pre", "cls"),))
+    pre = sig(("float32", (8, 8)), ("float32", (64,)))
+    check_pipeline_io(pipe, {"pre": pre, "cls": sig(("float32", (64,)), ("int64", (1,)))})
+    check_pipeline_io(pipe, {"pre": pre, "cls": sig(("float32", (-1,)), ("int64", (1,)))})
+    check_pipeline_io(pipe, {"pre": pre})  # a model without a signature: not checked
+    with pytest.raises(ValidationError, match=r"pipeline\.edges\[0\] \(pre -> cls\)"):
+        check_pipeline_io(pipe, {"pre": pre, "cls": sig(("float32", (32,)), ("int64", (1,)))})
+    with pytest.raises(ValidationError, match="object"):
+        check_pipeline_io(pipe, {"pre": pre, "cls": sig(("object", (1,)), ("int64", (1,)))})
