@@ -986,8 +986,12 @@ _BOOL = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no":
 
 def _query_options(url: str, query: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    known = {"oversubscribe", "unload_on_close", "cpu_cores", "gpus", "timeout_s"}
+    known |= {"drain_timeout_s", "recovery_timeout_s", "watch_interval_s", "cpu_kind", "gpu_kind"}
     for key, val in query.items():
         where = f"{url}: {key}"
+        if key not in known:  # outside the try: ValidationError is a ValueError
+            raise ValidationError(f"{url}: option", f"one of {sorted(known)}", key)
         try:
             if key in ("oversubscribe", "unload_on_close"):
                 out[key] = _BOOL[val.lower()]
@@ -997,10 +1001,8 @@ def _query_options(url: str, query: Mapping[str, str]) -> dict[str, Any]:
                 out[key] = [int(g) for g in val.split(",") if g]
             elif key in ("timeout_s", "drain_timeout_s", "recovery_timeout_s", "watch_interval_s"):
                 out[key] = float(val)
-            elif key in ("cpu_kind", "gpu_kind"):
+            else:  # cpu_kind, gpu_kind
                 out[key] = val
-            else:
-                raise ValidationError(where, "a TritonBackend option", key)
         except (KeyError, ValueError):
             raise ValidationError(where, "a valid value", val) from None
     return out

@@ -338,6 +338,13 @@ def test_urls_options_and_offline_backend() -> None:
         TritonBackend("triton://h?oversubscribe=maybe")
     with pytest.raises(ValidationError):
         TritonBackend("triton://h", cpu_cores=-1)
+    # a misspelt option is named, with the ones there are (it said "expected a valid value")
+    with pytest.raises(ValidationError, match="cpu_corez") as e:
+        TritonBackend("triton://h?cpu_corez=2")
+    assert "cpu_corez" in str(e.value) and "watch_interval_s" in str(e.value)
+    with pytest.raises(ValidationError, match="watch_interval_s"):
+        TritonBackend("triton://h?watch_interval_s=-1")
+    assert TritonBackend("triton://h?watch_interval_s=0").watch_interval_s == 0
     with pytest.raises(NotFoundError):
         b.replicas("m")
 
