@@ -7,16 +7,29 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from inferline._app import bind_socket, serve_app
 
 
+@dataclass
+class Running:
+    """A server started by :func:`serving`: its port, and a way to stop it (as SIGTERM does)."""
+
+    port: int
+    loop: asyncio.AbstractEventLoop
+    stop_event: asyncio.Event
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+
+
 @contextmanager
-def served(app: Any, **serve_kw: Any) -> Iterator[int]:
-    """Serve ``app`` (``serve_app``'s keywords) until the block ends; yields the port."""
+def serving(app: Any, **serve_kw: Any) -> Iterator[Running]:
+    """Serve ``app`` (``serve_app``'s keywords) until the block ends or ``stop()``."""
     sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
     ready = threading.Event()
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
@@ -29,10 +42,18 @@ def served(app: Any, **serve_kw: Any) -> Iterator[int]:
     t = threading.Thread(target=run, daemon=True)
     t.start()
     assert ready.wait(20)
+    running = Running(sock.getsockname()[1], loop, stop, t)
     try:
-        yield port
+        yield running
     finally:
-        loop.call_soon_threadsafe(stop.set)
+        running.stop()
         t.join(10)
         assert not t.is_alive()
         loop.close()
+
+
+@contextmanager
+def served(app: Any, **serve_kw: Any) -> Iterator[int]:
+    """Serve ``app`` (``serve_app``'s keywords) until the block ends; yields the port."""
+    with serving(app, **serve_kw) as running:
+        yield running.port
