@@ -25,9 +25,9 @@ from inferline.core import (
     save,
 )
 
-from ._cli_args import body_bytes, count, int_in, output_path, port, slo_ms
+from ._cli_args import count, output_path, slo_ms
 from ._cli_plan import rate_margin as _rate_margin
-from ._cli_serve import add_read_timeout
+from ._cli_serve import add_listen_args
 
 _TOKEN_ENV = "INFERLINE_TOKEN"
 
@@ -288,28 +288,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="write the plan made from --trace here",
     )
     a.add_argument("--dry-run", action="store_true", help="plan and apply, do not serve")
-    a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    a.add_argument("--port", type=port, default=8000, help="HTTP port (0: any free port)")
-    a.add_argument(
-        "--grpc-port",
-        type=int_in(-1, 65535, "a port (-1: none)"),
-        default=0,
-        help="gRPC front doors' port (0: any, -1: none)",
-    )
-    a.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
-    a.add_argument(
-        "--max-body-bytes",
-        type=body_bytes,
-        default=1 << 20,
-        help="largest HTTP request body and gRPC message, bytes (default %(default)s)",
-    )
-    add_read_timeout(a)
-    a.add_argument(
-        "--ready-file",
-        type=output_path(),
-        default=None,
-        help="write {url, grpc, pid} here once serving",
-    )
+    add_listen_args(a, grpc=True)
     a.set_defaults(func=_attach)
 
     p = sub.add_parser("plugins", help="list the registered plugins and backend schemes")

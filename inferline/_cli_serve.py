@@ -25,6 +25,7 @@ from inferline.core import (
 from ._cli_args import (
     body_bytes,
     count,
+    int_in,
     number_in,
     output_path,
     port,
@@ -305,8 +306,26 @@ _speed = number_in(0, 1e6, "a factor", lo_open=True)
 _read_timeout = number_in(0, 3600, "seconds", lo_open=True)
 
 
-def add_read_timeout(p: argparse.ArgumentParser) -> None:
-    """``--read-timeout-s`` (serve and attach)."""
+def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
+    """Where a server listens and what it accepts (serve, deploy, attach; ``grpc``: attach's
+    gRPC front doors too): one declaration, so the limits and their checks stay the same."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=8000, help="HTTP port (0: any free port)")
+    if grpc:
+        p.add_argument(
+            "--grpc-port",
+            type=int_in(-1, 65535, "a port (-1: none)"),
+            default=0,
+            help="gRPC front doors' port (0: any, -1: none)",
+        )
+    p.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
+    p.add_argument(
+        "--max-body-bytes",
+        type=body_bytes,
+        default=1 << 20,
+        help=("largest HTTP request body and gRPC message" if grpc else "request body limit")
+        + ", bytes (default %(default)s)",
+    )
     p.add_argument(
         "--read-timeout-s",
         type=_read_timeout,
@@ -314,25 +333,16 @@ def add_read_timeout(p: argparse.ArgumentParser) -> None:
         help="a request's headers, then its body, must arrive within this; else 408 "
         "(default %(default)s)",
     )
-
-
-def _add_server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8000, help="port (0: any free port)")
-    p.add_argument("--token", default=None, help=f"require this bearer token (or ${_TOKEN_ENV})")
-    p.add_argument(
-        "--max-body-bytes",
-        type=body_bytes,
-        default=1 << 20,
-        help="request body limit, bytes (default %(default)s)",
-    )
-    add_read_timeout(p)
     p.add_argument(
         "--ready-file",
         type=output_path(),
         default=None,
-        help="write {url, pid} here once serving",
+        help=f"write {{url, {'grpc, ' if grpc else ''}pid}} here once serving",
     )
+
+
+def _add_server_args(p: argparse.ArgumentParser) -> None:
+    add_listen_args(p)
     p.add_argument(
         "--tuner",
         choices=("inferline", "none"),
