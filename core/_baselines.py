@@ -29,12 +29,12 @@ from typing import Literal
 
 import numpy as np
 
-from ._estimator import EstimatorOptions, simulate
+from ._estimator import simulate
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import ModelConfig, Plan
 from ._planner import plan_inferline
-from ._planning import PlannerOptions, ProgressFn, fastest_hardware, tuner_inputs
+from ._planning import PlannerOptions, ProgressFn, fastest_hardware, over_inventory, tuner_inputs
 from ._profiles import Profiles
 from ._trace import mean_rate, peak_rate
 from ._validate import as_float
@@ -95,12 +95,19 @@ def _plan_cg(
     slo_s: float,
     percentile: float,
     catalog: HardwareCatalog,
-    estimator: EstimatorOptions,
+    options: PlannerOptions,
 ) -> Plan:
     slo_s = as_float(slo_s, "slo_s", positive=True)
     trace = np.ascontiguousarray(trace, dtype=np.float64)
     rate = mean_rate(trace) if kind == "mean" else peak_rate(trace, slo_s)
     configs = coarse_grained_configs(pipeline, profiles, slo_s, rate, catalog=catalog)
+    over = over_inventory(configs, catalog, options)
+    if over is not None:
+        # the black box cannot trade replicas for batch size per model: it just does not fit
+        raise InfeasibleError(
+            f"the coarse-grained plan for {pipeline.name!r} needs more than the inventory ({over})"
+        )
+    estimator = options.estimator
     res = simulate(pipeline, configs, profiles, trace, options=estimator, catalog=catalog)
     return Plan(
         pipeline=pipeline.name,
@@ -126,8 +133,8 @@ def plan_cg_mean(
     progress: ProgressFn | None = None,
 ) -> Plan:
     """CG-Mean: the pipeline replicated as a unit for the trace's mean rate."""
-    est = (options or PlannerOptions()).estimator
-    return _plan_cg("mean", pipeline, profiles, trace, slo_s, percentile, catalog, est)
+    opts = options or PlannerOptions()
+    return _plan_cg("mean", pipeline, profiles, trace, slo_s, percentile, catalog, opts)
 
 
 def plan_cg_peak(
@@ -142,8 +149,8 @@ def plan_cg_peak(
     progress: ProgressFn | None = None,
 ) -> Plan:
     """CG-Peak: the pipeline replicated as a unit for the peak rate over SLO-long windows."""
-    est = (options or PlannerOptions()).estimator
-    return _plan_cg("peak", pipeline, profiles, trace, slo_s, percentile, catalog, est)
+    opts = options or PlannerOptions()
+    return _plan_cg("peak", pipeline, profiles, trace, slo_s, percentile, catalog, opts)
 
 
 PlanFn = Callable[..., Plan]

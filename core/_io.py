@@ -11,6 +11,7 @@ from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import Plan
 from ._profiles import Profiles
+from ._validate import read_text
 from .errors import ValidationError
 
 __all__ = [
@@ -28,10 +29,7 @@ T = TypeVar("T")
 
 def load_json(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise ValidationError(str(p), "an existing file", "no such file") from None
+    text = read_text(p)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

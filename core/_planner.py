@@ -81,6 +81,8 @@ class Planner(PlannerCore):
                     if self.bound.best_latency_with_s(lat, self.percentile) > self.slo_s:
                         continue  # hopeless on this hardware whatever the replica counts
                     r0 = self.bound.min_replicas(m, hw, b, self.options.max_replicas)
+                    if r0 > self._room(best, m, hw):
+                        continue  # does not fit the inventory
                     start = self._with(best, m, ModelConfig(hw, b, r0))
                     cap = self.options.escape_cost_factor * best_cost
                     start2 = self._repair(start, cap)
@@ -103,7 +105,7 @@ class Planner(PlannerCore):
             cfg = self._configs(key)
             m = self.bottleneck(cfg)
             c = cfg[m]
-            if c.replicas >= self.options.max_replicas:
+            if c.replicas >= min(self.options.max_replicas, self._room(key, m, c.hardware)):
                 return None
             key = self._with(key, m, replace(c, replicas=c.replicas + 1))
             if self._cost(key) > cost_cap:
@@ -139,18 +141,7 @@ class Planner(PlannerCore):
 
     # -- everything ----------------------------------------------------------------------
     def plan(self) -> Plan:
-        init = self.initialize()
-        final = self.minimize_cost(init)
-        if self.options.escape:
-            final = self.escape(final)
-        if self.options.widen:
-            while True:
-                wide = self.widen(final)
-                if wide == final:
-                    break
-                final = self.minimize_cost(wide)  # the slack may let a replica go
-                if final == wide:
-                    break
+        final = self._search_within_inventory() if self._inventory else self._search()
         key = self._key(final)
         self._report("done", len(self._actions), key, "plan ready")
         return Plan(
@@ -163,6 +154,36 @@ class Planner(PlannerCore):
             strategy="inferline",
             tuner=tuner_inputs(self.pipeline, self.profiles, final, self.sample),
         )
+
+    def _search_within_inventory(self) -> Configs:
+        """The search without the inventory first: the greedy descends from the fastest
+        hardware, and a limit on the way down can strand it far above a cheaper plan that fits
+        (an inventory holding exactly the unlimited plan gave a plan 1.8x its cost). Only if
+        that plan does not fit does the search run again within the inventory. Latencies do
+        not depend on the inventory, so the second search reuses the first one's cache."""
+        inventory, self._inventory = self._inventory, {}
+        try:
+            free = self._search()  # an SLO infeasible without limits is infeasible with them
+        finally:
+            self._inventory = inventory
+        if self._fits(self._key(free)):
+            return free
+        return self._search()
+
+    def _search(self) -> Configs:
+        init = self.initialize()
+        final = self.minimize_cost(init)
+        if self.options.escape:
+            final = self.escape(final)
+        if self.options.widen:
+            while True:
+                wide = self.widen(final)
+                if wide == final:
+                    break
+                final = self.minimize_cost(wide)  # the slack may let a replica go
+                if final == wide:
+                    break
+        return final
 
     def _sample_latency(self, key: Key) -> float:
         """The plan's estimate on the sample itself (what a user compares with a measurement);

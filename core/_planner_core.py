@@ -15,6 +15,18 @@ Initialization (Algorithm 1)
     estimator says the SLO holds, one replica is added to the throughput bottleneck: the model
     with the least ``replicas * throughput(batch) / scale_factor`` (ties: pipeline order).
 
+Inventory (an extension, ``PlannerOptions.inventory``; empty, as in the paper, by default)
+    A configuration that needs more units of a hardware kind than the deployment has is
+    infeasible, whatever its latency. Initialization then places each model on the fastest
+    hardware that still has room, and a bottleneck whose hardware is full gets the next batch
+    size of its ladder instead of a replica (more throughput without units), or past its
+    largest batch moves to the next slower hardware with room (one replica, batch 1; a model
+    only ever moves to slower hardware, so this ends); when none is possible it stops with
+    :class:`InfeasibleError` naming the inventory. Algorithm 2's
+    actions only ever free units, except a downgrade, whose replica count is capped by the
+    room on the cheaper hardware. A plan that does not fit is never "feasible": on a shared
+    machine the replicas would slow each other down and the estimate would not hold.
+
 Cost minimization (Algorithm 2)
     Each iteration builds, per model, the candidate actions, drops the infeasible ones and
     applies the one that leaves the lowest cost; it stops when no feasible action cuts the cost.
@@ -79,6 +91,7 @@ from ._planning import (
     PlanProgress,
     ProgressFn,
     fastest_hardware,
+    inventory_use,
     usable_hardware,
 )
 from ._profiles import Profiles
@@ -159,6 +172,10 @@ class PlannerCore:
         self._pruned = 0
         self._actions: list[str] = []
         self._floors: dict[tuple[str, str, tuple[str, ...]], float] = {}
+        self._inventory = dict(self.options.inventory)
+        for hw in self._inventory:
+            if hw not in catalog:
+                raise ValidationError("inventory", f"hardware of the catalog {catalog.names()}", hw)
 
     # -- the estimator, cached -----------------------------------------------------------
     def _key(self, configs: Mapping[str, ModelConfig]) -> Key:
@@ -199,7 +216,35 @@ class PlannerCore:
         return self._feasible(self._key(configs))
 
     def _feasible(self, key: Key) -> bool:
-        return self._latency(key) <= self.slo_s
+        return self._fits(key) and self._latency(key) <= self.slo_s
+
+    # -- the inventory ---------------------------------------------------------------------
+    def _units(self, model: str, hw: str) -> int:
+        """Units of ``hw`` one replica of ``model`` takes: its threads on a CPU, else one."""
+        return inventory_use(
+            {model: ModelConfig(hw, 1, 1)}, self.catalog, self.options.replica_units
+        )[hw]
+
+    def _usage(self, key: Key, skip: str | None = None) -> dict[str, int]:
+        cfg = {m: c for m, c in zip(self._models, key, strict=True) if m != skip}
+        return inventory_use(cfg, self.catalog, self.options.replica_units)
+
+    def _fits(self, key: Key) -> bool:
+        if not self._inventory:
+            return True
+        use = self._usage(key)
+        return all(use.get(h, 0) <= n for h, n in self._inventory.items())
+
+    def _room(self, key: Key, model: str, hw: str) -> int:
+        """The most replicas ``model`` can have on ``hw`` with the other models as in ``key``."""
+        n = self._inventory.get(hw)
+        if n is None:
+            return self.options.max_replicas
+        free = n - self._usage(key, skip=model).get(hw, 0)
+        return max(0, free // self._units(model, hw))
+
+    def _describe_inventory(self) -> str:
+        return ", ".join(f"{h}: {n}" for h, n in sorted(self._inventory.items()))
 
     def cost(self, configs: Mapping[str, ModelConfig]) -> float:
         return self._cost(self._key(configs))
@@ -270,23 +315,104 @@ class PlannerCore:
                 f"latency is {best:.4g} s (the best achievable service time)",
                 best,
             )
-        cfg: Configs = {m: ModelConfig(self.fastest_hardware(m), 1, 1) for m in self._models}
+        cfg = self._initial_placement(best)
         step = 0
         while True:
             key = self._key(cfg)
+            self._check_reachable(key, best)
             if self._feasible(key):
                 self._report("initialize", step, key, "feasible initial configuration")
                 return cfg
             m = self.bottleneck(cfg)
-            if cfg[m].replicas >= self.options.max_replicas:
+            c = cfg[m]
+            if c.replicas >= self.options.max_replicas:
                 raise InfeasibleError(
                     f"no feasible configuration for SLO {self.slo_s:g} s with at most "
                     f"{self.options.max_replicas} replicas of {m!r}",
                     best,
                 )
-            cfg[m] = replace(cfg[m], replicas=cfg[m].replicas + 1)
+            if self._room(key, m, c.hardware) > c.replicas:
+                cfg[m] = replace(c, replicas=c.replicas + 1)
+                what = f"{cfg[m].replicas} replicas"
+            elif (b := self.next_batch(m, c.hardware, c.max_batch_size)) is not None:
+                cfg[m] = replace(c, max_batch_size=b)  # its hardware is full: batch instead
+                what = f"batch {b} ({c.hardware} is full)"
+            elif (h := self._next_with_room(key, m, c.hardware)) is not None:
+                cfg[m] = ModelConfig(h, 1, 1)  # and at its largest batch: slower hardware
+                what = f"moved to {h} ({c.hardware} is full)"
+            else:
+                use = ", ".join(f"{h}: {n}" for h, n in sorted(self._usage(key).items()))
+                raise InfeasibleError(
+                    f"no feasible configuration for SLO {self.slo_s:g} s within the inventory "
+                    f"({self._describe_inventory()}): with {use} in use, {m!r} is still the "
+                    f"throughput bottleneck at its largest batch size on {c.hardware!r}, and "
+                    f"no slower hardware has room",
+                    best,
+                )
             step += 1
-            self._report("initialize", step, key, f"bottleneck {m}: {cfg[m].replicas} replicas")
+            self._report("initialize", step, key, f"bottleneck {m}: {what}")
+
+    def _check_reachable(self, key: Key, best: float) -> None:
+        """With an inventory a model can land on hardware too slow for the SLO however many
+        replicas it gets (without one, the fastest hardware passed this test already): say so
+        now instead of adding replicas up to ``max_replicas``."""
+        if not self._inventory:
+            return
+        lat = {
+            m: min(
+                self.profiles.latency(m, c.hardware, b)
+                for b in self.profiles.batch_sizes(m, c.hardware)
+            )
+            for m, c in zip(self._models, key, strict=True)
+        }
+        floor = self.bound.best_latency_with_s(lat, self.percentile)
+        if floor > self.slo_s + _EPS:
+            where = ", ".join(
+                f"{m} on {c.hardware}" for m, c in zip(self._models, key, strict=True)
+            )
+            raise InfeasibleError(
+                f"no feasible configuration for SLO {self.slo_s:g} s within the inventory "
+                f"({self._describe_inventory()}): the hardware with room ({where}) gives a "
+                f"P{self.percentile:g} of {floor:.4g} s even without queueing",
+                best,
+            )
+
+    def _by_speed(self, model: str) -> list[str]:
+        """The model's hardware, fastest batch-1 latency first (ties: cheaper, listed first)."""
+        hws = self._hw[model]
+        return sorted(
+            hws,
+            key=lambda h: (self.profiles.latency(model, h, 1), self._price(h), hws.index(h)),
+        )
+
+    def _next_with_room(self, key: Key, model: str, hw: str) -> str | None:
+        """The next slower hardware after ``hw`` with room for a replica of ``model``."""
+        order = self._by_speed(model)
+        for h in order[order.index(hw) + 1 :]:
+            if self._room(key, model, h) >= 1:
+                return h
+        return None
+
+    def _initial_placement(self, best: float) -> Configs:
+        """One replica at batch 1 per model on its fastest hardware (Algorithm 1), or with an
+        inventory, on the fastest hardware that still has room (pipeline order)."""
+        cfg: Configs = {}
+        use: dict[str, int] = {}
+        for m in self._models:
+            hws = self._by_speed(m)
+            for h in hws:
+                need = use.get(h, 0) + self._units(m, h)
+                if need <= self._inventory.get(h, need):
+                    cfg[m] = ModelConfig(h, 1, 1)
+                    use[h] = need
+                    break
+            else:
+                raise InfeasibleError(
+                    f"no room for a replica of {m!r} in the inventory "
+                    f"({self._describe_inventory()}): it runs on {hws}",
+                    best,
+                )
+        return cfg
 
     # -- Algorithm 2 ---------------------------------------------------------------------
     def minimize_cost(self, configs: Mapping[str, ModelConfig]) -> Configs:
@@ -411,6 +537,7 @@ class PlannerCore:
         replica never makes the pipeline infeasible; it takes a logarithmic number of
         simulations per batch size instead of one per replica.
         """
+        r_max = min(r_max, self._room(key, model, hw))
         if r_max < 1 or not batches:
             return None
         if self._latency_floor(key, model, hw) > self.slo_s:

@@ -25,6 +25,8 @@ __all__ = [
     "PlannerStats",
     "ProgressFn",
     "fastest_hardware",
+    "inventory_use",
+    "over_inventory",
     "tuner_inputs",
     "usable_hardware",
 ]
@@ -51,6 +53,10 @@ class PlannerOptions:
     throughput slack over the sample. 0 (the default) is the paper's test. The sample is one
     realization: the cheapest plan for it can sit so close to saturation that another
     realization of the same process misses the SLO (``benchmarks/plan_generalization.py``).
+    ``inventory``: units of each hardware kind the deployment has (``{"cpu": 16, "gpu-k80":
+    2}``, what ``Backend.inventory()`` reports); a plan never uses more. Kinds not listed are
+    unlimited (the paper's cloud). ``replica_units``: per model, the units of a *cpu* kind one
+    replica takes (its threads, default 1); a GPU replica takes one unit.
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -63,6 +69,8 @@ class PlannerOptions:
     escape_budget: float = 1.0
     widen: bool = True
     rate_margin: float = 0.0
+    inventory: Mapping[str, int] = field(default_factory=dict)
+    replica_units: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -72,6 +80,11 @@ class PlannerOptions:
         as_int(self.escape_rounds, "escape_rounds", minimum=0)
         as_float(self.escape_budget, "escape_budget", nonneg=True)
         as_float(self.rate_margin, "rate_margin", lo=0.0, hi=10.0)
+        for name, lo in (("inventory", 0), ("replica_units", 1)):
+            m = as_mapping(getattr(self, name), name)
+            object.__setattr__(
+                self, name, {str(k): as_int(v, f"{name}.{k}", minimum=lo) for k, v in m.items()}
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -85,6 +98,8 @@ class PlannerOptions:
             "escape_budget": self.escape_budget,
             "widen": self.widen,
             "rate_margin": self.rate_margin,
+            "inventory": dict(self.inventory),
+            "replica_units": dict(self.replica_units),
         }
 
     @classmethod
@@ -92,6 +107,7 @@ class PlannerOptions:
         m = as_mapping(d, "planner options")
         keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape", "widen"}
         extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
+        extra |= {"inventory", "replica_units"}
         no_extra_keys(m, keys | extra, "")
         for k in ("prune", "reuse_infeasible", "escape", "widen"):
             if k in m and not isinstance(m[k], bool):
@@ -109,6 +125,8 @@ class PlannerOptions:
             escape_budget=as_float(m.get("escape_budget", 1.0), "escape_budget", nonneg=True),
             widen=m.get("widen", True),
             rate_margin=as_float(m.get("rate_margin", 0.0), "rate_margin", lo=0.0, hi=10.0),
+            inventory=as_mapping(m.get("inventory", {}), "inventory"),
+            replica_units=as_mapping(m.get("replica_units", {}), "replica_units"),
         )
 
 
@@ -162,6 +180,32 @@ def fastest_hardware(profiles: Profiles, model: str, catalog: HardwareCatalog) -
     """Lowest batch-1 latency; ties go to the cheaper, then the earlier-listed hardware."""
     hws = usable_hardware(profiles, model, catalog)
     return min(hws, key=lambda h: (profiles.latency(model, h, 1), catalog.cost(h), hws.index(h)))
+
+
+def inventory_use(
+    configs: Mapping[str, ModelConfig],
+    catalog: HardwareCatalog,
+    replica_units: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Units of each hardware kind ``configs`` take: a CPU replica its ``replica_units``
+    (threads, default 1), any other replica one."""
+    units = replica_units or {}
+    use: dict[str, int] = {}
+    for m, c in configs.items():
+        per = units.get(m, 1) if catalog[c.hardware].kind == "cpu" else 1
+        use[c.hardware] = use.get(c.hardware, 0) + c.replicas * per
+    return use
+
+
+def over_inventory(
+    configs: Mapping[str, ModelConfig], catalog: HardwareCatalog, options: PlannerOptions
+) -> str | None:
+    """What ``configs`` need beyond ``options.inventory`` ("cpu: 6 > 4"), or None if they fit."""
+    use = inventory_use(configs, catalog, options.replica_units)
+    over = [
+        f"{h}: {use[h]} > {n}" for h, n in sorted(options.inventory.items()) if use.get(h, 0) > n
+    ]
+    return ", ".join(over) or None
 
 
 # -- the tuner's inputs (InferLine §5 "Initialization") -------------------------------------

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from ._validate import read_text
 from .errors import ValidationError
 
 __all__ = [
@@ -109,10 +110,7 @@ def varying_trace(
 def load_trace(path: str | os.PathLike[str]) -> Trace:
     """Read the text format (one arrival time in seconds per line; ``#`` comments allowed)."""
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except FileNotFoundError:
-        raise ValidationError(str(p), "an existing trace file", "no such file") from None
+    lines = read_text(p, "an existing trace file").splitlines()
     vals: list[float] = []
     for i, line in enumerate(lines, 1):
         s = line.strip()
@@ -150,6 +148,8 @@ def load_csv_trace(
         fh = p.open(newline="")
     except FileNotFoundError:
         raise ValidationError(str(p), "an existing CSV file", "no such file") from None
+    except OSError as e:  # a folder, no permission: a traceback before
+        raise ValidationError(str(p), "a readable CSV file", e.strerror) from None
     vals: list[float] = []
     with fh:
         reader = csv.DictReader(fh)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from .errors import ValidationError
@@ -16,8 +18,25 @@ __all__ = [
     "as_str",
     "check_format",
     "no_extra_keys",
+    "read_text",
     "req",
 ]
+
+
+def read_text(path: str | os.PathLike[str], what: str = "an existing file") -> str:
+    """A text file's content, or a ValidationError naming it: a folder, an unreadable or a
+    binary file given where a file is read surfaced as a traceback."""
+    p = Path(path)
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        raise ValidationError(str(p), what, "no such file") from None
+    except IsADirectoryError:
+        raise ValidationError(str(p), "a file", "a folder") from None
+    except UnicodeDecodeError:
+        raise ValidationError(str(p), "a UTF-8 text file", "binary data") from None
+    except OSError as e:
+        raise ValidationError(str(p), "a readable file", e.strerror) from None
 
 
 def as_mapping(value: Any, field: str) -> Mapping[str, Any]:

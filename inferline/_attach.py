@@ -22,7 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from inferline.core import (
     ModelConfig,
     Pipeline,
     Plan,
+    PlannerOptions,
     ValidationError,
     plan_inferline,
 )
@@ -297,11 +298,19 @@ def plan_attachment(
     slo_s: float,
     **kw: Any,
 ) -> Plan:
-    """InferLine's planner over the attached models, with the plugins' hardware catalog."""
+    """InferLine's planner over the attached models, with the plugins' hardware catalog, within
+    the backend's inventory (unless it oversubscribes): a plan the server cannot place would
+    fail when applied, and one placed by oversubscribing would not meet its estimate."""
     missing = [m for m in pipeline.models if m not in att.models]
     if missing:
         raise ValidationError("pipeline.models", f"attached models {sorted(att.models)}", missing)
-    kw.setdefault("catalog", att.host.hardware_catalog())
+    catalog = kw.setdefault("catalog", att.host.hardware_catalog())
+    options = kw.get("options") or PlannerOptions()
+    has = getattr(att.backend, "inventory", None)  # attach-only plugins may not say
+    if has is not None and not options.inventory and not getattr(att.backend, "oversubscribe", 0):
+        units = getattr(att.backend, "replica_units", dict)()
+        inventory = {h: n for h, n in has().items() if h in catalog}
+        kw["options"] = replace(options, inventory=inventory, replica_units=units)
     return plan_inferline(pipeline, profiles, np.asarray(trace, dtype=float), slo_s, **kw)
 
 

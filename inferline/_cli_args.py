@@ -1,5 +1,6 @@
-"""Argument types shared by the CLI's commands: bounded numbers and writable output paths,
-checked at parse time with one message shape (``argument --x: expected ...``, exit status 2)."""
+"""Argument types shared by the CLI's commands: bounded numbers, seeds, URLs and writable output
+paths, checked at parse time with one message shape (``argument --x: expected ...``, exit
+status 2)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,23 @@ import math
 import os
 from collections.abc import Callable, Collection
 from pathlib import Path
+from urllib.parse import urlsplit
+
+from inferline.core.errors import ValidationError
 
 __all__ = [
     "body_bytes",
+    "checked_by",
     "count",
+    "http_url",
     "int_in",
+    "name_counts",
     "number_in",
+    "output_folder",
     "output_path",
     "port",
     "positive",
+    "seed",
     "slo_ms",
 ]
 
@@ -66,6 +75,57 @@ def positive(what: str) -> Callable[[str], float]:
     return number_in(0, math.inf, what, lo_open=True)
 
 
+def checked_by(check: Callable[[float], object], what: str = "a number") -> Callable[[str], float]:
+    """An argparse ``type``: a number that ``check`` (building a config with it) accepts. The
+    flag then takes exactly what the config takes, and a refusal names the flag: the config's
+    own error names its field, which the user never typed."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        try:
+            check(v)
+        except ValidationError as e:
+            raise argparse.ArgumentTypeError(f"expected {e.expected}, got {text!r}") from None
+        return v
+
+    return parse
+
+
+def seed(text: str) -> int:
+    """A random seed: a whole number >= 0 (numpy refuses a negative one with a traceback), read
+    exactly, not through a float."""
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a seed, a whole number >= 0, got {text!r}")
+    return v
+
+
+def http_url(schemes: Collection[str] = ("http",)) -> Callable[[str], str]:
+    """An argparse ``type``: ``SCHEME://host[:port][/path]`` with a port in range (a bad one
+    surfaced as a traceback from the HTTP client, after the trace and inputs were loaded)."""
+    shown = " or ".join(f"{s}://" for s in schemes)
+
+    def parse(text: str) -> str:
+        u = urlsplit(text)
+        try:
+            u.port  # noqa: B018 - raises ValueError on a port out of range or not a number
+        except ValueError:
+            ok = False
+        else:
+            ok = u.scheme in schemes and bool(u.hostname)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected an {shown}host:port URL, got {text!r}")
+        return text
+
+    return parse
+
+
 count = int_in(1, what="a count")
 # 0 binds any free port: both servers read the bound port back (_app.bind_socket)
 port = int_in(0, 65535, "a port")
@@ -104,5 +164,55 @@ def output_path(suffixes: Suffixes | None = None, what: str = "a file") -> Calla
                     f"expected {what} ending in one of {shown}, got {text!r}"
                 )
         return text
+
+    return parse
+
+
+def output_folder(what: str = "a folder") -> Callable[[str], str]:
+    """An argparse ``type``: a folder a command writes into, made if missing: not a file, and
+    the nearest part of it that exists a writable folder (``demo --out FILE`` failed at its
+    ``mkdir`` with a traceback)."""
+
+    def parse(text: str) -> str:
+        p = Path(text)
+        if p.exists() and not p.is_dir():
+            raise argparse.ArgumentTypeError(f"expected {what}, got the file {text!r}")
+        there = p.absolute()
+        while not there.exists():  # a part under a file does not exist either
+            there = there.parent
+        if not there.is_dir():
+            raise argparse.ArgumentTypeError(
+                f"expected {what}, got {text!r} ({str(there)!r} is a file)"
+            )
+        if not os.access(there, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(
+                f"expected {what} that can be written, got {text!r} ({str(there)!r} is not "
+                "writable)"
+            )
+        return text
+
+    return parse
+
+
+def name_counts(what: str, lo: int) -> Callable[[str], dict[str, int]]:
+    """An argparse ``type``: ``name=N[,name=N]`` (``cpu=16,gpu-v100=2``) with whole ``N >= lo``,
+    each name once."""
+    as_count = int_in(lo)
+
+    def parse(text: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for item in text.split(","):
+            name, eq, n = item.strip().partition("=")
+            if not (name and eq):
+                raise argparse.ArgumentTypeError(
+                    f"expected {what}=N pairs separated by commas, got {item.strip()!r}"
+                )
+            if name in out:
+                raise argparse.ArgumentTypeError(f"{what} {name!r} given twice")
+            try:
+                out[name] = as_count(n)
+            except argparse.ArgumentTypeError as e:
+                raise argparse.ArgumentTypeError(f"{name}: {e}") from None
+        return out
 
     return parse

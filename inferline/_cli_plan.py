@@ -48,9 +48,8 @@ from inferline.core import (
     simulate,
     stage_profiles,
 )
-from inferline.core._validate import as_float
 
-from ._cli_args import count, number_in, output_path
+from ._cli_args import count, name_counts, number_in, output_path, seed
 
 __all__ = [
     "SimulateContext",
@@ -83,6 +82,8 @@ def _plan(args: argparse.Namespace) -> int:
         escape=not args.paper_only,
         widen=not args.paper_only,
         rate_margin=args.rate_margin,
+        inventory=args.inventory,
+        replica_units=args.cpu_threads,
     )
     t0 = time.monotonic()
     with Progress(
@@ -198,16 +199,15 @@ def _plan_variants(
     progress: Any = None,
 ) -> tuple[VariantPlan, PipelineVariants]:
     """The cheapest combination of variants meeting the floors and the SLO (docs/variants.md)."""
+    doc = load_json(args.variants)  # its errors name the file already
     try:
-        variants = PipelineVariants.from_dict(load_json(args.variants))
+        variants = PipelineVariants.from_dict(doc)
     except ValidationError as e:
         raise ValidationError(f"{args.variants}: {e.field}", e.expected, e.got) from None
     try:
         variants.check(pipeline, profiles)
     except ValidationError as e:
         raise ValidationError(f"{args.variants}: {e.field}", e.expected, e.got) from None
-    if args.accuracy_floor is not None:
-        as_float(args.accuracy_floor, "--accuracy-floor", lo=0.0, hi=1.0)
     vplan = plan_with_variants(
         pipeline,
         variants,
@@ -348,7 +348,7 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="plan JSON written by `inferline plan`")
     p.add_argument("--trace", required=True, help="arrival trace (one time in seconds per line)")
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
-    p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the conditional visits")
     add_hop_overhead(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     from ._sim_tuning import add_tuner_arguments
@@ -473,6 +473,16 @@ rate_margin = number_in(0, 10, "a margin")  # 0.05: plan for 5% above the rate
 _percentile = number_in(0, 100, "a percentile", lo_open=True)
 
 
+def _check_plan_args(args: argparse.Namespace) -> str | None:
+    """Rules over several of ``plan``'s options, checked at parse time (cli._CommandParser)."""
+    if args.accuracy_floor is not None and args.variants is None:
+        # without variants there is no choice for the floor to steer: it was silently ignored
+        return "argument --accuracy-floor: needs --variants"
+    if args.cpu_threads and not args.inventory:
+        return "argument --cpu-threads: needs --inventory (it counts the cores a replica takes)"
+    return None
+
+
 @register
 def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
@@ -494,7 +504,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         default="inferline",
         help="InferLine's planner or the CG-Mean / CG-Peak baselines (default %(default)s)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the conditional visits")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the conditional visits")
     add_hop_overhead(p)
     p.add_argument(
         "--paper-only",
@@ -510,6 +520,22 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "slack (default 0: the paper's test). The cheapest plan for one sample can sit near "
         "saturation; 0.05 made social-media plans hold the SLO on fresh traffic of the same "
         "process for +2.4%% cost (benchmarks/plan_generalization.py)",
+    )
+    p.add_argument(
+        "--inventory",
+        type=name_counts("hardware kind", 0),
+        default={},
+        metavar="KIND=N[,KIND=N]",
+        help="units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
+        "the plan never needs more, and the answer names the inventory when no plan fits. "
+        "Kinds not listed are unlimited (default: all, the paper's cloud)",
+    )
+    p.add_argument(
+        "--cpu-threads",
+        type=name_counts("model", 1),
+        default={},
+        metavar="MODEL=N[,MODEL=N]",
+        help="with --inventory: cores one CPU replica of MODEL takes (its threads; default 1)",
     )
     p.add_argument(
         "--no-ladder",
@@ -533,7 +559,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     p.add_argument(
         "--accuracy-floor",
-        type=float,
+        type=number_in(0, 1, "an accuracy"),
         default=None,
         metavar="A",
         help="with --variants: floor on the pipeline accuracy (overrides the document's)",
@@ -541,7 +567,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     p.add_argument(
         "-o", "--output", type=output_path(), required=True, help="where to write the plan JSON"
     )
-    p.set_defaults(func=_plan)
+    p.set_defaults(func=_plan, check_args=_check_plan_args)
 
     s = sub.add_parser(
         "simulate",

@@ -21,12 +21,15 @@ from inferline.core import (
     load_trace,
     save,
 )
+from inferline.core._validate import read_text
 
 from ._cli_args import (
     body_bytes,
     count,
+    http_url,
     int_in,
     number_in,
+    output_folder,
     output_path,
     port,
     positive,
@@ -45,6 +48,10 @@ def _token(args: argparse.Namespace) -> str | None:
 
 # ---------------------------------------------------------------- profile
 
+# batches a point takes at least (--quick: 20): --max-samples below it was refused by the
+# profiler's options, naming their fields, not the flag
+_MIN_SAMPLES = 50
+
 
 def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
@@ -59,7 +66,7 @@ def _profile(args: argparse.Namespace) -> int:
     opts = ProfilerOptions(
         max_batch_size=args.max_batch,
         warmup=2 if quick else 5,
-        min_samples=20 if quick else 50,
+        min_samples=20 if quick else _MIN_SAMPLES,
         max_samples=60 if quick else args.max_samples,
         max_seconds_per_point=1.0 if quick else 4.0,
         statistic=args.statistic,
@@ -274,9 +281,15 @@ def _deploy(args: argparse.Namespace) -> int:
         import httpx
 
         headers = {"Authorization": f"Bearer {_token(args)}"} if _token(args) else {}
-        r = httpx.put(
-            args.url.rstrip("/") + "/admin/plan", json=plan.to_dict(), headers=headers, timeout=600
-        )
+        try:
+            r = httpx.put(
+                args.url.rstrip("/") + "/admin/plan",
+                json=plan.to_dict(),
+                headers=headers,
+                timeout=600,
+            )
+        except httpx.TransportError as e:  # refused, unknown host, timed out: a traceback before
+            raise ValidationError("--url", "a reachable inferline server", str(e)) from None
         body = _json_or_none(r)
         applied = body.get("applied") if isinstance(body, dict) else None
         if isinstance(applied, dict):  # also on a 502: which models moved and which did not
@@ -365,7 +378,7 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 def _load_inputs(args: argparse.Namespace) -> list[Any]:
     if args.inputs:
-        text = Path(args.inputs).read_text()
+        text = read_text(args.inputs)
         try:
             if args.inputs.endswith(".jsonl"):
                 xs = [json.loads(line) for line in text.splitlines() if line.strip()]
@@ -539,7 +552,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     )
     p.add_argument("--app", default=None, help="app whose pipeline to trace (default: first)")
     p.add_argument("--max-batch", type=count, default=32, help="largest batch size (powers of 2)")
-    p.add_argument("--max-samples", type=count, default=400, help="most batches per point")
+    p.add_argument(
+        "--max-samples",
+        type=int_in(_MIN_SAMPLES, what="a count of batches"),
+        default=400,
+        help=f"most batches per point (at least {_MIN_SAMPLES}; --quick: 60)",
+    )
     # -1 dropped the last sample ([:-1]) and 0 left none
     p.add_argument("--samples", type=count, default=None, help="use only N sample queries")
     add_profiler_arguments(p)
@@ -565,7 +583,12 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     d.add_argument(
         "--deployment", required=True, help="deployment JSON (inferline.deployment/1) of the plan"
     )
-    d.add_argument("--url", default=None, help="running server to reconfigure")
+    d.add_argument(
+        "--url",
+        type=http_url(("http", "https")),
+        default=None,
+        help="running server to reconfigure",
+    )
     d.add_argument("--dry-run", action="store_true", help="check and print, do not deploy")
     _add_server_args(d)
     d.set_defaults(func=_deploy)
@@ -578,7 +601,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "did not get an HTTP 200.",
     )
     r.add_argument("trace", help="arrival-time trace (one time in seconds per line)")
-    r.add_argument("--url", required=True, help="server URL, e.g. http://127.0.0.1:8000")
+    r.add_argument(
+        "--url", type=http_url(), required=True, help="server URL, e.g. http://127.0.0.1:8000"
+    )
     r.add_argument("--app", required=True, help="app to call (POST URL/apps/APP/predict)")
     r.add_argument("--inputs", default=None, help="JSON list or .jsonl file of inputs")
     r.add_argument("--deployment", default=None, help="take inputs from its sample_inputs")
@@ -609,7 +634,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     r.set_defaults(func=_replay)
 
     m = sub.add_parser("demo", help="profile, plan, deploy and replay a real digits pipeline")
-    m.add_argument("--out", default="out/demo", help="output folder (plots, JSON)")
+    m.add_argument(
+        "--out", type=output_folder(), default="out/demo", help="output folder (plots, JSON)"
+    )
     m.add_argument("--quick", action="store_true", help="reduced mode (for tests)")
     # checked before the demo's minutes of work (a --slo-ms of 0 silently meant 100)
     m.add_argument("--slo-ms", type=slo_ms, default=None, help="latency SLO, ms (default 100)")

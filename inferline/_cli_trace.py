@@ -20,7 +20,7 @@ from inferline.core import (
     varying_trace,
 )
 
-from ._cli_args import number_in, output_path, positive
+from ._cli_args import number_in, output_path, positive, seed
 
 
 def _gamma(args: argparse.Namespace) -> int:
@@ -63,19 +63,47 @@ def _describe(args: argparse.Namespace) -> int:
     return 0
 
 
-_part = positive("a number")
+_rate = positive("queries/s")
+_seconds = positive("seconds")
+# Outside this the gamma draws break down: a CV near 0 overflows the shape 1/CV^2 (a
+# ZeroDivisionError), one of 1e5 draws gaps that never move time on (the generator hung).
+_cv = number_in(1e-3, 100, "a coefficient of variation")
 _SEGMENT = "RATE,CV,DURATION_S"
 
 
 def _segment(text: str) -> tuple[float, float, float]:
-    """A ``--segment``: three numbers > 0 (a zero or NaN length crashed the generator)."""
+    """A ``--segment``: a rate and a length > 0 (a zero or NaN length crashed the generator)
+    and a CV as ``--cv`` takes."""
     try:
-        r, c, d = (_part(x) for x in text.split(","))  # ValueError: not three parts
+        r, c, d = text.split(",")  # ValueError: not three parts
+        return _rate(r), _cv(c), _seconds(d)
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(
-            f"expected {_SEGMENT}, three numbers > 0, got {text!r}"
+            f"expected {_SEGMENT}: a rate and a length > 0, a CV in [0.001, 100], got {text!r}"
         ) from None
-    return r, c, d
+
+
+# A trace is held in memory, then written as text (about 20 bytes an arrival): a rate x length
+# past this exhausted memory with a traceback rather than being refused.
+MAX_ARRIVALS = 100_000_000
+
+
+def _too_many(expected: float, options: str) -> str | None:
+    if expected <= MAX_ARRIVALS:
+        return None
+    return (
+        f"argument {options}: expected at most {MAX_ARRIVALS:,} arrivals (rate x length), "
+        f"got {expected:.3g}"
+    )
+
+
+def _check_gamma(args: argparse.Namespace) -> str | None:
+    return _too_many(args.rate * args.duration_s, "--rate/--duration-s")
+
+
+def _check_varying(args: argparse.Namespace) -> str | None:
+    # a transition moves between neighbouring rates, so the segments' own sizes bound it
+    return _too_many(sum(r * d for r, _, d in args.segment), "--segment")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -95,12 +123,14 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     ts.required = True
 
     g = ts.add_parser("gamma", help="gamma-process arrivals with a given rate and CV")
-    g.add_argument("--rate", type=float, required=True, help="mean arrival rate, queries/s")
-    g.add_argument("--cv", type=float, default=1.0, help="coefficient of variation (default 1)")
-    g.add_argument("--duration-s", type=float, required=True, help="trace length, seconds")
-    g.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    g.add_argument("--rate", type=_rate, required=True, help="mean arrival rate, queries/s")
+    g.add_argument(
+        "--cv", type=_cv, default=1.0, help="coefficient of variation, 0.001 to 100 (default 1)"
+    )
+    g.add_argument("--duration-s", type=_seconds, required=True, help="trace length, seconds")
+    g.add_argument("--seed", type=seed, default=0, help="random seed (default %(default)s)")
     _add_output(g)
-    g.set_defaults(func=_gamma)
+    g.set_defaults(func=_gamma, check_args=_check_gamma)
 
     v = ts.add_parser("varying", help="move between (rate, CV) segments over a transition time")
     v.add_argument(
@@ -118,9 +148,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         help="seconds at the start of each next segment over which rate and CV change "
         "linearly from the previous one (default 0: an abrupt change)",
     )
-    v.add_argument("--seed", type=int, default=0, help="random seed (default %(default)s)")
+    v.add_argument("--seed", type=seed, default=0, help="random seed (default %(default)s)")
     _add_output(v)
-    v.set_defaults(func=_varying)
+    v.set_defaults(func=_varying, check_args=_check_varying)
 
     c = ts.add_parser("from-csv", help="arrival times from a CSV timestamp column")
     c.add_argument("csv")
@@ -129,7 +159,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         default="TIMESTAMP",
         help="column of timestamps, seconds or ISO datetimes (default %(default)s)",
     )
-    c.add_argument("--rate", type=float, default=None, help="rescale to this mean rate")
+    c.add_argument("--rate", type=_rate, default=None, help="rescale to this mean rate")
     _add_output(c)
     c.set_defaults(func=_from_csv)
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from inferline.core import (
     AutoScaleConfig,
     AutoScaleController,
+    EstimatorOptions,
     InferLineController,
     ModelConfig,
     TunerConfig,
@@ -24,6 +26,8 @@ from inferline.core import (
     packing_factor,
     pipeline_unit,
 )
+
+from ._cli_args import checked_by
 
 __all__ = [
     "add_config_flag",
@@ -40,21 +44,42 @@ _DEFAULT = TunerConfig()
 _HINTS = get_type_hints(TunerConfig)
 
 
+def _tuner_field(name: str) -> Callable[[str], float]:
+    """A ``TunerConfig`` number, checked by the config itself at parse time: a flag takes what
+    the config takes, and a refusal names the flag, not the field."""
+    return checked_by(lambda v: replace(_DEFAULT, **{name: v}))
+
+
+def _or_off(name: str) -> Callable[[str], float | None]:
+    """A ``float | None`` ``TunerConfig`` field: seconds, or ``off`` (None)."""
+    number = _tuner_field(name)
+
+    def parse(text: str) -> float | None:
+        if text.strip().lower() in ("off", "none"):
+            return None
+        try:
+            return number(text)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentTypeError(f"{e} (or 'off')") from None
+
+    return parse
+
+
 def add_config_flag(
     g: Any, name: str, text: str, flag: str | None = None, choices: Sequence[str] | None = None
 ) -> argparse.Action:
     """One ``TunerConfig`` field as ``--<flag>`` (default: the field's name with dashes): the
-    choices of its ``Literal`` type (or ``choices``, a subset), else a float; the config's
-    default. Derived, so a flag cannot drift from what the config accepts."""
+    choices of its ``Literal`` type (or ``choices``, a subset), else a number the config accepts;
+    the config's default. Derived, so a flag cannot drift from what the config accepts."""
     kind = _HINTS[name]
     default = getattr(_DEFAULT, name)
     if get_origin(kind) is Literal:
         allowed = tuple(choices) if choices is not None else get_args(kind)
         kw: dict[str, Any] = {"choices": allowed}
     elif type(None) in get_args(kind):  # float | None: seconds, or off
-        kw = {"type": _settle, "metavar": "S|off"}
+        kw = {"type": _or_off(name), "metavar": "S|off"}
     else:
-        kw = {"type": float}
+        kw = {"type": _tuner_field(name)}
     return g.add_argument(  # type: ignore[no-any-return]
         "--" + (flag or name.replace("_", "-")),
         default=default,
@@ -108,14 +133,14 @@ def add_ladder_knobs(g: Any) -> None:
     cannot drift from what ``TunerConfig`` accepts."""
     g.add_argument(
         "--tuner-headroom",
-        type=float,
+        type=_tuner_field("headroom"),
         default=_DEFAULT.headroom,
         help="tuner with a ladder: provision the measured rate plus headroom x the basis "
         f"(see --tuner-headroom-basis; default {_DEFAULT.headroom:g})",
     )
     g.add_argument(
         "--tuner-hysteresis",
-        type=float,
+        type=_tuner_field("hysteresis"),
         default=_DEFAULT.hysteresis,
         help="tuner with a ladder: scale up only once the current configuration's room falls "
         f"below headroom - hysteresis (default {_DEFAULT.hysteresis:g}; 0: no band)",
@@ -126,7 +151,7 @@ def add_ladder_knobs(g: Any) -> None:
         )
     g.add_argument(
         "--tuner-headroom-rate-share",
-        type=float,
+        type=_tuner_field("headroom_rate_share"),
         default=_DEFAULT.headroom_rate_share,
         metavar="S",
         help="tuner with a ladder, headroom basis plan: the headroom is a share of the larger "
@@ -135,25 +160,13 @@ def add_ladder_knobs(g: Any) -> None:
     )
     g.add_argument(
         "--tuner-settle-s",
-        type=_settle,
+        type=_or_off("settle_s"),
         default=_DEFAULT.settle_s,
         metavar="S|off",
         help="tuner with a ladder: this long after a change (the replica activation time) "
         "batch sizes settle on those of a proven step the replicas hold "
         f"(default {_DEFAULT.settle_s:g}; off: larger batch sizes are kept)",
     )
-
-
-def _settle(text: str) -> float | None:
-    if text.strip().lower() in ("off", "none"):
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds or 'off', got {text!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds >= 0 or 'off', got {text!r}")
-    return v
 
 
 def ladder_knobs(args: argparse.Namespace) -> dict[str, Any]:
@@ -171,7 +184,7 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--activation-delay-s",
-        type=float,
+        type=checked_by(lambda v: EstimatorOptions(activation_delay_s=v)),
         default=5.0,
         help="time for a new replica to start serving (default 5, the paper's)",
     )
@@ -191,7 +204,7 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--lookahead-s",
-        type=float,
+        type=_tuner_field("lookahead_s"),
         default=_DEFAULT.lookahead_s,
         help="InferLine with a ladder: provision a rising rate this far ahead (0: off)",
     )
@@ -205,13 +218,14 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--stabilization-s",
-        type=float,
+        type=_tuner_field("stabilization_delay_s"),
         default=_DEFAULT.stabilization_delay_s,
         help="InferLine: no scale-down until this long after a change",
     )
     g.add_argument(
         "--autoscale-wait-s",
-        type=float,
+        # the packing factor is a stand-in: the option sets the wait alone
+        type=checked_by(lambda v: AutoScaleConfig(1.0, t_wait_s=v)),
         default=15.0,
         help="AutoScale: idle time before a pipeline unit is turned off",
     )

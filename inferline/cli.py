@@ -22,6 +22,23 @@ def register(fn: Registrar) -> Registrar:
     return fn
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser. Rules over several options, which no ``type=`` sees (``--x needs
+    --y``), go in the command's ``check_args`` default: a function of the parsed options that
+    returns what is wrong, or None. It runs here, so those too are refused at parse time with the
+    command's usage and exit status 2 (a nested command's parent runs it again: it is cheap)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ns, rest = super().parse_known_args(args, namespace)
+        check = getattr(ns, "check_args", None)
+        problem = check(ns) if check is not None else None
+        if problem:
+            self.error(problem)
+        return ns, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Importing the command modules registers their subparsers.
     from inferline import _cli_trace  # noqa: F401
@@ -37,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan, simulate, serve and tune ML prediction pipelines under latency SLOs.",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_CommandParser)
     sub.required = True
     seen: set[int] = set()
     for fn in _REGISTRARS:

@@ -138,11 +138,153 @@ def test_the_plan_command_refuses_a_missing_folder_in_a_subprocess(tmp_path):
         (["trace", "varying", "-o", "x"], "--segment", "1,1"),
         ([*VARYING, "-o", "x"], "--transition-s", "-1"),
         ([*VARYING, "-o", "x"], "--transition-s", "nan"),
+        # refused by the core's checks once, naming the field (cv, rate, target_rate) or with
+        # a traceback (an infinite length, a CV that hung or divided by zero, a negative seed)
+        (["trace", "gamma", "--duration-s", "1", "-o", "x"], "--rate", "0"),
+        (["trace", "gamma", "--rate", "1", "-o", "x"], "--duration-s", "inf"),
+        ([*GAMMA, "-o", "x"], "--cv", "-1"),
+        ([*GAMMA, "-o", "x"], "--cv", "1e5"),
+        ([*GAMMA, "-o", "x"], "--cv", "1e-200"),
+        ([*GAMMA, "-o", "x"], "--seed", "-1"),
+        ([*VARYING, "-o", "x"], "--seed", "-1"),
+        (["trace", "varying", "-o", "x"], "--segment", "1,1e5,1"),
+        ([*FROM_CSV, "-o", "x"], "--rate", "-1"),
+        # seeds: the estimator's options named 'seed'
+        ([*PLAN, "-o", "x"], "--seed", "-1"),
+        (SIM, "--seed", "-1"),
+        (SIM, "--seed", "1.5"),
+        # the tuner's numbers: refused by TunerConfig & co. naming their fields
+        (SIM, "--activation-delay-s", "-1"),
+        (SIM, "--activation-delay-s", "nan"),
+        (SIM, "--stabilization-s", "-1"),
+        (SIM, "--lookahead-s", "inf"),
+        (SIM, "--autoscale-wait-s", "-1"),
+        (SIM, "--tuner-headroom", "-1"),
+        (SIM, "--tuner-hysteresis", "-0.1"),
+        (SIM, "--tuner-headroom-rate-share", "-1"),
+        (SIM, "--tuner-settle-s", "inf"),
+        (SERVE, "--tuner-headroom", "nan"),
+        (DEPLOY, "--tuner-hysteresis", "-1"),
+        # plan --variants' floor: checked only once the variants file was read
+        ([*PLAN, "-o", "x", "--variants", "v"], "--accuracy-floor", "1.5"),
+        ([*PLAN, "-o", "x", "--variants", "v"], "--accuracy-floor", "-0.1"),
+        # fewer than the 50 batches a point takes: refused naming min_samples/max_samples
+        ([*PROFILE, "-o", "x"], "--max-samples", "10"),
+        # URLs: a bad port was a traceback from the HTTP client, after loading everything
+        (["replay", "t", "--app", "a"], "--url", "http://h:99999"),
+        (["replay", "t", "--app", "a"], "--url", "http://h:x"),
+        (["replay", "t", "--app", "a"], "--url", "https://h:1"),  # the client speaks http
+        (DEPLOY, "--url", "notaurl"),
     ],
 )
 def test_nonsensical_numbers_are_refused_at_parse_time(argv, flag, bad, capsys):
     line = _refused([*argv, f"{flag}={bad}"], capsys)
     assert f"argument {flag}: expected" in line and repr(bad) in line, line
+
+
+def test_accuracy_floor_needs_variants(capsys):
+    """Without --variants the floor was silently ignored."""
+    line = _refused([*PLAN, "-o", "x", "--accuracy-floor", "0.9"], capsys)
+    assert line.endswith("error: argument --accuracy-floor: needs --variants"), line
+    # part of parsing, as every rule over several options (cli._CommandParser)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*PLAN, "-o", "x", "--accuracy-floor", "0.9"])
+    a = build_parser().parse_args([*PLAN, "-o", "x", "--variants", "v", "--accuracy-floor", "1"])
+    assert (a.variants, a.accuracy_floor) == ("v", 1.0)
+
+
+def test_a_trace_too_large_to_hold_is_refused_up_front(capsys):
+    """A rate x length past memory was an allocation traceback."""
+    line = _refused(["trace", "gamma", "--rate", "1e12", "--duration-s", "10", "-o", "x"], capsys)
+    assert "argument --rate/--duration-s: expected at most 100,000,000 arrivals" in line, line
+    line = _refused(
+        ["trace", "varying", "--segment", "1,1,1", "--segment", "1e9,1,1", "-o", "x"], capsys
+    )
+    assert "argument --segment: expected at most 100,000,000 arrivals" in line, line
+    a = build_parser().parse_args(
+        ["trace", "gamma", "--rate", "1e4", "--duration-s", "1e4", "-o", "x"]
+    )
+    assert a.rate * a.duration_s == 1e8
+
+
+def test_demo_out_must_be_a_folder_it_can_write(tmp_path, monkeypatch, capsys):
+    """``demo --out FILE`` failed at its mkdir with a traceback (the demo itself is not run)."""
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("")
+    line = _refused(["demo", "--out", str(a_file)], capsys)
+    assert f"argument --out: expected a folder, got the file {str(a_file)!r}" in line, line
+    line = _refused(["demo", "--out", str(a_file / "sub")], capsys)
+    assert f"expected a folder, got {str(a_file / 'sub')!r} ({str(a_file)!r} is a file)" in line
+    # a missing folder is made, an existing one written into
+    for ok in (tmp_path / "new" / "demo", tmp_path):
+        assert build_parser().parse_args(["demo", "--out", str(ok)]).out == str(ok)
+    # an unwritable parent (os.access: the tests may run as root, who may write anywhere)
+    import inferline._cli_args as cli_args
+
+    monkeypatch.setattr(cli_args.os, "access", lambda *_: False)
+    line = _refused(["demo", "--out", str(tmp_path / "new" / "demo")], capsys)
+    assert "argument --out: expected a folder that can be written" in line, line
+    assert f"({str(tmp_path)!r} is not writable)" in line
+
+
+@pytest.mark.parametrize("what", ["folder", "binary"])
+def test_an_input_that_is_no_text_file_is_one_line(what, tmp_path, capsys):
+    """A folder or a binary file where a file is read was a traceback (every loader)."""
+    bad = tmp_path
+    if what == "binary":
+        bad = tmp_path / "b.json"
+        bad.write_bytes(b"\xff\xfe\x00")
+    expected = "a file, got 'a folder'" if what == "folder" else "a UTF-8 text file, got 'binary"
+    for argv in (
+        ["trace", "describe", str(bad)],
+        [*PLAN[:2], str(bad), *PLAN[3:], "-o", str(tmp_path / "p.json")],  # --pipeline
+        ["serve", "--deployment", str(bad)],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"inferline: error: {bad}: expected {expected}"), err
+    assert main(["trace", "from-csv", str(tmp_path), "-o", str(tmp_path / "t")]) == 2
+    assert "expected a readable CSV file" in capsys.readouterr().err
+
+
+def test_replay_inputs_folder_and_deploy_unreachable_url_are_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    trace = tmp_path / "t.trace"
+    trace.write_text("0.0\n")
+    argv = ["replay", str(trace), "--url", "http://127.0.0.1:1", "--app", "a"]
+    assert main([*argv, "--inputs", str(tmp_path)]) == 2
+    assert f"{tmp_path}: expected a file, got 'a folder'" in capsys.readouterr().err
+
+    import httpx
+
+    from inferline import _cli_serve, _deploy
+
+    def refused(*_a, **_kw):
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    monkeypatch.setattr(httpx, "put", refused)
+    monkeypatch.setattr(_deploy, "load_deployment", lambda _p: _Dep())
+    monkeypatch.setattr(_cli_serve, "load_plan", lambda _p: _plan())
+    assert main(["deploy", "p.json", "--deployment", "d", "--url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "--url: expected a reachable inferline server, got '[Errno 111]" in err, err
+
+
+class _Dep:
+    """What ``deploy --url`` reads of a deployment."""
+
+    class _Model:
+        name = "m"
+
+    name = "d"
+    models = (_Model(),)
+
+
+def _plan():
+    from inferline.core import ModelConfig, Plan
+
+    return Plan("p", 0.1, {"m": ModelConfig("cpu", 1, 1)})
 
 
 def test_sensible_edge_values_still_parse():
@@ -156,6 +298,15 @@ def test_sensible_edge_values_still_parse():
     assert p.parse_args([*PLAN, "-o", "x", "--percentile", "100"]).percentile == 100.0
     a = p.parse_args(["trace", "varying", "--segment", "2,0.5,3", "-o", "x", "--transition-s", "0"])
     assert a.segment == [(2.0, 0.5, 3.0)] and a.transition_s == 0.0
+    a = p.parse_args([*GAMMA, "-o", "x", "--cv", "0.001", "--seed", "12345678901234567891"])
+    assert (a.cv, a.seed) == (0.001, 12345678901234567891)  # a seed read exactly
+    a = p.parse_args(
+        [*SIM, "--tuner-settle-s", "off", "--tuner-headroom", "0", "--lookahead-s", "0"]
+    )
+    assert (a.tuner_settle_s, a.tuner_headroom, a.lookahead_s) == (None, 0.0, 0.0)
+    assert p.parse_args([*PROFILE, "-o", "x", "--max-samples", "50"]).max_samples == 50
+    a = p.parse_args([*DEPLOY, "--url", "https://h/base"])
+    assert a.url == "https://h/base"
 
 
 def test_varying_trace_still_writes(tmp_path, capsys):

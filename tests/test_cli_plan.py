@@ -325,11 +325,13 @@ def test_plan_with_variants_records_the_choice_for_the_live_tuner(files, tmp_pat
     vfile.write_text(json.dumps(doc))
     assert main(args) == 2
     assert "variants.json: pipeline: expected the pipeline's name 'img'" in capsys.readouterr().err
-    # a floor outside [0, 1] and an unprofiled variant are refused by field
+    # a floor outside [0, 1] is refused at parse time, an unprofiled variant by field
     doc["pipeline"] = "img"
     vfile.write_text(json.dumps(doc))
-    assert main([*args, "--accuracy-floor", "1.5"]) == 2
-    assert "--accuracy-floor: expected a number <= 1.0, got 1.5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*args, "--accuracy-floor", "1.5"])
+    err = capsys.readouterr().err
+    assert "argument --accuracy-floor: expected an accuracy in [0, 1], got '1.5'" in err
     doc["stages"]["cls"]["variants"][1]["name"] = "cls-xxx"
     vfile.write_text(json.dumps(doc))
     assert main(args) == 2
@@ -389,3 +391,38 @@ def test_hop_overhead_is_planned_for_and_simulated(files, capsys):
     with pytest.raises(SystemExit) as e:
         main(_plan_args(files, "--slo-s", "0.1", "--hop-overhead-ms", "-1"))
     assert e.value.code == 2
+
+
+def test_inventory_keeps_the_plan_on_the_hardware_there_is(files, capsys):
+    """``--inventory``: the unlimited plan takes two K80s for the classifier; with one K80 and
+    one V100 it takes the dearer V100, with one K80 and no V100 no plan fits and the one-line
+    error names the inventory, as it does for a CPU core too few for a 2-thread replica; a
+    malformed value is a usage error naming the flag."""
+    assert main(_plan_args(files, "--slo-s", "0.2", "--no-ladder")) == 0
+    free = load_plan(files["plan"])
+    assert free.models["cls"].hardware == "gpu-k80" and free.models["cls"].replicas == 2
+    inv = "gpu-k80=1,gpu-v100=1"
+    assert main(_plan_args(files, "--slo-s", "0.2", "--inventory", inv)) == 0
+    fit = load_plan(files["plan"])
+    assert fit.models["cls"].hardware == "gpu-v100" and fit.models["cls"].replicas == 1
+    # the tuner's ladder (re-plans for higher rates) keeps within the inventory too
+    assert fit.tuner.ladder and all(s.models["cls"].replicas == 1 for s in fit.tuner.ladder)
+    assert fit.cost_per_hour > free.cost_per_hour
+    capsys.readouterr()
+    for inv, threads, named in (
+        ("gpu-k80=1,gpu-v100=0", "pre=1", "inventory (gpu-k80: 1, gpu-v100: 0)"),
+        ("cpu=1", "pre=2", "inventory (cpu: 1)"),
+    ):
+        files["plan"].unlink(missing_ok=True)
+        args = _plan_args(files, "--slo-s", "0.2", "--no-ladder", "--inventory", inv)
+        assert main([*args, "--cpu-threads", threads]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and named in err[0], err
+        assert not files["plan"].exists()
+    with pytest.raises(SystemExit) as ei:
+        main(_plan_args(files, "--slo-s", "0.2", "--cpu-threads", "pre=2"))
+    assert ei.value.code == 2 and "--cpu-threads: needs --inventory" in capsys.readouterr().err
+    for bad in ("cpu", "cpu=-1", "cpu=1,cpu=2", "cpu=x"):
+        with pytest.raises(SystemExit) as ei:
+            main(_plan_args(files, "--slo-s", "0.2", "--inventory", bad))
+        assert ei.value.code == 2 and "--inventory" in capsys.readouterr().err

@@ -289,6 +289,11 @@ class TritonBackend(ModelRegistry):
             inv[self.gpu_kind] = len(self._gpus)
         return inv
 
+    def replica_units(self) -> dict[str, int]:
+        """Per managed model, the CPU cores one CPU replica takes (its threads): what a planner
+        needs to keep a plan within ``inventory()`` (a GPU replica takes one GPU)."""
+        return {name: m.spec.threads for name, m in self._models.items()}
+
     def _used(self) -> dict[str, int]:
         used = dict.fromkeys(self.inventory(), 0)
         for m in self._models.values():

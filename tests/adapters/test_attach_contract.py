@@ -111,3 +111,28 @@ def test_a_pipeline_whose_models_do_not_fit_together_is_refused() -> None:
         check_pipeline_io(pipe, {"pre": pre, "cls": sig(("float32", (32,)), ("int64", (1,)))})
     with pytest.raises(ValidationError, match="object"):
         check_pipeline_io(pipe, {"pre": pre, "cls": sig(("object", (1,)), ("int64", (1,)))})
+
+
+def test_a_plan_for_an_attached_server_fits_its_inventory(host: PluginHost) -> None:
+    """120 q/s of a 20 ms CPU model needs more than two replicas: on a server with two cores
+    (one per replica here, two threads each in the second case) there is no plan, and the
+    error names the inventory, instead of a plan that fails when applied."""
+    import numpy as np
+
+    from inferline._attach import plan_attachment
+    from inferline.core import InfeasibleError, Pipeline, Profiles, gamma_trace
+
+    att = asyncio.run(attach("mini://h:1", host=host))
+    pipe = Pipeline.linear("p", ["a"])
+    prof = Profiles.from_latencies({"a": {"cpu": {1: 0.02}}})
+    trace = gamma_trace(120.0, 1.0, 10.0, np.random.default_rng(0))
+    free = plan_attachment(att, pipe, prof, trace, 0.2)  # MiniServer has no inventory()
+    need = free.models["a"].replicas
+    assert need > 2
+    att.backend.inventory = lambda: {"cpu": need, "tpu": 1}  # a kind the catalog lacks
+    assert plan_attachment(att, pipe, prof, trace, 0.2).models == free.models
+    att.backend.replica_units = lambda: {"a": 2}
+    with pytest.raises(InfeasibleError, match=rf"inventory \(cpu: {need}\)"):
+        plan_attachment(att, pipe, prof, trace, 0.2)
+    att.backend.oversubscribe = True
+    assert plan_attachment(att, pipe, prof, trace, 0.2).models == free.models

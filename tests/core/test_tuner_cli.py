@@ -99,14 +99,17 @@ def test_simulate_with_and_without_tuners(files, capsys):
     assert decisions and decisions[0]["action"] == "up" and "window" in decisions[0]["reason"]
 
 
-def test_tuner_knobs_are_validated_by_name(files, capsys):
+def test_tuner_knobs_are_validated_by_flag(files, capsys):
+    """Refused at parse time by the config's own check, naming the flag (not the field)."""
     tmp_path, paths = files
     argv = ["simulate", "--pipeline", str(paths["pipe"]), "--profiles", str(paths["prof"])]
     argv += ["--plan", str(paths["plan"]), "--trace", str(tmp_path / "live.txt")]
-    assert main([*argv, "--tuner", "inferline", "--tuner-hysteresis", "-0.1"]) != 0
-    assert "hysteresis" in capsys.readouterr().err
-    assert main([*argv, "--tuner", "inferline", "--tuner-headroom", "-1"]) != 0
-    assert "headroom" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--tuner", "inferline", "--tuner-hysteresis", "-0.1"])
+    assert "argument --tuner-hysteresis: expected a number >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*argv, "--tuner", "inferline", "--tuner-headroom", "-1"])
+    assert "argument --tuner-headroom: expected a number >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([*argv, "--tuner", "inferline", "--tuner-trigger", "sometimes"])
     assert "--tuner-trigger" in capsys.readouterr().err
