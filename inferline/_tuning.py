@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from inferline.core import (
+    CapacityError,
     InferlineError,
     Plan,
     Tuner,
@@ -104,6 +105,9 @@ class LiveTuner:
         self.variant_decisions: list[VariantDecision] = []
         self._arrivals: list[float] = []
         self._targets: dict[str, int] = {}  # by deployment model
+        # counts known to be in place (the plan's, then every scale() that returned): the floor
+        # of the search for what fits when the backend has no room for a whole target
+        self._in_place: dict[str, int] = {m: c.replicas for m, c in plan.models.items()}
         self._switches: dict[str, tuple[str, str]] = {}  # stage -> (old, new) variant
         self._pending_decision: TunerDecision | None = None
         self._applier: asyncio.Task[None] | None = None
@@ -120,6 +124,7 @@ class LiveTuner:
         self.variant_tuner = self._variant_tuner(plan)
         self._targets = {}
         self._switches = {}
+        self._in_place = {m: c.replicas for m, c in plan.models.items()}
         log.info("tuner follows the new plan: planned counts %s", self.policy.planned)
 
     def _variant_tuner(self, plan: Plan) -> VariantTuner | None:
@@ -296,7 +301,7 @@ class LiveTuner:
             switches, self._switches = self._switches, {}
             t0 = self._clock()
             results = await asyncio.gather(
-                *(self.backend.scale(m, n) for m, n in targets.items()), return_exceptions=True
+                *(self._scale(m, n) for m, n in targets.items()), return_exceptions=True
             )
             failed: dict[str, tuple[int, BaseException | str]] = {
                 m: (n, r)
@@ -325,6 +330,41 @@ class LiveTuner:
                 await asyncio.wait_for(self._wake.wait(), delay)
             delay = min(2.0 * delay, self.retry_max_s)
 
+    async def _scale(self, model: str, n: int) -> None:
+        """``backend.scale(model, n)``. A backend without room for all of them refuses the
+        whole request (``CapacityError``), which under a burst on a full machine would add no
+        replica at all until a retry finds room: then as many as fit are started (bisection
+        between the count in place and ``n``, each attempt only adding replicas) and the
+        refusal is raised anyway, so that the whole target is retried."""
+        try:
+            await self._scale_once(model, n)
+        except CapacityError as e:
+            start = self._in_place.get(model)
+            if start is None or start >= n:
+                raise
+            lo, hi = start, n
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                try:
+                    await self._scale_once(model, mid)
+                except CapacityError:
+                    hi = mid
+                else:
+                    lo = mid
+            if lo > start:
+                raise CapacityError(f"{lo} of {n} replicas fit ({e})", e.free) from None
+            raise
+
+    async def _scale_once(self, model: str, n: int) -> None:
+        try:
+            await self.backend.scale(model, n)
+        except CapacityError:
+            raise  # refused as a whole: the count in place did not change
+        except BaseException:
+            self._in_place.pop(model, None)  # a failed scale may have left any count
+            raise
+        self._in_place[model] = n
+
     async def _switch(self, stage: str, old: str, new: str) -> str | None:
         """Move ``stage`` to ``new`` (its replicas serve by now), let ``old`` drain, then give
         up ``old``'s replicas; an error text if that last step failed (it is retried)."""
@@ -340,6 +380,7 @@ class LiveTuner:
             await self.backend.scale(old, 0)
         except Exception as e:  # retried with the other failed targets
             return str(e)
+        self._in_place[old] = 0
         return None
 
 

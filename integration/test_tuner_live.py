@@ -288,3 +288,44 @@ def test_a_newer_target_replaces_the_one_being_retried():
     assert calls == [("m", 2), ("m", 3), ("m", 3)]
     assert [a.error is None for a in applied] == [False, False, True]
     assert applied[-1].decision.reason == "second"
+
+
+def test_a_scale_up_past_the_backend_s_capacity_gets_what_fits():
+    """On the bundled runtime's backend with two cores and no oversubscription, real replica
+    processes: a burst asks for 4 replicas of a 1-thread model; the backend refuses 4 as a
+    whole (``CapacityError``), and the tuner starts the 2 that fit instead of none, says so,
+    and keeps retrying the whole target."""
+    from inferline.adapters.local import LocalBackend
+    from inferline.adapters.local._inventory import detect_cores
+    from inferline.core import ModelSpec
+
+    cores = detect_cores()
+    if len(cores) < 2:
+        pytest.skip(f"needs 2 CPU cores in this process's affinity, has {cores}")
+    spec = ModelSpec("m", "inferline.adapters.local.examples:noop")
+    cfg = TunerConfig(interval_s=0.05, up_rate="scaled")
+
+    async def main():
+        backend = LocalBackend(cores=cores[:2])
+        try:
+            await backend.deploy(spec, ModelConfig("cpu", 1, 1))
+            t = [0.0]
+            live = LiveTuner(
+                backend, _plan(), cfg, clock=lambda: t[0], retry_s=0.2, retry_max_s=0.4
+            )
+            d = TunerDecision(0.0, {"m": 4}, "a burst", 4.0, 24.0, "up")
+            live._act(d, {}, {"m": 1})
+            deadline = time.perf_counter() + 60
+            while len(live.applied) < 2:
+                assert time.perf_counter() < deadline, "no second attempt"
+                await asyncio.sleep(0.05)
+            n = len(backend.replicas("m"))
+            await live.stop()
+            return n, live.applied
+        finally:
+            await backend.close()
+
+    n, applied = asyncio.run(main())
+    assert n == 2
+    assert applied[0].error is not None and "m: 2 of 4 replicas fit" in applied[0].error
+    assert applied[1].error is not None  # the whole target is retried, still without room
