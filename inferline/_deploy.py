@@ -425,6 +425,9 @@ async def start_service(
         import asyncio
 
         await asyncio.gather(*(backend.deploy(s, configs[s.name]) for s in dep.models))
+        note = oversubscription(dep, backend, configs)
+        if note is not None:
+            log.warning("%s", note)
         for s in dep.models:
             host.notify_config(s.name, None, configs[s.name], backend=dep.backend, reason="deploy")
         for s in dep.models:
@@ -476,6 +479,30 @@ async def start_service(
     svc.plan = plan
     svc.deployment = dep
     return svc
+
+
+def oversubscription(
+    dep: Deployment, backend: Any, configs: Mapping[str, ModelConfig]
+) -> str | None:
+    """What ``configs`` take beyond the backend's inventory, as a note, or None. Only a
+    backend that shares its cores or GPUs (``oversubscribe``) places such a plan at all; the
+    estimate behind it gives every replica a core (or GPU) of its own, so it is optimistic
+    there (the 2-core demo at a 20 ms SLO: estimated P99 19 ms, served 24.6 ms)."""
+    inventory = getattr(backend, "inventory", None)
+    if inventory is None:
+        return None
+    have = inventory()
+    use: dict[str, int] = {}
+    for name, c in configs.items():
+        threads = dep.model(name).threads if c.hardware == "cpu" else 1
+        use[c.hardware] = use.get(c.hardware, 0) + c.replicas * threads
+    over = [f"{h}: {n} of {have[h]}" for h, n in sorted(use.items()) if n > have.get(h, n)]
+    if not over:
+        return None
+    return (
+        f"the plan's replicas take {', '.join(over)} units: they share them, and the estimate, "
+        "which gives each replica its own, is optimistic (plan with --inventory to stay within)"
+    )
 
 
 async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
@@ -567,6 +594,10 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
         if configs[name].replicas == 0:  # nothing would serve what it still has queued
             await drain(svc.dispatcher, name)
         await one(name, configs[name])
+    note = oversubscription(dep, svc.backend, configs)
+    if note is not None:
+        done["inventory"] = note
+        log.warning("%s", note)
     failed = {n for n, what in done.items() if n in configs and what.startswith("failed")}
     # what is in force: a model the plan could not move keeps its old configuration
     svc.plan = (

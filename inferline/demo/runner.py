@@ -159,6 +159,9 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         async with httpx.AsyncClient(timeout=300) as client:
             resp = await client.put(f"{server.url}/admin/plan", json=plan.to_dict())
             resp.raise_for_status()
+        note = resp.json().get("applied", {}).get("inventory")
+        if note:  # 2-core CI: four replica processes, the frontend and this client share them
+            _say(f"      note: {note}")
 
         # 5. replay a fresh trace
         fresh = gamma_trace(r["rate_qps"], opts.cv, r["duration_s"], rng)
