@@ -500,7 +500,7 @@ _TUNER_FLAGS: tuple[tuple[str, str, str | None, tuple[str, ...] | None], ...] = 
         "window): rate a scale-down reads: the largest 5 s window (window, the paper) or the "
         "planned rate scaled by the largest window ratio (scaled)",
         None,
-        ("window", "scaled"),
+        None,
     ),
     (
         "lookahead_s",

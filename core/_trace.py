@@ -11,6 +11,7 @@ import os
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import numpy.typing as npt
@@ -70,6 +71,11 @@ def gamma_trace(
     return np.concatenate(out) if out else np.empty(0)
 
 
+# Most steps a transition of varying_trace takes; finer than any rate change a tuner could
+# tell apart, and a normal transition (under 10,000 steps of step_s) is unchanged.
+MAX_RAMP_STEPS = 10_000
+
+
 def varying_trace(
     segments: Sequence[tuple[float, float, float]],
     rng: np.random.Generator,
@@ -79,10 +85,13 @@ def varying_trace(
     """A trace that moves through ``(rate, cv, duration_s)`` segments (InferLine §6).
 
     Between consecutive segments the rate and CV change linearly over ``transition_s`` seconds
-    (taken from the start of the next segment), piecewise-constant in steps of ``step_s``.
+    (taken from the start of the next segment), piecewise-constant in steps of ``step_s``, or
+    of ``transition_s / MAX_RAMP_STEPS`` where that is longer.
     """
     if not segments:
         raise ValidationError("segments", "at least one (rate, cv, duration_s)", [])
+    # a step costs a gamma draw of its own: a transition of 1e9 s in 1 s steps took hours
+    step_s = max(step_s, transition_s / MAX_RAMP_STEPS)
     parts: list[Trace] = []
     t = 0.0
     prev: tuple[float, float] | None = None
@@ -150,28 +159,37 @@ def load_csv_trace(
         raise ValidationError(str(p), "an existing CSV file", "no such file") from None
     except OSError as e:  # a folder, no permission: a traceback before
         raise ValidationError(str(p), "a readable CSV file", e.strerror) from None
-    vals: list[float] = []
     with fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None or column not in reader.fieldnames:
-            raise ValidationError(f"{p}: column", f"a column named {column!r}", reader.fieldnames)
-        for i, row in enumerate(reader, 2):
-            raw = (row[column] or "").strip()
-            try:
-                vals.append(float(raw))
-            except ValueError:
-                try:
-                    vals.append(datetime.fromisoformat(raw[:26]).timestamp())
-                except ValueError:
-                    raise ValidationError(
-                        f"{p}:{i}.{column}", "a timestamp (seconds or ISO datetime)", raw
-                    ) from None
+        try:
+            vals = _csv_timestamps(fh, p, column)
+        except UnicodeDecodeError:  # read as it streams (the traces are large): a traceback
+            raise ValidationError(str(p), "a UTF-8 text file", "binary data") from None
     arr = np.asarray(vals, dtype=np.float64)
     if arr.size == 0:
         raise ValidationError(str(p), "at least one row", "no rows")
     # Rows are in arrival order but clock jitter can reorder neighbours by microseconds.
     arr = np.maximum.accumulate(arr)
     return arr - arr[0] if relative else arr
+
+
+def _csv_timestamps(fh: TextIO, p: Path, column: str) -> list[float]:
+    """The ``column`` of the CSV ``fh`` (read from ``p``) as seconds."""
+    vals: list[float] = []
+    reader = csv.DictReader(fh)
+    if reader.fieldnames is None or column not in reader.fieldnames:
+        raise ValidationError(f"{p}: column", f"a column named {column!r}", reader.fieldnames)
+    for i, row in enumerate(reader, 2):
+        raw = (row[column] or "").strip()
+        try:
+            vals.append(float(raw))
+        except ValueError:
+            try:
+                vals.append(datetime.fromisoformat(raw[:26]).timestamp())
+            except ValueError:
+                raise ValidationError(
+                    f"{p}:{i}.{column}", "a timestamp (seconds or ISO datetime)", raw
+                ) from None
+    return vals
 
 
 def mean_rate(trace: Trace) -> float:

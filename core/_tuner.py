@@ -116,6 +116,7 @@ __all__ = [
 _EPS = 1e-9
 Floor = Literal["plan", "one"]
 UpRate = Literal["window", "scaled", "curve"]
+DownRate = Literal["window", "scaled"]  # a service curve is a scale-up rule only
 DownRho = Literal["min", "model"]
 DownCap = Literal["plan", "none"]
 Reconfigure = Literal["ladder", "replicas"]
@@ -143,7 +144,7 @@ class TunerConfig:
     resolution_s: float | None = 0.001  # arrival times snapped to this grid (bounds memory)
     floor: Floor = "plan"
     up_rate: UpRate = "scaled"  # "window" is the paper's literal rule (see _rate)
-    down_rate: UpRate = "scaled"  # "window" is the paper's literal rule (see _down_rate)
+    down_rate: DownRate = "scaled"  # "window" is the paper's literal rule (see _down_rate)
     down_rho: DownRho = "min"
     # exceeding rates remembered against scale-down (0: none); replica-only scaling (a ladder
     # remembers every window's counts over down_horizon_s instead)

@@ -27,6 +27,7 @@ __all__ = [
     "positive",
     "seed",
     "slo_ms",
+    "too_many_arrivals",
 ]
 
 
@@ -216,3 +217,19 @@ def name_counts(what: str, lo: int) -> Callable[[str], dict[str, int]]:
         return out
 
     return parse
+
+
+# A trace is held in memory, then written as text (about 20 bytes an arrival): a rate x length
+# past this exhausted memory with a traceback rather than being refused.
+MAX_ARRIVALS = 100_000_000
+
+
+def too_many_arrivals(expected: float, options: str) -> str | None:
+    """For a ``check_args`` rule: what is wrong with traces of ``expected`` arrivals in all
+    (from ``options``, as ``--rate/--duration-s``), or None."""
+    if expected <= MAX_ARRIVALS:
+        return None
+    return (
+        f"argument {options}: expected at most {MAX_ARRIVALS:,} arrivals (rate x length), "
+        f"got {expected:.3g}"
+    )

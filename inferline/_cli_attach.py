@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from inferline.cli import register
 from inferline.core import (
@@ -50,6 +51,21 @@ def _options(pairs: list[str]) -> dict[str, Any]:
                 val = v
         out[k] = val
     return out
+
+
+def _server_url(text: str) -> str:
+    """``attach``'s URL: every host's port, where one is given, in [1, 65535]. Checked here, as
+    every option is: the backend refused it only once built, naming its own ``url`` field."""
+    for host in urlsplit(text).netloc.split(","):  # TF Serving takes several hosts
+        try:
+            port = urlsplit(f"//{host}").port
+        except ValueError:  # not a number or out of range
+            port = 0
+        if port == 0:
+            raise argparse.ArgumentTypeError(
+                f"expected a URL with ports in [1, 65535], got {text!r}"
+            )
+    return text
 
 
 def _print_found(att: Any) -> None:
@@ -228,7 +244,9 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         description=__doc__,
     )
     a.add_argument(
-        "url", help="e.g. tfserving://host:8501, tfserving+grpc://host:8500, triton://host:8000"
+        "url",
+        type=_server_url,
+        help="e.g. tfserving://host:8501, tfserving+grpc://host:8500, triton://host:8000",
     )
     a.add_argument(
         "--models", default=None, help="comma-separated models to adopt (default: all ready)"

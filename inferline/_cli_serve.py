@@ -34,6 +34,7 @@ from ._cli_args import (
     port,
     positive,
     slo_ms,
+    too_many_arrivals,
 )
 from ._sim_tuning import add_ladder_knobs, ladder_knobs
 
@@ -104,11 +105,17 @@ def _profile(args: argparse.Namespace) -> int:
         def progress(model: str, hw: str, b: int, done: int, total: int) -> None:
             bar.update(task, description=f"{model} on {hw}, batch {b}", completed=done, total=total)
 
-        result, pipeline = run(
-            profile_deployment(
-                dep, opts, app=args.app, samples=samples, progress=progress, stages=stages
+        try:
+            result, pipeline = run(
+                profile_deployment(
+                    dep, opts, app=args.app, samples=samples, progress=progress, stages=stages
+                )
             )
-        )
+        except ValidationError as e:
+            # the profiler checks the kinds against the backend's, which exists only by now
+            if e.field != "hardware" or not args.hardware:
+                raise
+            raise ValidationError("--hardware", e.expected, e.got) from None
     save(result.profiles, args.output)
     print(f"wrote profiles of {len(result.profiles.models)} models to {args.output}")
     if args.pipeline_out:
@@ -398,6 +405,14 @@ def _load_inputs(args: argparse.Namespace) -> list[Any]:
     raise ValidationError("--inputs/--deployment", "where the request inputs come from", None)
 
 
+def _check_replay_args(args: argparse.Namespace) -> str | None:
+    # both may be given (--inputs sends, --deployment gives the SLO); neither was refused only
+    # once the trace had been read
+    if not (args.inputs or args.deployment):
+        return "one of the arguments --inputs --deployment is required (the request inputs)"
+    return None
+
+
 def _app_slo_s(args: argparse.Namespace) -> float | None:
     """The app's SLO in ``--deployment`` (what the miss rate is measured against when no
     ``--slo-ms`` is given; not sent, the server applies it anyway)."""
@@ -505,6 +520,17 @@ def _demo(args: argparse.Namespace) -> int:
     )
     report = run_demo(opts)
     return 0 if report.get("ok", False) else 1
+
+
+def _check_demo_args(args: argparse.Namespace) -> str | None:
+    """The demo's traces (planning and replay, at ``--rate``) must fit in memory: one too large
+    failed only after minutes of profiling."""
+    from .demo.runner import DemoOptions
+
+    opts = DemoOptions(quick=args.quick, rate_qps=args.rate, duration_s=args.duration_s)
+    r = opts.resolved()
+    arrivals = r["rate_qps"] * (opts.planning_trace_s + r["duration_s"])
+    return too_many_arrivals(arrivals, "--rate/--duration-s")
 
 
 # ---------------------------------------------------------------- registration
@@ -631,7 +657,7 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         default=None,
         help="write the summary and latencies JSON",
     )
-    r.set_defaults(func=_replay)
+    r.set_defaults(func=_replay, check_args=_check_replay_args)
 
     m = sub.add_parser("demo", help="profile, plan, deploy and replay a real digits pipeline")
     m.add_argument(
@@ -642,4 +668,4 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
     m.add_argument("--slo-ms", type=slo_ms, default=None, help="latency SLO, ms (default 100)")
     m.add_argument("--rate", type=positive("queries/s"), default=None, help="arrival rate, q/s")
     m.add_argument("--duration-s", type=positive("seconds"), default=None, help="replay length")
-    m.set_defaults(func=_demo)
+    m.set_defaults(func=_demo, check_args=_check_demo_args)

@@ -20,7 +20,7 @@ from inferline.core import (
     varying_trace,
 )
 
-from ._cli_args import number_in, output_path, positive, seed
+from ._cli_args import number_in, output_path, positive, seed, too_many_arrivals
 
 
 def _gamma(args: argparse.Namespace) -> int:
@@ -83,27 +83,13 @@ def _segment(text: str) -> tuple[float, float, float]:
         ) from None
 
 
-# A trace is held in memory, then written as text (about 20 bytes an arrival): a rate x length
-# past this exhausted memory with a traceback rather than being refused.
-MAX_ARRIVALS = 100_000_000
-
-
-def _too_many(expected: float, options: str) -> str | None:
-    if expected <= MAX_ARRIVALS:
-        return None
-    return (
-        f"argument {options}: expected at most {MAX_ARRIVALS:,} arrivals (rate x length), "
-        f"got {expected:.3g}"
-    )
-
-
 def _check_gamma(args: argparse.Namespace) -> str | None:
-    return _too_many(args.rate * args.duration_s, "--rate/--duration-s")
+    return too_many_arrivals(args.rate * args.duration_s, "--rate/--duration-s")
 
 
 def _check_varying(args: argparse.Namespace) -> str | None:
     # a transition moves between neighbouring rates, so the segments' own sizes bound it
-    return _too_many(sum(r * d for r, _, d in args.segment), "--segment")
+    return too_many_arrivals(sum(r * d for r, _, d in args.segment), "--segment")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:

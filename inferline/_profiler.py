@@ -195,11 +195,12 @@ async def profile_models(
     options = options or ProfilerOptions()
     t_start = time.perf_counter()
     inv = backend.inventory()
-    hardware = [h for h in (options.hardware or tuple(inv)) if inv.get(h, 0) > 0]
-    if not hardware:
-        raise ValidationError(
-            "hardware", f"kinds from the backend's inventory {inv!r}", options.hardware
-        )
+    have = [h for h, n in inv.items() if n > 0]
+    # a kind asked for that the backend lacks was dropped silently (only none left was refused)
+    unknown = [h for h in options.hardware or () if h not in have]
+    if unknown or not have:
+        raise ValidationError("hardware", f"kinds the backend has, among {have}", unknown or inv)
+    hardware = list(dict.fromkeys(options.hardware or have))
     for s in specs:
         if not inputs.get(s.name):
             raise ValidationError(f"inputs.{s.name}", "at least one sample input", None)

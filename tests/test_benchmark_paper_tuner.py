@@ -89,7 +89,7 @@ def test_tuner_flags_are_the_configs_fields_with_its_defaults_and_choices():
     assert (cfg.trigger, cfg.keep_horizon_s) == ("room", 0.0)
     assert paper_tuner.parse_args(["--settle-s", "off"])[1].settle_s is None
     assert paper_tuner.parse_args(["--settle-s", "2.5"])[1].settle_s == 2.5
-    with pytest.raises(SystemExit):  # down_rate's type allows "curve", the tuner does not
+    with pytest.raises(SystemExit):  # "curve" is an up_rate only (TunerConfig.down_rate's type)
         paper_tuner.parse_args(["--down-rate", "curve"])
 
 

@@ -23,7 +23,7 @@ PROFILE = ["profile", "--deployment", "d"]
 SERVE = ["serve", "--deployment", "d"]
 DEPLOY = ["deploy", "plan.json", "--deployment", "d"]
 ATTACH = ["attach", "triton://h:8000"]
-REPLAY = ["replay", "t", "--url", "http://127.0.0.1:1", "--app", "a"]
+REPLAY = ["replay", "t", "--url", "http://127.0.0.1:1", "--app", "a", "--inputs", "i"]
 GAMMA = ["trace", "gamma", "--rate", "1", "--duration-s", "1"]
 VARYING = ["trace", "varying", "--segment", "1,1,1"]
 FROM_CSV = ["trace", "from-csv", "c.csv"]
@@ -205,6 +205,63 @@ def test_a_trace_too_large_to_hold_is_refused_up_front(capsys):
         ["trace", "gamma", "--rate", "1e4", "--duration-s", "1e4", "-o", "x"]
     )
     assert a.rate * a.duration_s == 1e8
+
+
+def test_demo_traces_too_large_to_hold_are_refused_up_front(capsys):
+    """The demo's planning and replay traces at --rate exhausted memory only after minutes of
+    profiling; the same bound as ``trace gamma`` (the planning trace is 60 s, --quick 30 s)."""
+    line = _refused(["demo", "--rate", "1e6", "--duration-s", "50"], capsys)
+    assert "argument --rate/--duration-s: expected at most 100,000,000 arrivals" in line, line
+    assert line.endswith("got 1.1e+08"), line
+    line = _refused(["demo", "--rate", "2e6"], capsys)  # the default 25 s replay
+    assert line.endswith("got 1.7e+08"), line
+    a = build_parser().parse_args(["demo", "--quick", "--rate", "1e6", "--duration-s", "70"])
+    assert (a.rate, a.duration_s) == (1e6, 70.0)  # 30 + 70 s: exactly the bound
+
+
+def test_replay_needs_inputs_or_a_deployment_at_parse_time(capsys):
+    """Refused only once the trace had been read (a missing one was the error shown)."""
+    argv = ["replay", "no-such.trace", "--url", "http://h:1", "--app", "a"]
+    line = _refused(argv, capsys)
+    assert line.endswith(
+        "error: one of the arguments --inputs --deployment is required (the request inputs)"
+    ), line
+    for more in (["--inputs", "i"], ["--deployment", "d"], ["--inputs", "i", "--deployment", "d"]):
+        assert build_parser().parse_args([*argv, *more]).app == "a"
+
+
+@pytest.mark.parametrize(
+    "url", ["triton://h:99999", "triton://h:x", "triton://h:0", "tfserving://h:8501,g:99999"]
+)
+def test_attach_refuses_a_url_port_out_of_range(url, capsys):
+    """Was ``url: expected a numeric port`` from the adapter, naming its field, for a number."""
+    line = _refused(["attach", url], capsys)
+    assert line.endswith(f"argument url: expected a URL with ports in [1, 65535], got {url!r}")
+    for ok in ("triton://h", "triton+grpc://[::1]:8001", "tfserving://h:8501,g:8500", "x"):
+        assert build_parser().parse_args(["attach", ok]).url == ok
+
+
+def test_profile_refuses_a_hardware_kind_the_backend_lacks(tmp_path, monkeypatch, capsys):
+    """``--hardware cpu nope`` dropped 'nope' silently (only all unknown was refused, naming
+    the profiler's field): the backend's kinds are known once it runs, before any profiling."""
+    from inferline import _deploy, _workflow
+    from inferline._profiler import profile_models
+
+    class Backend:
+        def inventory(self) -> dict[str, int]:
+            return {"cpu": 4, "gpu": 0}
+
+    async def profile_deployment(dep, opts, **_kw):
+        return await profile_models(Backend(), [], {}, opts), None
+
+    monkeypatch.setattr(_deploy, "load_deployment", lambda _p: _Dep())
+    monkeypatch.setattr(_workflow, "profile_deployment", profile_deployment)
+    argv = [*PROFILE, "-o", str(tmp_path / "p.json"), "--hardware"]
+    for kinds, got in ((["cpu", "nope"], ["nope"]), (["gpu"], ["gpu"])):
+        assert main([*argv, *kinds]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        expected = f"--hardware: expected kinds the backend has, among ['cpu'], got {got!r}"
+        assert err == f"inferline: error: {expected}", err
 
 
 def test_demo_out_must_be_a_folder_it_can_write(tmp_path, monkeypatch, capsys):

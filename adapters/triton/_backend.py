@@ -77,9 +77,12 @@ def parse_triton_url(url: str) -> tuple[str, str, dict[str, str]]:
     if not host:
         raise ValidationError("url", "a host, e.g. 'triton://127.0.0.1:8000'", url)
     try:
-        port = parts.port or _DEFAULT_PORT[protocol]
-    except ValueError:
-        raise ValidationError("url", "a numeric port", url) from None
+        port = parts.port
+    except ValueError:  # not a number, or out of range: urlsplit tells them apart, we need not
+        port = 0
+    if port == 0:  # ":0" read as no port took the default one silently
+        raise ValidationError("url", "a port in [1, 65535]", url)
+    port = port or _DEFAULT_PORT[protocol]
     host = f"[{host}]" if ":" in host else host
     return protocol, f"{host}:{port}", dict(parse_qsl(parts.query))
 

@@ -50,6 +50,11 @@ class DemoOptions:
     cv: float = 1.0
     seed: int = 0
 
+    @property
+    def planning_trace_s(self) -> float:
+        """Length of the trace planned for (at ``rate_qps``, as the replayed one)."""
+        return 30.0 if self.quick else 60.0
+
     def resolved(self) -> dict[str, float]:
         return {
             "slo_ms": self.slo_ms or 100.0,
@@ -136,7 +141,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         )
 
         # 4. plan and apply
-        plan_trace = gamma_trace(r["rate_qps"], opts.cv, 30.0 if opts.quick else 60.0, rng)
+        plan_trace = gamma_trace(r["rate_qps"], opts.cv, opts.planning_trace_s, rng)
         t0 = time.perf_counter()
         plan: Plan = plan_inferline(
             pipeline,

@@ -331,6 +331,11 @@ def test_urls_options_and_offline_backend() -> None:
     for bad in ("tfserving://h", "triton://:80", "triton://h:port", 7):
         with pytest.raises(ValidationError):
             parse_triton_url(bad)  # type: ignore[arg-type]
+    # a number out of range was "expected a numeric port"; ":0" took the default port
+    for bad in ("triton://h:99999", "triton://h:0", "triton+grpc://h:-1"):
+        with pytest.raises(ValidationError) as e:
+            parse_triton_url(bad)
+        assert str(e.value) == f"url: expected a port in [1, 65535], got {bad!r}"
     b = TritonBackend("triton://127.0.0.1:1?cpu_cores=6&gpus=0,2&gpu_kind=gpu-k80&timeout_s=3")
     assert b.inventory() == {"cpu": 6, "gpu-k80": 2} and b.free() == {"cpu": 6, "gpu-k80": 2}
     assert b.client.timeout_s == 3.0 and b.protocol == "http"

@@ -226,6 +226,22 @@ def test_round_trips():
     assert TunerState.from_dict(s.to_dict()) == s
 
 
+def test_choice_fields_take_exactly_their_types_values():
+    """down_rate's type allowed 'curve' (an up_rate only), which the config refuses; flags are
+    derived from these types (inferline._sim_tuning.add_config_flag)."""
+    from typing import Literal, get_args, get_origin, get_type_hints
+
+    hints = get_type_hints(TunerConfig)
+    choices = {k: get_args(t) for k, t in hints.items() if get_origin(t) is Literal}
+    assert choices["down_rate"] == ("window", "scaled")
+    for name, values in choices.items():
+        for v in values:
+            c = TunerConfig(**{name: v})
+            assert TunerConfig.from_dict({name: v}) == c
+        with pytest.raises(ValidationError, match=name):
+            TunerConfig.from_dict({name: "curve" if name == "down_rate" else "bogus"})
+
+
 def _plan_for(trace: np.ndarray) -> Plan:
     windows = envelope_windows(0.1)
     env = trace_envelope(trace, windows)
