@@ -136,7 +136,9 @@ def test_paper_algorithm_without_escape_is_not_cheaper():
     assert full.cost_per_hour <= paper.cost_per_hour + 1e-9
 
 
-def _exhaustive(pipe, prof, trace, slo, max_r):
+def _exhaustive(pipe, prof, trace, slo, max_r, options=None):
+    """The cheapest feasible configuration with at most ``max_r`` replicas per model (within
+    ``options``' inventory, if any)."""
     per = []
     for m in pipe.models:
         per.append(
@@ -149,7 +151,8 @@ def _exhaustive(pipe, prof, trace, slo, max_r):
         )
     price = {c: c.cost_per_hour(DEFAULT_CATALOG) for cs in per for c in cs}
     combos = sorted(itertools.product(*per), key=lambda cs: sum(price[c] for c in cs))
-    planner = Planner(pipe, prof, trace, slo)  # its pruning is sound; the cache saves time
+    # its pruning is sound; the cache saves time
+    planner = Planner(pipe, prof, trace, slo, options=options)
     for cs in combos:
         cfg = dict(zip(pipe.models, cs, strict=True))
         if planner.feasible(cfg):

@@ -3,11 +3,9 @@ hardware kind than the deployment has, and is still the cheapest such plan the s
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
-from test_planner import _cost, _ladder, _p99, _profiles
+from test_planner import _cost, _exhaustive, _p99, _profiles
 
 from inferline.core import (
     DEFAULT_CATALOG,
@@ -35,26 +33,6 @@ def _fan(seed: int):
     return pipe, prof, trace, slo
 
 
-def _cheapest_fitting(pipe, prof, trace, slo, options, max_r):
-    """Exhaustive search: the cheapest configuration that fits and meets the SLO."""
-    per = [
-        [
-            ModelConfig(h, b, r)
-            for h in prof.hardware_for(m)
-            for b in _ladder(prof, m, h)
-            for r in range(1, max_r + 1)
-        ]
-        for m in pipe.models
-    ]
-    price = {c: c.cost_per_hour(DEFAULT_CATALOG) for cs in per for c in cs}
-    planner = Planner(pipe, prof, trace, slo, options=options)
-    for cs in sorted(itertools.product(*per), key=lambda cs: sum(price[c] for c in cs)):
-        cfg = dict(zip(pipe.models, cs, strict=True))
-        if planner.feasible(cfg):
-            return cfg
-    return None
-
-
 @pytest.mark.parametrize("seed", [4, 5, 6])
 def test_a_plan_fits_the_inventory_and_is_the_cheapest_that_does(seed):
     pipe, prof, trace, slo = _fan(seed)
@@ -63,7 +41,7 @@ def test_a_plan_fits_the_inventory_and_is_the_cheapest_that_does(seed):
     assert inventory_use(plan.models, DEFAULT_CATALOG).get("cpu", 0) <= 2
     assert over_inventory(plan.models, DEFAULT_CATALOG, options) is None
     assert _p99(pipe, plan.models, prof, trace) <= slo
-    opt = _cheapest_fitting(pipe, prof, trace, slo, options, max_r=4)
+    opt = _exhaustive(pipe, prof, trace, slo, 4, options)
     assert opt is not None
     assert plan.cost_per_hour <= 1.2 * _cost(opt) + 1e-9
     unlimited = plan_inferline(pipe, prof, trace, slo)
