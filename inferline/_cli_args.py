@@ -149,14 +149,8 @@ def output_path(suffixes: Suffixes | None = None, what: str = "a file") -> Calla
         if p.is_dir():
             raise argparse.ArgumentTypeError(f"expected {what}, got the folder {text!r}")
         folder = p.parent  # "." for a bare name
-        if not folder.is_dir():
-            raise argparse.ArgumentTypeError(
-                f"expected {what} in an existing folder, got {text!r} (no folder {str(folder)!r})"
-            )
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(
-                f"expected {what} in a writable folder, got {text!r} ({str(folder)!r} is not)"
-            )
+        expected = f"{what} in an existing folder that can be written"
+        _check_folder(folder, text, expected, f"no folder {str(folder)!r}")
         if suffixes is not None:
             allowed = sorted(suffixes() if callable(suffixes) else suffixes)
             if p.suffix.lower().removeprefix(".") not in allowed:
@@ -181,18 +175,20 @@ def output_folder(what: str = "a folder") -> Callable[[str], str]:
         there = p.absolute()
         while not there.exists():  # a part under a file does not exist either
             there = there.parent
-        if not there.is_dir():
-            raise argparse.ArgumentTypeError(
-                f"expected {what}, got {text!r} ({str(there)!r} is a file)"
-            )
-        if not os.access(there, os.W_OK | os.X_OK):
-            raise argparse.ArgumentTypeError(
-                f"expected {what} that can be written, got {text!r} ({str(there)!r} is not "
-                "writable)"
-            )
+        _check_folder(there, text, f"{what} that can be written", f"{str(there)!r} is a file")
         return text
 
     return parse
+
+
+def _check_folder(folder: Path, text: str, expected: str, not_a_folder: str) -> None:
+    """``folder``, where ``text`` will be written, is a folder this process may write in."""
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r} ({not_a_folder})")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"expected {expected}, got {text!r} ({str(folder)!r} is not writable)"
+        )
 
 
 def name_counts(what: str, lo: int) -> Callable[[str], dict[str, int]]:
