@@ -56,7 +56,10 @@ class PlannerOptions:
     ``inventory``: units of each hardware kind the deployment has (``{"cpu": 16, "gpu-k80":
     2}``, what ``Backend.inventory()`` reports); a plan never uses more. Kinds not listed are
     unlimited (the paper's cloud). ``replica_units``: per model, the units of a *cpu* kind one
-    replica takes (its threads, default 1); a GPU replica takes one unit.
+    replica takes (its threads, default 1); a GPU replica takes one unit. ``gpu_host_units``:
+    per model, the units of the ``cpu`` kind a GPU replica of it also holds for its host side
+    (the bundled runtime pins a GPU replica's threads to cores of their own; Triton's GPU
+    instances hold none, the default).
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -71,6 +74,7 @@ class PlannerOptions:
     rate_margin: float = 0.0
     inventory: Mapping[str, int] = field(default_factory=dict)
     replica_units: Mapping[str, int] = field(default_factory=dict)
+    gpu_host_units: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -80,7 +84,7 @@ class PlannerOptions:
         as_int(self.escape_rounds, "escape_rounds", minimum=0)
         as_float(self.escape_budget, "escape_budget", nonneg=True)
         as_float(self.rate_margin, "rate_margin", lo=0.0, hi=10.0)
-        for name, lo in (("inventory", 0), ("replica_units", 1)):
+        for name, lo in (("inventory", 0), ("replica_units", 1), ("gpu_host_units", 0)):
             m = as_mapping(getattr(self, name), name)
             object.__setattr__(
                 self, name, {str(k): as_int(v, f"{name}.{k}", minimum=lo) for k, v in m.items()}
@@ -100,6 +104,7 @@ class PlannerOptions:
             "rate_margin": self.rate_margin,
             "inventory": dict(self.inventory),
             "replica_units": dict(self.replica_units),
+            "gpu_host_units": dict(self.gpu_host_units),
         }
 
     @classmethod
@@ -107,7 +112,7 @@ class PlannerOptions:
         m = as_mapping(d, "planner options")
         keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape", "widen"}
         extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
-        extra |= {"inventory", "replica_units"}
+        extra |= {"inventory", "replica_units", "gpu_host_units"}
         no_extra_keys(m, keys | extra, "")
         for k in ("prune", "reuse_infeasible", "escape", "widen"):
             if k in m and not isinstance(m[k], bool):
@@ -127,6 +132,7 @@ class PlannerOptions:
             rate_margin=as_float(m.get("rate_margin", 0.0), "rate_margin", lo=0.0, hi=10.0),
             inventory=as_mapping(m.get("inventory", {}), "inventory"),
             replica_units=as_mapping(m.get("replica_units", {}), "replica_units"),
+            gpu_host_units=as_mapping(m.get("gpu_host_units", {}), "gpu_host_units"),
         )
 
 
@@ -182,18 +188,36 @@ def fastest_hardware(profiles: Profiles, model: str, catalog: HardwareCatalog) -
     return min(hws, key=lambda h: (profiles.latency(model, h, 1), catalog.cost(h), hws.index(h)))
 
 
+def replica_use(
+    model: str,
+    hardware: str,
+    catalog: HardwareCatalog,
+    replica_units: Mapping[str, int] | None = None,
+    gpu_host_units: Mapping[str, int] | None = None,
+) -> dict[str, int]:
+    """Units of each kind one replica of ``model`` on ``hardware`` takes: on a CPU kind its
+    ``replica_units`` (threads, default 1); on a GPU one, plus its ``gpu_host_units`` of
+    ``cpu`` when it has any."""
+    if catalog[hardware].kind == "cpu":
+        return {hardware: (replica_units or {}).get(model, 1)}
+    use = {hardware: 1}
+    host = (gpu_host_units or {}).get(model, 0)
+    if host:
+        use["cpu"] = host
+    return use
+
+
 def inventory_use(
     configs: Mapping[str, ModelConfig],
     catalog: HardwareCatalog,
     replica_units: Mapping[str, int] | None = None,
+    gpu_host_units: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
-    """Units of each hardware kind ``configs`` take: a CPU replica its ``replica_units``
-    (threads, default 1), any other replica one."""
-    units = replica_units or {}
+    """Units of each hardware kind ``configs`` take (:func:`replica_use` times replicas)."""
     use: dict[str, int] = {}
     for m, c in configs.items():
-        per = units.get(m, 1) if catalog[c.hardware].kind == "cpu" else 1
-        use[c.hardware] = use.get(c.hardware, 0) + c.replicas * per
+        for h, n in replica_use(m, c.hardware, catalog, replica_units, gpu_host_units).items():
+            use[h] = use.get(h, 0) + c.replicas * n
     return use
 
 
@@ -201,7 +225,7 @@ def over_inventory(
     configs: Mapping[str, ModelConfig], catalog: HardwareCatalog, options: PlannerOptions
 ) -> str | None:
     """What ``configs`` need beyond ``options.inventory`` ("cpu: 6 > 4"), or None if they fit."""
-    use = inventory_use(configs, catalog, options.replica_units)
+    use = inventory_use(configs, catalog, options.replica_units, options.gpu_host_units)
     over = [
         f"{h}: {use[h]} > {n}" for h, n in sorted(options.inventory.items()) if use.get(h, 0) > n
     ]

@@ -84,6 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
         rate_margin=args.rate_margin,
         inventory=args.inventory,
         replica_units=args.cpu_threads,
+        gpu_host_units=args.gpu_host_cores,
     )
     t0 = time.monotonic()
     with Progress(
@@ -480,6 +481,8 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
         return "argument --accuracy-floor: needs --variants"
     if args.cpu_threads and not args.inventory:
         return "argument --cpu-threads: needs --inventory (it counts the cores a replica takes)"
+    if args.gpu_host_cores and not args.inventory:
+        return "argument --gpu-host-cores: needs --inventory (it counts the cores a replica takes)"
     return None
 
 
@@ -536,6 +539,14 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         default={},
         metavar="MODEL=N[,MODEL=N]",
         help="with --inventory: cores one CPU replica of MODEL takes (its threads; default 1)",
+    )
+    p.add_argument(
+        "--gpu-host-cores",
+        type=name_counts("model", 0),
+        default={},
+        metavar="MODEL=N[,MODEL=N]",
+        help="with --inventory: cores a GPU replica of MODEL also holds (default 0; on the "
+        "bundled runtime a replica's threads are pinned to cores of its own, GPU or not)",
     )
     p.add_argument(
         "--no-ladder",

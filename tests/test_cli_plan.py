@@ -422,6 +422,20 @@ def test_inventory_keeps_the_plan_on_the_hardware_there_is(files, capsys):
     with pytest.raises(SystemExit) as ei:
         main(_plan_args(files, "--slo-s", "0.2", "--cpu-threads", "pre=2"))
     assert ei.value.code == 2 and "--cpu-threads: needs --inventory" in capsys.readouterr().err
+    # --gpu-host-cores: a GPU replica of cls also holds a core, so one core cannot hold the
+    # preprocessing replica and cls's host side: without the flag it can
+    inv = "cpu=1,gpu-k80=1,gpu-v100=1"
+    assert main(_plan_args(files, "--slo-s", "0.2", "--no-ladder", "--inventory", inv)) == 0
+    loose = load_plan(files["plan"])
+    assert loose.models["pre"].hardware == "cpu" and loose.models["cls"].hardware != "cpu"
+    files["plan"].unlink()
+    capsys.readouterr()
+    args = _plan_args(files, "--slo-s", "0.2", "--no-ladder", "--inventory", inv)
+    assert main([*args, "--gpu-host-cores", "cls=1"]) == 2
+    assert "inventory (cpu: 1, " in capsys.readouterr().err and not files["plan"].exists()
+    with pytest.raises(SystemExit) as ei:
+        main(_plan_args(files, "--slo-s", "0.2", "--gpu-host-cores", "cls=1"))
+    assert ei.value.code == 2 and "--gpu-host-cores: needs --inventory" in capsys.readouterr().err
     for bad in ("cpu", "cpu=-1", "cpu=1,cpu=2", "cpu=x"):
         with pytest.raises(SystemExit) as ei:
             main(_plan_args(files, "--slo-s", "0.2", "--inventory", bad))

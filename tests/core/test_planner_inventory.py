@@ -90,7 +90,7 @@ def test_initialization_places_models_on_the_fastest_hardware_with_room():
 
 def test_hardware_with_room_too_slow_for_the_slo_is_named_at_once():
     pipe, prof, trace, slo = _fan(6)
-    options = PlannerOptions(inventory={"gpu-v100": 1, "gpu-k80": 1})
+    options = PlannerOptions(inventory={"gpu-v100": 0, "gpu-k80": 0})
     with pytest.raises(InfeasibleError, match="even without queueing"):
         plan_inferline(pipe, prof, trace, slo, options=options)
     planner = Planner(pipe, prof, trace, slo, options=options)
@@ -138,3 +138,62 @@ def test_options_round_trip_and_refuse_bad_inventories():
     pipe, prof, trace, slo = _fan(4)
     with pytest.raises(ValidationError, match="inventory"):
         Planner(pipe, prof, trace, slo, options=PlannerOptions(inventory={"tpu": 1}))
+
+
+# Means measured on an H100 machine (benchmarks/gpu_placement.py, contention profile): the
+# preprocessing step ran 0.3 ms faster in the GPU replica's process than on a busy core.
+_H100 = Profiles.from_latencies(
+    {
+        "pre": {
+            "cpu": {1: 0.00103, 2: 0.00122, 4: 0.00176, 8: 0.00210, 16: 0.00371, 32: 0.00456},
+            "gpu-v100": {1: 0.00075, 2: 0.00080, 4: 0.00195, 8: 0.00195, 16: 0.00195},
+        },
+        "cnn": {
+            "cpu": {1: 0.02163, 2: 0.02344, 4: 0.04292, 8: 0.11189, 16: 0.18822},
+            "gpu-v100": {1: 0.00130, 2: 0.00152, 4: 0.00153, 8: 0.00155, 16: 0.00212},
+        },
+    }
+)
+
+
+def test_a_scarce_gpu_goes_to_the_model_that_loses_most_without_it():
+    # More than five cores of CNN can carry: only the GPU serves it, and the preprocessing
+    # step, a little faster on the GPU too, must not take the only one.
+    pipe = Pipeline.linear("cnn", ["pre", "cnn"])
+    trace = gamma_trace(450.0, 1.0, 20.0, np.random.default_rng(3))
+    options = PlannerOptions(inventory={"cpu": 6, "gpu-v100": 1}, gpu_host_units={"cnn": 1})
+    plan = plan_inferline(pipe, _H100, trace, 0.1, options=options)
+    assert plan.models["cnn"].hardware == "gpu-v100"
+    assert plan.models["pre"].hardware == "cpu"
+    assert over_inventory(plan.models, DEFAULT_CATALOG, options) is None
+    assert _p99(pipe, plan.models, _H100, trace) <= 0.1
+
+
+def test_a_gpu_replica_s_host_cores_count_against_the_cpu_inventory():
+    configs = {"pre": ModelConfig("cpu", 1, 2), "cnn": ModelConfig("gpu-v100", 1, 3)}
+    assert inventory_use(configs, DEFAULT_CATALOG) == {"cpu": 2, "gpu-v100": 3}
+    assert inventory_use(configs, DEFAULT_CATALOG, {"pre": 2}, {"cnn": 2}) == {
+        "cpu": 10,
+        "gpu-v100": 3,
+    }
+    # A slow CPU model next to a GPU model whose replicas hold a core each: with 4 cores,
+    # the GPU replicas' host cores leave the CPU model fewer replicas than without them.
+    pipe = Pipeline.linear("two", ["pre", "cnn"])
+    prof = Profiles.from_latencies(
+        {"pre": {"cpu": {1: 0.02, 2: 0.03}}, "cnn": {"gpu-v100": {1: 0.02, 2: 0.021}}}
+    )
+    trace = gamma_trace(150.0, 1.0, 15.0, np.random.default_rng(4))
+    free = plan_inferline(pipe, prof, trace, 0.2)
+    need = inventory_use(free.models, DEFAULT_CATALOG, {}, {"cnn": 1})
+    options = PlannerOptions(inventory={"cpu": need["cpu"] - 1}, gpu_host_units={"cnn": 1})
+    try:
+        plan = plan_inferline(pipe, prof, trace, 0.2, options=options)
+    except InfeasibleError as e:
+        assert "inventory" in str(e)
+    else:
+        assert over_inventory(plan.models, DEFAULT_CATALOG, options) is None
+        assert plan.models != free.models
+    o = PlannerOptions(inventory={"cpu": 4}, gpu_host_units={"cnn": 2})
+    assert PlannerOptions.from_dict(o.to_dict()) == o
+    with pytest.raises(ValidationError, match=r"gpu_host_units\.cnn"):
+        PlannerOptions(gpu_host_units={"cnn": -1})
