@@ -39,10 +39,15 @@ from inferline._workflow import (
     trace_deployment,
 )
 from inferline.core import (
+    DEFAULT_CATALOG,
     EstimatorOptions,
+    HardwareCatalog,
     InfeasibleError,
     ModelConfig,
+    Pipeline,
+    Plan,
     PlannerOptions,
+    Profiles,
     gamma_trace,
     load_profiles,
     plan_inferline,
@@ -113,52 +118,83 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     print(f"SLO {slo_ms:.0f} ms @ {rate:.0f} q/s: infeasible ({e})")
                     rows.append({"slo_ms": slo_ms, "rate": rate, "feasible": False})
                     continue
-                r = await client.put(f"{srv.url}/admin/plan", json=plan.to_dict())
-                r.raise_for_status()
-                # Per-hop overhead at this operating point, from a separate calibration trace
-                # (the overhead grows with load: the server's event loop is busier).
-                calib = await replay(
-                    gamma_trace(rate, args.cv, 3.0 if args.quick else 6.0, rng),
+                row = await measure_point(
+                    client,
                     srv.url,
                     "digits",
                     bodies,
+                    pipeline,
+                    profiles,
+                    plan,
+                    hop,
+                    rate=rate,
+                    cv=args.cv,
+                    slo_s=slo_s,
+                    duration_s=dur,
+                    rng=rng,
+                    calibration_s=3.0 if args.quick else 6.0,
                 )
-                hop_op = hop_overhead_from(calib, pipeline, plan, profiles)
-                before = (await client.get(f"{srv.url}/admin/models")).json()
-                fresh = gamma_trace(rate, args.cv, dur, rng)
-                meas = await replay(fresh, srv.url, "digits", bodies, slo_s=slo_s)
-                after = (await client.get(f"{srv.url}/admin/models")).json()
-                sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop_op)
-                sim_low = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop)
-                m99, e99 = meas.percentile(99), sim.percentile(99)
-                live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
-                rows.append(
-                    {
-                        "slo_ms": slo_ms,
-                        "rate": rate,
-                        "feasible": feasible,
-                        "plan": {m: c.to_dict() for m, c in plan.models.items()},
-                        "cost_per_hour": plan.cost_per_hour,
-                        "hop_overhead_ms": hop_op * 1e3,
-                        "hop_overhead_low_load_ms": hop * 1e3,
-                        "estimated_p99_ms": e99 * 1e3,
-                        "estimated_p99_low_load_hop_ms": sim_low.percentile(99) * 1e3,
-                        "measured_p99_ms": m99 * 1e3,
-                        "measured_p50_ms": meas.percentile(50) * 1e3,
-                        "estimated_p50_ms": sim.percentile(50) * 1e3,
-                        # judged on the estimate the planner itself used (overhead measured once,
-                        # at low load, before planning); the per-point variant is kept as a column
-                        "error": (sim_low.percentile(99) - m99) / m99,
-                        "error_point_hop": (e99 - m99) / m99,
-                        "measured_miss_rate": meas.miss_rate(),
-                        "errors": int((meas.status != 200).sum()),
-                        "queries": meas.n,
-                        "live": live,
-                        "load_avg": os.getloadavg()[0],
-                    }
-                )
+                rows.append({"slo_ms": slo_ms, "rate": rate, "feasible": feasible, **row})
                 print(json.dumps(rows[-1]))
     return rows
+
+
+async def measure_point(
+    client: Any,
+    url: str,
+    app: str,
+    bodies: list[bytes],
+    pipeline: Pipeline,
+    profiles: Profiles,
+    plan: Plan,
+    hop: float,
+    *,
+    rate: float,
+    cv: float,
+    slo_s: float,
+    duration_s: float,
+    rng: np.random.Generator,
+    calibration_s: float,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+) -> dict[str, Any]:
+    """Apply ``plan`` to the server at ``url``, replay a fresh trace of ``rate`` and ``cv``,
+    and compare its measured P99 with the estimator's on that same trace (``hop``: the
+    per-hop overhead measured before planning)."""
+    r = await client.put(f"{url}/admin/plan", json=plan.to_dict())
+    r.raise_for_status()
+    # Per-hop overhead at this operating point, from a separate calibration trace
+    # (the overhead grows with load: the server's event loop is busier).
+    calib = await replay(gamma_trace(rate, cv, calibration_s, rng), url, app, bodies)
+    hop_op = hop_overhead_from(calib, pipeline, plan, profiles, catalog)
+    before = (await client.get(f"{url}/admin/models")).json()
+    fresh = gamma_trace(rate, cv, duration_s, rng)
+    meas = await replay(fresh, url, app, bodies, slo_s=slo_s)
+    after = (await client.get(f"{url}/admin/models")).json()
+    sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop_op, catalog=catalog)
+    sim_low = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, catalog=catalog)
+    m99, e99 = meas.percentile(99), sim.percentile(99)
+    live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
+    return {
+        "plan": {m: c.to_dict() for m, c in plan.models.items()},
+        "cost_per_hour": plan.cost_per_hour,
+        "hop_overhead_ms": hop_op * 1e3,
+        "hop_overhead_low_load_ms": hop * 1e3,
+        "estimated_p99_ms": e99 * 1e3,
+        "estimated_p99_low_load_hop_ms": sim_low.percentile(99) * 1e3,
+        "measured_p99_ms": m99 * 1e3,
+        "measured_p50_ms": meas.percentile(50) * 1e3,
+        "estimated_p50_ms": sim.percentile(50) * 1e3,
+        # judged on the estimate the planner itself used (overhead measured once, at low
+        # load, before planning); the per-point variant is kept as a column
+        "error": (sim_low.percentile(99) - m99) / m99,
+        "error_point_hop": (e99 - m99) / m99,
+        "measured_miss_rate": meas.miss_rate(),
+        "errors": int((meas.status != 200).sum()),
+        "queries": meas.n,
+        "live": live,
+        "placement": {m: _devices(after[m]) for m in after},
+        "load_avg": os.getloadavg()[0],
+    }
 
 
 def _live(q0: dict[str, Any], q1: dict[str, Any]) -> dict[str, float]:
@@ -169,6 +205,17 @@ def _live(q0: dict[str, Any], q1: dict[str, Any]) -> dict[str, float]:
         "mean_batch": items / batches if batches else 0.0,
         "mean_service_ms": 1e3 * (q1["service_s_sum"] - q0["service_s_sum"]) / max(1, batches),
     }
+
+
+def _devices(entry: dict[str, Any]) -> list[str]:
+    """Where each live replica of a model runs, from ``GET /admin/models`` (local backend):
+    ``gpu 0`` or ``cores 3``."""
+    reps = entry.get("backend", {}).get("replicas", [])
+    return [
+        f"gpu {r['gpu']}" if r.get("gpu") is not None else f"cores {','.join(map(str, r['cores']))}"
+        for r in reps
+        if "cores" in r
+    ]
 
 
 def _plan_str(plan: dict[str, Any]) -> str:

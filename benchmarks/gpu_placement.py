@@ -1,0 +1,321 @@
+"""GPU-aware planning and placement on the bundled runtime, measured on a real GPU.
+
+The pipeline is ``digits_cnn`` (preprocess -> a CNN trained at start, ``inferline.demo.cnn``).
+On a machine with an NVIDIA GPU the benchmark trains the CNN (on the GPU), gives the bundled
+runtime ``--cores`` CPU cores and the first GPU, profiles both models on both kinds, then for
+three operating points plans within that inventory (the GPU replica's host cores counted),
+applies the plan to a running server, replays a fresh trace and compares the estimator's P99
+with the measured one, as ``benchmarks/fidelity.py`` does. The points are derived from the
+measured profile, so that the cheapest plan differs:
+
+* ``cpu``: a loose SLO at a rate a few CPU cores carry: the CNN should stay on CPU cores;
+* ``rate``: the same SLO at 1.3x what all the CPU cores could carry: the CNN needs the GPU;
+* ``slo``: an SLO below the CNN's batch-1 latency on a CPU core: only the GPU meets it.
+
+Checks: each plan fits the inventory, replicas sit where the plan says (GPU replicas on the
+GPU, CPU replicas on cores of their own), the measured P99 meets the SLO, and the estimate is
+within 15% of it.
+
+    .venv/bin/python benchmarks/gpu_placement.py [--quick] [--cores 6]
+
+Without a GPU it stops at once, naming what it looked for (``nvidia-smi -L``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fidelity import _plan_str, measure_point
+
+from inferline._app import run_loop
+from inferline._cli_serve import add_profiler_arguments
+from inferline._deploy import Deployment
+from inferline._profiler import ProfilerOptions
+from inferline._replay import encode_bodies, replay
+from inferline._server_proc import ServerProcess
+from inferline._workflow import hop_overhead_from, profile_deployment
+from inferline.adapters.local import detect_gpus
+from inferline.core import (
+    DEFAULT_CATALOG,
+    EstimatorOptions,
+    Hardware,
+    HardwareCatalog,
+    InfeasibleError,
+    ModelConfig,
+    PlannerOptions,
+    gamma_trace,
+    plan_inferline,
+    save,
+)
+from inferline.core._planning import over_inventory
+from inferline.demo.cnn import cnn_deployment_dict, train_cnn
+from inferline.demo.models import preprocess
+from inferline.demo.pipeline import sample_inputs, test_inputs
+
+IDLE_GAPS_MS = (0, 10, 50)
+
+
+def _backend_cores(n: int) -> list[int]:
+    """The last ``n`` cores this process may use: the first ones stay for the server and the
+    replay client, which the estimator does not model."""
+    have = sorted(os.sched_getaffinity(0))
+    if n >= len(have):
+        raise SystemExit(f"--cores {n}: this machine has only {len(have)} cores; leave 2 free")
+    return have[-n:]
+
+
+def _profile_table(profiles: Any, kind: str) -> list[str]:
+    sizes = sorted(set(profiles.batch_sizes("cnn", "cpu")) | set(profiles.batch_sizes("cnn", kind)))
+    lines = [f"{'batch':>6}{'preprocess cpu':>16}{'cnn cpu':>10}{'cnn ' + kind:>14}  (ms)"]
+    for b in sizes:
+        cells = []
+        for m, hw in (("preprocess", "cpu"), ("cnn", "cpu"), ("cnn", kind)):
+            known = b in profiles.batch_sizes(m, hw)
+            cells.append(f"{profiles.latency(m, hw, b) * 1e3:.2f}" if known else "-")
+        lines.append(f"{b:>6}{cells[0]:>16}{cells[1]:>10}{cells[2]:>14}")
+    return lines
+
+
+def _max_rate_on_cpu(profiles: Any, cores: int) -> float:
+    """Queries/s the CNN could carry with one replica per core (preprocess on one), at the
+    batch size that gives a replica the most throughput: an upper bound."""
+    per = max(b / profiles.latency("cnn", "cpu", b) for b in profiles.batch_sizes("cnn", "cpu"))
+    return per * max(1, cores - 1)
+
+
+async def _idle_probe(dep: Deployment, kind: str, feats: list[Any], n: int) -> list[str]:
+    """Batch-1 latency of one replica per (model, hardware) when requests come back to back
+    and after idle gaps: the profile is measured back to back, live traffic has gaps."""
+    from inferline.adapters import PluginHost
+
+    backend = PluginHost.default().backend_for(dep.backend)
+    lines = [f"{'replica':<18}" + "".join(f"{f'gap {g} ms p50/p99':>22}" for g in IDLE_GAPS_MS)]
+    try:
+        for spec in dep.models:
+            for hw in ("cpu", kind):
+                if spec.name == "preprocess" and hw == kind:
+                    continue
+                await backend.deploy(spec, ModelConfig(hw, 1, 1))
+                (r,) = backend.replicas(spec.name)
+                cells = []
+                for gap in IDLE_GAPS_MS:
+                    lat = []
+                    for i in range(n + 10):
+                        t = time.perf_counter()
+                        await r.predict_batch([feats[i % len(feats)]])
+                        if i >= 10:  # warm-up
+                            lat.append(time.perf_counter() - t)
+                        await asyncio.sleep(gap / 1e3)
+                    ms = np.percentile(lat, [50, 99]) * 1e3
+                    cells.append(f"{ms[0]:.2f} / {ms[1]:.2f}")
+                lines.append(f"{spec.name + ' ' + hw:<18}" + "".join(f"{c:>22}" for c in cells))
+                await backend.remove(spec.name)
+    finally:
+        await backend.close()
+    return lines
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import httpx
+
+    gpus = detect_gpus()
+    if not gpus:
+        raise SystemExit("no NVIDIA GPU: `nvidia-smi -L` lists none (and CUDA_VISIBLE_DEVICES)")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(args.seed)
+    trained = train_cnn(out / "cnn.pt", width=args.width, epochs=args.epochs, seed=args.seed)
+    print(f"cnn (width {args.width}) trained: {json.dumps(trained)}")
+
+    cores = _backend_cores(args.cores)
+    kind = args.gpu_kind
+    url = f"local://?cores={','.join(map(str, cores))}&gpus={gpus[0]}&gpu_kind={kind}"
+    dep_d = cnn_deployment_dict(out / "cnn.pt", args.width, backend=url)
+    (out / "deployment.json").write_text(json.dumps(dep_d))
+    dep = Deployment.from_dict(dep_d)
+    catalog = DEFAULT_CATALOG.merged(HardwareCatalog({kind: Hardware("gpu", args.gpu_price)}))
+    threads = {s.name: s.threads for s in dep.models}
+    inventory = {"cpu": len(cores), kind: 1}
+
+    t0 = time.perf_counter()
+    popts = ProfilerOptions(
+        max_batch_size=32,
+        warmup=5,
+        min_samples=30 if args.quick else 40,
+        max_samples=80 if args.quick else 200,
+        max_seconds_per_point=1.5 if args.quick else 3.0,
+        statistic=args.statistic,
+        contention=args.contention,
+    )
+    result, pipeline = await profile_deployment(dep, popts, samples=sample_inputs(120))
+    profiles = result.profiles
+    save(profiles, out / "profiles.json")
+    print(f"profiles ready in {time.perf_counter() - t0:.0f} s")
+    table = _profile_table(profiles, kind)
+    print("\n".join(table))
+
+    feats = preprocess().predict_batch(sample_inputs(64))
+    idle = await _idle_probe(dep, kind, feats, 60 if args.quick else 200)
+    print("\n".join(idle))
+
+    cpu_b1 = profiles.latency("cnn", "cpu", 1)
+    cpu_rate = _max_rate_on_cpu(profiles, len(cores))
+    points = [
+        ("cpu", 100.0, round(min(0.25 * cpu_rate, 200.0))),
+        ("rate", 100.0, round(1.3 * cpu_rate)),
+        ("slo", round(max(8.0, 0.8 * cpu_b1 * 1e3), 1), 100),
+    ]
+    print(f"cnn on a CPU core: {cpu_b1 * 1e3:.1f} ms at batch 1; cores carry <= {cpu_rate:.0f} q/s")
+
+    xt, _ = test_inputs()
+    bodies = encode_bodies(list(xt))
+    rows: list[dict[str, Any]] = []
+    dur = 12.0 if args.quick else args.duration_s
+    with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
+        base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+        low = gamma_trace(15.0, 1.0, 4.0 if args.quick else 8.0, rng)
+        await replay(low[:20], srv.url, "digits", bodies)
+        hop = hop_overhead_from(
+            await replay(low, srv.url, "digits", bodies), pipeline, base, profiles
+        )
+        print(f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms")
+        options = PlannerOptions(
+            estimator=EstimatorOptions(hop_overhead_s=hop),
+            inventory=inventory,
+            replica_units=threads,
+            gpu_host_units=threads,  # the bundled runtime pins a GPU replica's threads too
+        )
+        async with httpx.AsyncClient(timeout=600) as client:
+            for name, slo_ms, rate in points:
+                base_row = {"point": name, "slo_ms": slo_ms, "rate": rate}
+                try:
+                    plan = plan_inferline(
+                        pipeline,
+                        profiles,
+                        gamma_trace(rate, args.cv, 60.0, rng),
+                        slo_ms / 1e3,
+                        catalog=catalog,
+                        options=options,
+                    )
+                except InfeasibleError as e:
+                    print(f"{name}: SLO {slo_ms} ms @ {rate} q/s: infeasible ({e})")
+                    rows.append({**base_row, "feasible": False, "reason": str(e)})
+                    continue
+                row = await measure_point(
+                    client,
+                    srv.url,
+                    "digits",
+                    bodies,
+                    pipeline,
+                    profiles,
+                    plan,
+                    hop,
+                    rate=rate,
+                    cv=args.cv,
+                    slo_s=slo_ms / 1e3,
+                    duration_s=dur,
+                    rng=rng,
+                    calibration_s=3.0 if args.quick else 6.0,
+                    catalog=catalog,
+                )
+                row["fits"] = over_inventory(plan.models, catalog, options) is None
+                row["placed_as_planned"] = _placed_as_planned(row, kind)
+                rows.append({**base_row, "feasible": True, **row})
+                print(json.dumps(rows[-1]))
+    return {
+        "trained": trained,
+        "inventory": inventory,
+        "profile": table,
+        "idle_probe": idle,
+        "rows": rows,
+    }
+
+
+def _placed_as_planned(row: dict[str, Any], kind: str) -> bool:
+    """Every model has its planned number of replicas, on the GPU iff planned there, and no
+    two replicas share a core."""
+    seen: list[str] = []
+    for m, cfg in row["plan"].items():
+        where = row["placement"].get(m, [])
+        on_gpu = [w for w in where if w.startswith("gpu")]
+        if len(where) != cfg["replicas"]:
+            return False
+        if len(on_gpu) != (cfg["replicas"] if cfg["hardware"] == kind else 0):
+            return False
+        seen += [w for w in where if w.startswith("cores")]
+    return len(seen) == len(set(seen))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="fewer profiling samples, 12 s replays")
+    ap.add_argument(
+        "--cores", type=int, default=6, help="CPU cores the runtime gets (default %(default)s)"
+    )
+    ap.add_argument("--width", type=int, default=256, help="CNN width (default %(default)s)")
+    ap.add_argument("--epochs", type=int, default=8, help="CNN training epochs (default 8)")
+    ap.add_argument(
+        "--gpu-kind", default="gpu-h100", help="catalog name of the GPU (default %(default)s)"
+    )
+    ap.add_argument(
+        "--gpu-price",
+        type=float,
+        default=12.29,
+        help="its price per hour (default %(default)s: AWS p5.48xlarge on demand / 8 GPUs)",
+    )
+    add_profiler_arguments(ap)
+    ap.add_argument("--duration-s", type=float, default=20.0, help="each replay (default 20)")
+    ap.add_argument("--cv", type=float, default=1.0, help="burstiness of the traces (default 1)")
+    ap.add_argument("--seed", type=int, default=1, help="seed of training and traces")
+    ap.add_argument("--out", default="out/gpu", help="output folder (default %(default)s)")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    res = run_loop(run(args))
+    Path(args.out, "gpu_placement.json").write_text(json.dumps(res, indent=2) + "\n")
+    print()
+    print(f"GPU-aware planning on the bundled runtime: inventory {res['inventory']}")
+    print(
+        f"{'point':<6}{'SLO ms':>7}{'q/s':>6}  {'plan':<26}{'$/h':>7}{'est P99':>9}"
+        f"{'meas P99':>9}{'error':>8}{'miss':>7}  {'placed':<7}{'meets SLO':<10}{'within 15%':<10}"
+    )
+    ok = True
+    for r in res["rows"]:
+        head = f"{r['point']:<6}{r['slo_ms']:>7}{r['rate']:>6}  "
+        if not r["feasible"]:
+            print(head + "infeasible: " + r["reason"][:80])
+            ok = False
+            continue
+        meets = r["measured_p99_ms"] <= r["slo_ms"]
+        within = abs(r["error"]) <= 0.15
+        placed = r["placed_as_planned"] and r["fits"]
+        ok &= meets and placed
+        print(
+            head + f"{_plan_str(r['plan']):<26}{r['cost_per_hour']:>7.3f}"
+            f"{r['estimated_p99_low_load_hop_ms']:>9.1f}{r['measured_p99_ms']:>9.1f}"
+            f"{r['error']:>+8.0%}{r['measured_miss_rate']:>7.2%}  {'yes' if placed else 'NO':<7}"
+            f"{'yes' if meets else 'NO':<10}{'yes' if within else 'no':<10}"
+        )
+    print()
+    print("replica latency, batch 1, back to back and after idle gaps (ms):")
+    print("\n".join(res["idle_probe"]))
+    print()
+    print(
+        f"{time.perf_counter() - t0:.0f} s in all on {os.cpu_count()} cores; "
+        f"details in {args.out}/gpu_placement.json"
+    )
+    print("reproduce: .venv/bin/python benchmarks/gpu_placement.py " + " ".join(sys.argv[1:]))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
