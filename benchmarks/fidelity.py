@@ -75,15 +75,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         profiles = load_profiles(args.profiles)
         pipeline, _ = await trace_deployment(dep, samples=sample_inputs(120))
     else:
-        popts = ProfilerOptions(
-            max_batch_size=16,
-            warmup=3,
-            min_samples=30 if args.quick else 40,
-            max_samples=80 if args.quick else 200,
-            max_seconds_per_point=1.5 if args.quick else 3.0,
-            statistic=args.statistic,
-            contention=args.contention,
-        )
+        popts = profiler_options(args, max_batch_size=16, warmup=3)
         result, pipeline = await profile_deployment(dep, popts, samples=sample_inputs(120))
         profiles = result.profiles
         save(profiles, out / "profiles.json")
@@ -93,12 +85,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     bodies = encode_bodies(list(xt))
     rows = []
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
-        low = gamma_trace(15.0, 1.0, 4.0 if args.quick else 8.0, rng)
-        await replay(low[:20], srv.url, "digits", bodies)
-        lowres = await replay(low, srv.url, "digits", bodies)
-        hop = hop_overhead_from(lowres, pipeline, base, profiles)
-        print(f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms")
+        hop = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
         points = QUICK_POINTS if args.quick else POINTS
         dur = 12.0 if args.quick else args.duration_s
         async with httpx.AsyncClient(timeout=600) as client:
@@ -137,6 +124,37 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 rows.append({"slo_ms": slo_ms, "rate": rate, "feasible": feasible, **row})
                 print(json.dumps(rows[-1]))
     return rows
+
+
+def profiler_options(args: argparse.Namespace, max_batch_size: int, warmup: int) -> ProfilerOptions:
+    """The profiler settings of the live benchmarks (``--quick``, ``--statistic``, ...)."""
+    return ProfilerOptions(
+        max_batch_size=max_batch_size,
+        warmup=warmup,
+        min_samples=30 if args.quick else 40,
+        max_samples=80 if args.quick else 200,
+        max_seconds_per_point=1.5 if args.quick else 3.0,
+        statistic=args.statistic,
+        contention=args.contention,
+    )
+
+
+async def low_load_hop(
+    url: str,
+    bodies: list[bytes],
+    pipeline: Pipeline,
+    profiles: Profiles,
+    rng: np.random.Generator,
+    quick: bool,
+) -> float:
+    """The per-hop overhead from a 15 q/s replay with one batch-1 CPU replica per model (the
+    server's plan as it starts), after a short warm-up."""
+    base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+    low = gamma_trace(15.0, 1.0, 4.0 if quick else 8.0, rng)
+    await replay(low[:20], url, "digits", bodies)
+    hop = hop_overhead_from(await replay(low, url, "digits", bodies), pipeline, base, profiles)
+    print(f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms")
+    return hop
 
 
 async def measure_point(

@@ -33,15 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fidelity import _plan_str, measure_point
+from fidelity import _plan_str, low_load_hop, measure_point, profiler_options
 
 from inferline._app import run_loop
 from inferline._cli_serve import add_profiler_arguments
 from inferline._deploy import Deployment
-from inferline._profiler import ProfilerOptions
-from inferline._replay import encode_bodies, replay
+from inferline._replay import encode_bodies
 from inferline._server_proc import ServerProcess
-from inferline._workflow import hop_overhead_from, profile_deployment
+from inferline._workflow import profile_deployment
 from inferline.adapters.local import detect_gpus
 from inferline.core import (
     DEFAULT_CATALOG,
@@ -67,8 +66,12 @@ def _backend_cores(n: int) -> list[int]:
     """The last ``n`` cores this process may use: the first ones stay for the server and the
     replay client, which the estimator does not model."""
     have = sorted(os.sched_getaffinity(0))
-    if n >= len(have):
-        raise SystemExit(f"--cores {n}: this machine has only {len(have)} cores; leave 2 free")
+    if not 2 <= n <= len(have):
+        raise SystemExit(
+            f"--cores {n}: expected 2..{len(have)} (the server starts a CPU replica per model)"
+        )
+    if n > len(have) - 2:
+        print(f"note: --cores {n} of {len(have)} leaves the server and the client no core")
     return have[-n:]
 
 
@@ -146,15 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     inventory = {"cpu": len(cores), kind: 1}
 
     t0 = time.perf_counter()
-    popts = ProfilerOptions(
-        max_batch_size=32,
-        warmup=5,
-        min_samples=30 if args.quick else 40,
-        max_samples=80 if args.quick else 200,
-        max_seconds_per_point=1.5 if args.quick else 3.0,
-        statistic=args.statistic,
-        contention=args.contention,
-    )
+    popts = profiler_options(args, max_batch_size=32, warmup=5)
     result, pipeline = await profile_deployment(dep, popts, samples=sample_inputs(120))
     profiles = result.profiles
     save(profiles, out / "profiles.json")
@@ -180,13 +175,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     dur = 12.0 if args.quick else args.duration_s
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
-        low = gamma_trace(15.0, 1.0, 4.0 if args.quick else 8.0, rng)
-        await replay(low[:20], srv.url, "digits", bodies)
-        hop = hop_overhead_from(
-            await replay(low, srv.url, "digits", bodies), pipeline, base, profiles
-        )
-        print(f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms")
+        hop = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
         options = PlannerOptions(
             estimator=EstimatorOptions(hop_overhead_s=hop),
             inventory=inventory,

@@ -23,7 +23,8 @@ import numpy as np
 
 from inferline.core import ModelSpec
 
-from .models import N_FEATURES, _as_batch, _features, digits_split
+from .models import _as_batch, _features, digits_split
+from .pipeline import digits_deployment
 
 __all__ = ["CNN", "cnn", "cnn_deployment_dict", "digits_cnn", "train_cnn"]
 
@@ -148,20 +149,12 @@ def cnn_deployment_dict(
         ModelSpec("preprocess", "inferline.demo.models:preprocess"),
         ModelSpec("cnn", "inferline.demo.cnn:cnn", {"weights": str(weights), "width": width}),
     )
-    return {
-        "format": "inferline.deployment/1",
-        "name": name,
-        "backend": backend,
-        "models": [m.to_dict() for m in models],
-        "apps": {
-            "digits": {
-                "pipeline": "inferline.demo.cnn:digits_cnn",
-                "slo_ms": slo_ms,
-                "default_output": {"label": -1, "confidence": 0.0, "model": "default"},
-                "input": {"dtype": "float32", "shape": [N_FEATURES]},
-                "description": "Handwritten digit classification by a CNN (GPU-sized)",
-            }
-        },
-        "sample_inputs": "inferline.demo.pipeline:sample_inputs",
-        "queue": {"max_queue": 5000, "expire_late": False, "max_retries": 1},
-    }
+    return digits_deployment(
+        name,
+        backend,
+        models,
+        "inferline.demo.cnn:digits_cnn",
+        slo_ms,
+        "Handwritten digit classification by a CNN (GPU-sized)",
+        max_queue=5000,
+    )

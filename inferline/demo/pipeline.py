@@ -8,6 +8,7 @@ probability under ``threshold``) the random forest (``forest``) decides instead.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "MODELS",
     "deployment_dict",
     "digits",
+    "digits_deployment",
     "make_pipeline",
     "sample_inputs",
     "test_inputs",
@@ -70,20 +72,41 @@ def deployment_dict(
     slo_ms: float = 100.0, backend: str = "local://?oversubscribe=1", name: str = "digits"
 ) -> dict[str, Any]:
     """The demo's deployment description (format ``inferline.deployment/1``)."""
+    return digits_deployment(
+        name,
+        backend,
+        MODELS,
+        "inferline.demo.pipeline:digits",
+        slo_ms,
+        "Handwritten digit classification (scikit-learn digits)",
+        max_queue=2000,
+    )
+
+
+def digits_deployment(
+    name: str,
+    backend: str,
+    models: Sequence[ModelSpec],
+    pipeline: str,
+    slo_ms: float,
+    description: str,
+    max_queue: int,
+) -> dict[str, Any]:
+    """A deployment of one ``digits`` app over raw 8x8 digit images (``float32[64]``)."""
     return {
         "format": "inferline.deployment/1",
         "name": name,
         "backend": backend,
-        "models": [m.to_dict() for m in MODELS],
+        "models": [m.to_dict() for m in models],
         "apps": {
             "digits": {
-                "pipeline": "inferline.demo.pipeline:digits",
+                "pipeline": pipeline,
                 "slo_ms": slo_ms,
                 "default_output": {"label": -1, "confidence": 0.0, "model": "default"},
                 "input": {"dtype": "float32", "shape": [64]},
-                "description": "Handwritten digit classification (scikit-learn digits)",
+                "description": description,
             }
         },
         "sample_inputs": "inferline.demo.pipeline:sample_inputs",
-        "queue": {"max_queue": 2000, "expire_late": False, "max_retries": 1},
+        "queue": {"max_queue": max_queue, "expire_late": False, "max_retries": 1},
     }
