@@ -62,6 +62,7 @@ def test_the_deployment_traces_into_preprocess_then_cnn(weights: Path) -> None:
     assert len(inputs["cnn"]) == 20 and pipeline.scale_factor("cnn") == 1.0
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol:UserWarning")  # torch on our file
 def test_weights_that_are_not_plain_tensors_are_refused(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pt"
     bad.write_bytes(pickle.dumps({"conv": object()}))  # never unpickled by a replica
