@@ -21,6 +21,8 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,6 @@ from inferline._workflow import (
 )
 from inferline.core import (
     DEFAULT_CATALOG,
-    EstimatorOptions,
     HardwareCatalog,
     InfeasibleError,
     ModelConfig,
@@ -61,7 +62,6 @@ QUICK_POINTS = POINTS
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    import httpx
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -81,47 +81,52 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         save(profiles, out / "profiles.json")
     print(f"profiles ready in {time.perf_counter() - t0:.0f} s; pipeline {pipeline.to_dict()}")
 
+    points = QUICK_POINTS if args.quick else POINTS
+    return await measure_points(args, out, pipeline, profiles, points, PlannerOptions(), rng)
+
+
+async def measure_points(
+    args: argparse.Namespace,
+    out: Path,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    points: Sequence[tuple[float, float]],
+    options: PlannerOptions,
+    rng: np.random.Generator,
+    catalog: HardwareCatalog = DEFAULT_CATALOG,
+    check: Callable[[Plan, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Serve ``out/deployment.json``, measure the per-hop overhead at low load, then for each
+    ``(SLO ms, rate)`` plan with ``options`` (that overhead added) and measure the plan live;
+    ``check(plan, row)`` may add columns to a planned point's row."""
+    import httpx
+
     xt, _ = test_inputs()
     bodies = encode_bodies(list(xt))
     rows = []
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
         hop = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
-        points = QUICK_POINTS if args.quick else POINTS
-        dur = 12.0 if args.quick else args.duration_s
+        est = replace(options.estimator, hop_overhead_s=hop)
         async with httpx.AsyncClient(timeout=600) as client:
+            live = LivePoints(
+                client,
+                srv.url,
+                bodies,
+                pipeline,
+                profiles,
+                hop,
+                replace(options, estimator=est),
+                cv=args.cv,
+                duration_s=12.0 if args.quick else args.duration_s,
+                calibration_s=3.0 if args.quick else 6.0,
+                rng=rng,
+                catalog=catalog,
+            )
             for slo_ms, rate in points:
-                slo_s = slo_ms / 1e3
-                plan_trace = gamma_trace(rate, args.cv, 60.0, rng)
-                try:
-                    plan = plan_inferline(
-                        pipeline,
-                        profiles,
-                        plan_trace,
-                        slo_s,
-                        options=PlannerOptions(estimator=EstimatorOptions(hop_overhead_s=hop)),
-                    )
-                    feasible = True
-                except InfeasibleError as e:
-                    print(f"SLO {slo_ms:.0f} ms @ {rate:.0f} q/s: infeasible ({e})")
-                    rows.append({"slo_ms": slo_ms, "rate": rate, "feasible": False})
-                    continue
-                row = await measure_point(
-                    client,
-                    srv.url,
-                    "digits",
-                    bodies,
-                    pipeline,
-                    profiles,
-                    plan,
-                    hop,
-                    rate=rate,
-                    cv=args.cv,
-                    slo_s=slo_s,
-                    duration_s=dur,
-                    rng=rng,
-                    calibration_s=3.0 if args.quick else 6.0,
-                )
-                rows.append({"slo_ms": slo_ms, "rate": rate, "feasible": feasible, **row})
+                plan, row = await live.point(slo_ms, rate)
+                if plan is not None and check is not None:
+                    check(plan, row)
+                rows.append({"slo_ms": slo_ms, "rate": rate, **row})
                 print(json.dumps(rows[-1]))
     return rows
 
@@ -157,46 +162,71 @@ async def low_load_hop(
     return hop
 
 
-async def measure_point(
-    client: Any,
-    url: str,
-    app: str,
-    bodies: list[bytes],
-    pipeline: Pipeline,
-    profiles: Profiles,
-    plan: Plan,
-    hop: float,
-    *,
-    rate: float,
-    cv: float,
-    slo_s: float,
-    duration_s: float,
-    rng: np.random.Generator,
-    calibration_s: float,
-    catalog: HardwareCatalog = DEFAULT_CATALOG,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LivePoints:
+    """What every measured point of a live benchmark shares: the server, its queries, the
+    traced pipeline and profiles, the per-hop overhead measured before planning, the planner's
+    options, and the traces' burstiness, lengths and random source."""
+
+    client: Any
+    url: str
+    bodies: list[bytes]
+    pipeline: Pipeline
+    profiles: Profiles
+    hop: float
+    options: PlannerOptions
+    cv: float
+    duration_s: float
+    calibration_s: float
+    rng: np.random.Generator
+    catalog: HardwareCatalog = DEFAULT_CATALOG
+    app: str = "digits"
+
+    async def point(self, slo_ms: float, rate: float) -> tuple[Plan | None, dict[str, Any]]:
+        """Plan for ``slo_ms`` on a fresh 60 s sample of ``rate``, then measure the plan live;
+        the row says whether the planner found one (and why not)."""
+        sample = gamma_trace(rate, self.cv, 60.0, self.rng)
+        try:
+            plan = plan_inferline(
+                self.pipeline,
+                self.profiles,
+                sample,
+                slo_ms / 1e3,
+                catalog=self.catalog,
+                options=self.options,
+            )
+        except InfeasibleError as e:
+            print(f"SLO {slo_ms:g} ms @ {rate:g} q/s: infeasible ({e})")
+            return None, {"feasible": False, "reason": str(e)}
+        return plan, {"feasible": True, **await measure_point(self, plan, rate, slo_ms / 1e3)}
+
+
+async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float) -> dict[str, Any]:
     """Apply ``plan`` to the server at ``url``, replay a fresh trace of ``rate`` and ``cv``,
     and compare its measured P99 with the estimator's on that same trace (``hop``: the
     per-hop overhead measured before planning)."""
-    r = await client.put(f"{url}/admin/plan", json=plan.to_dict())
+    lp, url, app, bodies = live, live.url, live.app, live.bodies
+    r = await lp.client.put(f"{url}/admin/plan", json=plan.to_dict())
     r.raise_for_status()
     # Per-hop overhead at this operating point, from a separate calibration trace
     # (the overhead grows with load: the server's event loop is busier).
-    calib = await replay(gamma_trace(rate, cv, calibration_s, rng), url, app, bodies)
-    hop_op = hop_overhead_from(calib, pipeline, plan, profiles, catalog)
-    before = (await client.get(f"{url}/admin/models")).json()
-    fresh = gamma_trace(rate, cv, duration_s, rng)
+    calib = await replay(gamma_trace(rate, lp.cv, lp.calibration_s, lp.rng), url, app, bodies)
+    hop_op = hop_overhead_from(calib, lp.pipeline, plan, lp.profiles, lp.catalog)
+    before = (await lp.client.get(f"{url}/admin/models")).json()
+    fresh = gamma_trace(rate, lp.cv, lp.duration_s, lp.rng)
     meas = await replay(fresh, url, app, bodies, slo_s=slo_s)
-    after = (await client.get(f"{url}/admin/models")).json()
-    sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop_op, catalog=catalog)
-    sim_low = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, catalog=catalog)
+    after = (await lp.client.get(f"{url}/admin/models")).json()
+    sim = estimate(lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=hop_op, catalog=lp.catalog)
+    sim_low = estimate(
+        lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=lp.hop, catalog=lp.catalog
+    )
     m99, e99 = meas.percentile(99), sim.percentile(99)
     live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
     return {
         "plan": {m: c.to_dict() for m, c in plan.models.items()},
         "cost_per_hour": plan.cost_per_hour,
         "hop_overhead_ms": hop_op * 1e3,
-        "hop_overhead_low_load_ms": hop * 1e3,
+        "hop_overhead_low_load_ms": lp.hop * 1e3,
         "estimated_p99_ms": e99 * 1e3,
         "estimated_p99_low_load_hop_ms": sim_low.percentile(99) * 1e3,
         "measured_p99_ms": m99 * 1e3,

@@ -33,31 +33,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fidelity import _plan_str, low_load_hop, measure_point, profiler_options
+from fidelity import _plan_str, measure_points, profiler_options
 
 from inferline._app import run_loop
 from inferline._cli_serve import add_profiler_arguments
 from inferline._deploy import Deployment
-from inferline._replay import encode_bodies
-from inferline._server_proc import ServerProcess
 from inferline._workflow import profile_deployment
 from inferline.adapters.local import detect_gpus
 from inferline.core import (
     DEFAULT_CATALOG,
-    EstimatorOptions,
     Hardware,
     HardwareCatalog,
-    InfeasibleError,
     ModelConfig,
+    Plan,
     PlannerOptions,
-    gamma_trace,
-    plan_inferline,
     save,
 )
 from inferline.core._planning import over_inventory
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.models import preprocess
-from inferline.demo.pipeline import sample_inputs, test_inputs
+from inferline.demo.pipeline import sample_inputs
 
 IDLE_GAPS_MS = (0, 10, 50)
 
@@ -127,7 +122,6 @@ async def _idle_probe(dep: Deployment, kind: str, feats: list[Any], n: int) -> l
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    import httpx
 
     gpus = detect_gpus()
     if not gpus:
@@ -170,55 +164,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     ]
     print(f"cnn on a CPU core: {cpu_b1 * 1e3:.1f} ms at batch 1; cores carry <= {cpu_rate:.0f} q/s")
 
-    xt, _ = test_inputs()
-    bodies = encode_bodies(list(xt))
-    rows: list[dict[str, Any]] = []
-    dur = 12.0 if args.quick else args.duration_s
-    with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        hop = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
-        options = PlannerOptions(
-            estimator=EstimatorOptions(hop_overhead_s=hop),
-            inventory=inventory,
-            replica_units=threads,
-            gpu_host_units=threads,  # the bundled runtime pins a GPU replica's threads too
-        )
-        async with httpx.AsyncClient(timeout=600) as client:
-            for name, slo_ms, rate in points:
-                base_row = {"point": name, "slo_ms": slo_ms, "rate": rate}
-                try:
-                    plan = plan_inferline(
-                        pipeline,
-                        profiles,
-                        gamma_trace(rate, args.cv, 60.0, rng),
-                        slo_ms / 1e3,
-                        catalog=catalog,
-                        options=options,
-                    )
-                except InfeasibleError as e:
-                    print(f"{name}: SLO {slo_ms} ms @ {rate} q/s: infeasible ({e})")
-                    rows.append({**base_row, "feasible": False, "reason": str(e)})
-                    continue
-                row = await measure_point(
-                    client,
-                    srv.url,
-                    "digits",
-                    bodies,
-                    pipeline,
-                    profiles,
-                    plan,
-                    hop,
-                    rate=rate,
-                    cv=args.cv,
-                    slo_s=slo_ms / 1e3,
-                    duration_s=dur,
-                    rng=rng,
-                    calibration_s=3.0 if args.quick else 6.0,
-                    catalog=catalog,
-                )
-                row["fits"] = over_inventory(plan.models, catalog, options) is None
-                row["placed_as_planned"] = _placed_as_planned(row, kind)
-                rows.append({**base_row, "feasible": True, **row})
-                print(json.dumps(rows[-1]))
+    options = PlannerOptions(
+        inventory=inventory,
+        replica_units=threads,
+        gpu_host_units=threads,  # the bundled runtime pins a GPU replica's threads too
+    )
+
+    def check(plan: Plan, row: dict[str, Any]) -> None:
+        row["fits"] = over_inventory(plan.models, catalog, options) is None
+        row["placed_as_planned"] = _placed_as_planned(row, kind)
+
+    at = [(slo_ms, rate) for _, slo_ms, rate in points]
+    rows = await measure_points(args, out, pipeline, profiles, at, options, rng, catalog, check)
+    for (name, _, _), row in zip(points, rows, strict=True):
+        row["point"] = name
     return {
         "trained": trained,
         "inventory": inventory,

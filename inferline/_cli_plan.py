@@ -479,10 +479,12 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
     if args.accuracy_floor is not None and args.variants is None:
         # without variants there is no choice for the floor to steer: it was silently ignored
         return "argument --accuracy-floor: needs --variants"
-    if args.cpu_threads and not args.inventory:
-        return "argument --cpu-threads: needs --inventory (it counts the cores a replica takes)"
-    if args.gpu_host_cores and not args.inventory:
-        return "argument --gpu-host-cores: needs --inventory (it counts the cores a replica takes)"
+    for flag, given in (
+        ("--cpu-threads", args.cpu_threads),
+        ("--gpu-host-cores", args.gpu_host_cores),
+    ):
+        if given and not args.inventory:
+            return f"argument {flag}: needs --inventory (it counts the cores a replica takes)"
     return None
 
 
@@ -533,21 +535,22 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "the plan never needs more, and the answer names the inventory when no plan fits. "
         "Kinds not listed are unlimited (default: all, the paper's cloud)",
     )
-    p.add_argument(
-        "--cpu-threads",
-        type=name_counts("model", 1),
-        default={},
-        metavar="MODEL=N[,MODEL=N]",
-        help="with --inventory: cores one CPU replica of MODEL takes (its threads; default 1)",
-    )
-    p.add_argument(
-        "--gpu-host-cores",
-        type=name_counts("model", 0),
-        default={},
-        metavar="MODEL=N[,MODEL=N]",
-        help="with --inventory: cores a GPU replica of MODEL also holds (default 0; on the "
-        "bundled runtime a replica's threads are pinned to cores of its own, GPU or not)",
-    )
+    for flag, lo, what in (
+        ("--cpu-threads", 1, "cores one CPU replica of MODEL takes (its threads; default 1)"),
+        (
+            "--gpu-host-cores",
+            0,
+            "cores a GPU replica of MODEL also holds (default 0; on the bundled runtime a "
+            "replica's threads are pinned to cores of their own, GPU or not)",
+        ),
+    ):
+        p.add_argument(
+            flag,
+            type=name_counts("model", lo),
+            default={},
+            metavar="MODEL=N[,MODEL=N]",
+            help=f"with --inventory: {what}",
+        )
     p.add_argument(
         "--no-ladder",
         action="store_true",
