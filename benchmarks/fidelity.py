@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from inferline._app import run_loop
-from inferline._cli_serve import add_profiler_arguments
+from inferline._cli_serve import add_profiler_arguments, wake_idle_s
 from inferline._deploy import Deployment
 from inferline._profiler import ProfilerOptions
 from inferline._replay import encode_bodies, replay
@@ -79,6 +79,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         result, pipeline = await profile_deployment(dep, popts, samples=sample_inputs(120))
         profiles = result.profiles
         save(profiles, out / "profiles.json")
+        print("\n".join(wake_lines(profiles)))
     print(f"profiles ready in {time.perf_counter() - t0:.0f} s; pipeline {pipeline.to_dict()}")
 
     points = QUICK_POINTS if args.quick else POINTS
@@ -105,7 +106,7 @@ async def measure_points(
     bodies = encode_bodies(list(xt))
     rows = []
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        hop = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
+        hop, hop_cold = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
         est = replace(options.estimator, hop_overhead_s=hop)
         async with httpx.AsyncClient(timeout=600) as client:
             live = LivePoints(
@@ -116,6 +117,7 @@ async def measure_points(
                 profiles,
                 hop,
                 replace(options, estimator=est),
+                hop_without_wake=hop_cold,
                 cv=args.cv,
                 duration_s=12.0 if args.quick else args.duration_s,
                 calibration_s=3.0 if args.quick else 6.0,
@@ -141,6 +143,8 @@ def profiler_options(args: argparse.Namespace, max_batch_size: int, warmup: int)
         max_seconds_per_point=1.5 if args.quick else 3.0,
         statistic=args.statistic,
         contention=args.contention,
+        wake_idle_s=wake_idle_s(args),
+        wake_samples=12 if args.quick else 20,
     )
 
 
@@ -151,15 +155,38 @@ async def low_load_hop(
     profiles: Profiles,
     rng: np.random.Generator,
     quick: bool,
-) -> float:
+) -> tuple[float, float]:
     """The per-hop overhead from a 15 q/s replay with one batch-1 CPU replica per model (the
-    server's plan as it starts), after a short warm-up."""
+    server's plan as it starts), after a short warm-up; and the same without the profiled
+    wake-up extras (the estimator before them, for comparison)."""
     base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
     low = gamma_trace(15.0, 1.0, 4.0 if quick else 8.0, rng)
     await replay(low[:20], url, "digits", bodies)
-    hop = hop_overhead_from(await replay(low, url, "digits", bodies), pipeline, base, profiles)
-    print(f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms")
-    return hop
+    measured = await replay(low, url, "digits", bodies)
+    hop = hop_overhead_from(measured, pipeline, base, profiles)
+    hop_cold = hop_overhead_from(measured, pipeline, base, without_wake(profiles))
+    print(
+        f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms "
+        f"({hop_cold * 1e3:.2f} ms without the wake-up extras)"
+    )
+    return hop, hop_cold
+
+
+def wake_lines(profiles: Profiles) -> list[str]:
+    """The profiled wake-up extras, one line per model and hardware."""
+    lines = ["wake-up extra of a batch that starts on a replica idle for ... (ms):"]
+    for m, by_hw in profiles.wake_up.items():
+        for hw, w in by_hw.items():
+            cells = ", ".join(
+                f"{g * 1e3:g} ms: +{x * 1e3:.2f}" for g, x in zip(w.idle_s, w.extra_s, strict=True)
+            )
+            lines.append(f"  {m} on {hw}: {cells}")
+    return lines
+
+
+def without_wake(profiles: Profiles) -> Profiles:
+    """The profiles without their wake-up extras."""
+    return Profiles(profiles.models)
 
 
 @dataclass(frozen=True)
@@ -181,6 +208,7 @@ class LivePoints:
     rng: np.random.Generator
     catalog: HardwareCatalog = DEFAULT_CATALOG
     app: str = "digits"
+    hop_without_wake: float = 0.0
 
     async def point(self, slo_ms: float, rate: float) -> tuple[Plan | None, dict[str, Any]]:
         """Plan for ``slo_ms`` on a fresh 60 s sample of ``rate``, then measure the plan live;
@@ -220,6 +248,14 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
     sim_low = estimate(
         lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=lp.hop, catalog=lp.catalog
     )
+    sim_cold = estimate(
+        lp.pipeline,
+        plan,
+        without_wake(lp.profiles),
+        fresh,
+        hop_overhead_s=lp.hop_without_wake,
+        catalog=lp.catalog,
+    )
     m99, e99 = meas.percentile(99), sim.percentile(99)
     live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
     return {
@@ -229,6 +265,8 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
         "hop_overhead_low_load_ms": lp.hop * 1e3,
         "estimated_p99_ms": e99 * 1e3,
         "estimated_p99_low_load_hop_ms": sim_low.percentile(99) * 1e3,
+        "estimated_p99_without_wake_ms": sim_cold.percentile(99) * 1e3,
+        "error_without_wake": (sim_cold.percentile(99) - m99) / m99,
         "measured_p99_ms": m99 * 1e3,
         "measured_p50_ms": meas.percentile(50) * 1e3,
         "estimated_p50_ms": sim.percentile(50) * 1e3,
@@ -319,7 +357,7 @@ def main() -> int:
     hdr = (
         f"{'SLO ms':>7}{'q/s':>6}  {'plan':<28}{'$/h':>7}{'est P99':>9}"
         f"{'meas P99':>9}{'error':>8}{'miss':>7}  {'within 15%':<11}{'meets SLO':<10}"
-        f"{'point hop ms':>13}{'est P99 (point hop)':>20}"
+        f"{'point hop ms':>13}{'est P99 (point hop)':>20}{'no wake-up: est':>16}{'error':>7}"
     )
     print(hdr)
     ok_all = True
@@ -336,11 +374,13 @@ def main() -> int:
             f"{r['measured_p99_ms']:>9.1f}{r['error']:>+8.0%}{r['measured_miss_rate']:>7.2%}  "
             f"{'yes' if within else 'NO':<11}{'yes' if meets else 'NO':<10}"
             f"{r['hop_overhead_ms']:>13.2f}{r['estimated_p99_ms']:>20.1f}"
+            f"{r['estimated_p99_without_wake_ms']:>16.1f}{r['error_without_wake']:>+7.0%}"
         )
     print(
         "est P99: the estimate the planner used (per-hop overhead measured once at 15 q/s, "
         "before planning); last two columns: the overhead re-measured at the point's rate on "
-        "a separate calibration trace and the estimate with it"
+        "a separate calibration trace and the estimate with it; no wake-up: the estimate "
+        "without the profiled wake-up extras (per-hop overhead re-fitted without them)"
     )
     print()
     print(

@@ -24,7 +24,6 @@ Without a GPU it stops at once, naming what it looked for (``nvidia-smi -L``).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fidelity import _plan_str, measure_points, profiler_options
+from fidelity import _plan_str, measure_points, profiler_options, wake_lines
 
 from inferline._app import run_loop
 from inferline._cli_serve import add_profiler_arguments
@@ -44,17 +43,13 @@ from inferline.core import (
     DEFAULT_CATALOG,
     Hardware,
     HardwareCatalog,
-    ModelConfig,
     Plan,
     PlannerOptions,
     save,
 )
 from inferline.core._planning import over_inventory
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
-from inferline.demo.models import preprocess
 from inferline.demo.pipeline import sample_inputs
-
-IDLE_GAPS_MS = (0, 10, 50)
 
 
 def _backend_cores(n: int) -> list[int]:
@@ -89,38 +84,6 @@ def _max_rate_on_cpu(profiles: Any, cores: int) -> float:
     return per * max(1, cores - 1)
 
 
-async def _idle_probe(dep: Deployment, kind: str, feats: list[Any], n: int) -> list[str]:
-    """Batch-1 latency of one replica per (model, hardware) when requests come back to back
-    and after idle gaps: the profile is measured back to back, live traffic has gaps."""
-    from inferline.adapters import PluginHost
-
-    backend = PluginHost.default().backend_for(dep.backend)
-    lines = [f"{'replica':<18}" + "".join(f"{f'gap {g} ms p50/p99':>22}" for g in IDLE_GAPS_MS)]
-    try:
-        for spec in dep.models:
-            for hw in ("cpu", kind):
-                if spec.name == "preprocess" and hw == kind:
-                    continue
-                await backend.deploy(spec, ModelConfig(hw, 1, 1))
-                (r,) = backend.replicas(spec.name)
-                cells = []
-                for gap in IDLE_GAPS_MS:
-                    lat = []
-                    for i in range(n + 10):
-                        t = time.perf_counter()
-                        await r.predict_batch([feats[i % len(feats)]])
-                        if i >= 10:  # warm-up
-                            lat.append(time.perf_counter() - t)
-                        await asyncio.sleep(gap / 1e3)
-                    ms = np.percentile(lat, [50, 99]) * 1e3
-                    cells.append(f"{ms[0]:.2f} / {ms[1]:.2f}")
-                lines.append(f"{spec.name + ' ' + hw:<18}" + "".join(f"{c:>22}" for c in cells))
-                await backend.remove(spec.name)
-    finally:
-        await backend.close()
-    return lines
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     gpus = detect_gpus()
@@ -151,8 +114,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     table = _profile_table(profiles, kind)
     print("\n".join(table))
 
-    feats = preprocess().predict_batch(sample_inputs(64))
-    idle = await _idle_probe(dep, kind, feats, 60 if args.quick else 200)
+    idle = wake_lines(profiles)
     print("\n".join(idle))
 
     cpu_b1 = profiles.latency("cnn", "cpu", 1)
@@ -182,7 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "trained": trained,
         "inventory": inventory,
         "profile": table,
-        "idle_probe": idle,
+        "wake_up": idle,
         "rows": rows,
     }
 
@@ -235,6 +197,7 @@ def main() -> int:
     print(
         f"{'point':<6}{'SLO ms':>7}{'q/s':>6}  {'plan':<26}{'$/h':>7}{'est P99':>9}"
         f"{'meas P99':>9}{'error':>8}{'miss':>7}  {'placed':<7}{'meets SLO':<10}{'within 15%':<10}"
+        f"{'no wake-up: est':>16}{'error':>7}"
     )
     ok = True
     for r in res["rows"]:
@@ -252,10 +215,10 @@ def main() -> int:
             f"{r['estimated_p99_low_load_hop_ms']:>9.1f}{r['measured_p99_ms']:>9.1f}"
             f"{r['error']:>+8.0%}{r['measured_miss_rate']:>7.2%}  {'yes' if placed else 'NO':<7}"
             f"{'yes' if meets else 'NO':<10}{'yes' if within else 'no':<10}"
+            f"{r['estimated_p99_without_wake_ms']:>16.1f}{r['error_without_wake']:>+7.0%}"
         )
     print()
-    print("replica latency, batch 1, back to back and after idle gaps (ms):")
-    print("\n".join(res["idle_probe"]))
+    print("\n".join(res["wake_up"]))
     print()
     print(
         f"{time.perf_counter() - t0:.0f} s in all on {os.cpu_count()} cores; "

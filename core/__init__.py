@@ -53,7 +53,7 @@ from ._planning import (
     tuner_inputs,
     usable_hardware,
 )
-from ._profiles import PROFILES_FORMAT, BatchProfile, Profiles
+from ._profiles import PROFILES_FORMAT, BatchProfile, Profiles, WakeProfile
 from ._trace import (
     Trace,
     compress,
@@ -179,6 +179,7 @@ __all__ = [
     "VariantPlan",
     "VariantSpec",
     "VariantTuner",
+    "WakeProfile",
     "capacity_factor",
     "coarse_grained_configs",
     "compress",

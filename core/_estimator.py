@@ -52,17 +52,22 @@ class EstimatorOptions:
     starts only when the batch fills or the oldest queued query has waited this long.
     ``activation_delay_s``: time from requesting a replica to it serving.
     ``seed``: seed of the conditional-visit draws.
+    ``wake_up``: a batch that starts on an idle replica also takes the profiled wake-up extra
+    for that idle time (``Profiles.wake_up``; nothing where a pair has none).
     """
 
     hop_overhead_s: float = 0.0
     batch_wait_s: Mapping[str, float] = field(default_factory=dict)
     activation_delay_s: float = 0.0
     seed: int = 0
+    wake_up: bool = True
 
     def __post_init__(self) -> None:
         as_float(self.hop_overhead_s, "hop_overhead_s", nonneg=True)
         as_float(self.activation_delay_s, "activation_delay_s", nonneg=True)
         as_int(self.seed, "seed", minimum=0)
+        if not isinstance(self.wake_up, bool):
+            raise ValidationError("wake_up", "true or false", self.wake_up)
         as_mapping(self.batch_wait_s, "batch_wait_s")
         for k, v in self.batch_wait_s.items():
             as_float(v, f"batch_wait_s.{k}", nonneg=True)
@@ -74,12 +79,15 @@ class EstimatorOptions:
             "batch_wait_s": dict(self.batch_wait_s),
             "activation_delay_s": self.activation_delay_s,
             "seed": self.seed,
+            "wake_up": self.wake_up,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> EstimatorOptions:
         m = as_mapping(d, "options")
-        no_extra_keys(m, {"hop_overhead_s", "batch_wait_s", "activation_delay_s", "seed"}, "")
+        no_extra_keys(
+            m, {"hop_overhead_s", "batch_wait_s", "activation_delay_s", "seed", "wake_up"}, ""
+        )
         return cls(
             hop_overhead_s=as_float(m.get("hop_overhead_s", 0.0), "hop_overhead_s", nonneg=True),
             batch_wait_s={
@@ -90,6 +98,7 @@ class EstimatorOptions:
                 m.get("activation_delay_s", 0.0), "activation_delay_s", nonneg=True
             ),
             seed=as_int(m.get("seed", 0), "seed", minimum=0),
+            wake_up=m.get("wake_up", True),
         )
 
 
@@ -264,6 +273,9 @@ class _Prep:
     order: tuple[str, ...]
     maxb: np.ndarray  # by table row
     table: np.ndarray  # rows 0..M-1 the stages, then the variants of ``rows``
+    wake_g: np.ndarray  # by table row: WakeProfile points (see KState)
+    wake_x: np.ndarray
+    wake_n: np.ndarray
     rows: Mapping[tuple[str, str], int]  # (stage, variant) -> table row
     waitv: np.ndarray
     replicas: np.ndarray
@@ -351,6 +363,17 @@ def _prepare(
     for k, (v, j, vtop) in enumerate(row_of):
         table[M + k, : vtop + 1] = _latency_table(profiles, v, configs[order[j]].hardware, vtop)
         rmaxb[M + k] = min(int(maxb[j]), vtop)  # until a switch names its batch size
+    pairs = [(m, configs[m].hardware) for m in order]
+    pairs += [(v, configs[order[j]].hardware) for v, j, _ in row_of]
+    wakes = [profiles.wake(m, hw) if options.wake_up else None for m, hw in pairs]
+    G = max([len(w.idle_s) for w in wakes if w is not None], default=1)
+    wake_g = np.ones((R, G))
+    wake_x = np.zeros((R, G))
+    wake_n = np.zeros(R, dtype=np.int64)
+    for r, w in enumerate(wakes):
+        if w is not None and w.extra_s[-1] > 0.0:
+            k = len(w.idle_s)
+            wake_g[r, :k], wake_x[r, :k], wake_n[r] = w.idle_s, w.extra_s, k
     waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
@@ -362,6 +385,9 @@ def _prepare(
         order,
         rmaxb,
         table,
+        wake_g,
+        wake_x,
+        wake_n,
         rows,
         waitv,
         replicas,
@@ -457,6 +483,9 @@ def _new_state(
         is_root=p.is_root,
         maxb=p.maxb.copy(),
         table=p.table,
+        wake_g=p.wake_g,
+        wake_x=p.wake_x,
+        wake_n=p.wake_n,
         waitv=p.waitv,
         rem=rem.reshape(-1).copy(),
         left=left.copy(),
@@ -481,7 +510,7 @@ def _new_state(
         rep_b=np.zeros(cap, dtype=np.int64),
         rep_batch=np.zeros((cap, B), dtype=np.int64),
         rep_next=rep_next,
-        rep_fin=np.full(cap, np.inf),
+        rep_fin=np.where(np.arange(cap) < S0, -np.inf, np.inf),  # idle since ever: cold
         rep_req=np.where(np.arange(cap) < S0, -np.inf, np.inf),
         rep_act=np.where(np.arange(cap) < S0, -np.inf, np.inf),
         rep_stop=np.full(cap, np.inf),

@@ -72,6 +72,9 @@ class KState(NamedTuple):
     is_root: np.ndarray  # u1[M]
     maxb: np.ndarray  # i8[R] batch size by table row
     table: np.ndarray  # f8[R, B+1] batch latency by size; rows 0..M-1: the stages, then variants
+    wake_g: np.ndarray  # f8[R, G] idle times of the wake-up extras (WakeProfile.idle_s)
+    wake_x: np.ndarray  # f8[R, G] the extras (WakeProfile.extra_s)
+    wake_n: np.ndarray  # i8[R] points used per row (0: no wake-up extra)
     waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy)
     rem: np.ndarray  # i4[N*M] visited parents not yet finished
     left: np.ndarray  # i4[N] visits not yet finished
@@ -96,7 +99,7 @@ class KState(NamedTuple):
     rep_b: np.ndarray  # i8[S] size of the batch in flight
     rep_batch: np.ndarray  # i8[S, B] queries of the batch in flight
     rep_next: np.ndarray  # i8[S] idle-stack link
-    rep_fin: np.ndarray  # f8[S] finish time of the batch in flight
+    rep_fin: np.ndarray  # f8[S] finish time of the batch in flight; when idle, since when
     rep_req: np.ndarray  # f8[S] requested (billing starts)
     rep_act: np.ndarray  # f8[S] active (serving starts); inf if cancelled
     rep_stop: np.ndarray  # f8[S] stops taking work (scale-down)
@@ -193,7 +196,8 @@ def run(S: KState, t_stop: float) -> float:
     model touched at that instant dispatches batches to its idle replicas (DESIGN.md rule 3).
     """
     return _loop(
-        S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.waitv, S.rem, S.left,
+        S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.wake_g, S.wake_x,
+        S.wake_n, S.waitv, S.rem, S.left,
         S.fin, S.enq, S.qd, S.qheap, S.qlen, S.fifo, S.fhead, S.ftail, S.wake_at, S.hq_i, S.hq_m,
         S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_row, S.rep_st, S.rep_b, S.rep_batch,
         S.rep_next, S.rep_fin, S.rep_stop, S.rep_end, S.idle_head, S.cur_row, S.inflight,
@@ -205,7 +209,7 @@ def run(S: KState, t_stop: float) -> float:
 # hot loop makes numba emit atomic reference-count updates on every access (5x slower).
 @njit(cache=True, nogil=True)
 def _loop(  # type: ignore[no-untyped-def]
-    arr, vis, ch_ptr, ch_idx, is_root, maxb, table, waitv, rem, left,
+    arr, vis, ch_ptr, ch_idx, is_root, maxb, table, wake_g, wake_x, wake_n, waitv, rem, left,
     fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
     hq_t, ev_t, ev_k, ev_a, rep_m, rep_row, rep_st, rep_b, rep_batch,
     rep_next, rep_fin, rep_stop, rep_end, idle_head, cur_row, inflight,
@@ -306,6 +310,7 @@ def _loop(  # type: ignore[no-untyped-def]
             elif kind == ACTIVATE:
                 if rep_st[s] == PENDING:
                     m = rep_m[s]
+                    rep_fin[s] = t  # idle since activation
                     rep_st[s] = IDLE
                     rep_next[s] = idle_head[m]
                     idle_head[m] = s
@@ -383,6 +388,8 @@ def _loop(  # type: ignore[no-untyped-def]
                     qd[idx] = t - enq[idx]
                 qlen[m] = n
                 lat = table[r, b]
+                if wake_n[r] > 0:  # rep_fin: when this replica went idle
+                    lat += _wake_extra(wake_g, wake_x, wake_n[r], r, t - rep_fin[s])
                 done = t + lat
                 rep_fin[s] = done
                 _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
@@ -390,6 +397,24 @@ def _loop(  # type: ignore[no-untyped-def]
                 busy[m] += lat
                 inflight[m] += b
         ist[I_ND] = 0
+
+
+@njit(cache=True, inline="always")
+def _wake_extra(wake_g, wake_x, n, r, idle):  # type: ignore[no-untyped-def]
+    """WakeProfile.extra of row ``r``: linear from (0, 0) through its points, flat after."""
+    if idle <= 0.0:
+        return 0.0
+    if idle >= wake_g[r, n - 1]:
+        return wake_x[r, n - 1]
+    g0 = 0.0
+    x0 = 0.0
+    for k in range(n):
+        g1 = wake_g[r, k]
+        if idle < g1:
+            return x0 + (wake_x[r, k] - x0) * (idle - g0) / (g1 - g0)
+        g0 = g1
+        x0 = wake_x[r, k]
+    return x0
 
 
 @njit(cache=True, inline="always")

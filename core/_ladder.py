@@ -51,11 +51,15 @@ LADDER_FACTORS: tuple[float, ...] = (
 def pin_hardware(profiles: Profiles, plan: Plan) -> Profiles:
     """``profiles`` with every model of ``plan`` restricted to its planned hardware."""
     out = {}
+    wake = {}
     for m, c in plan.models.items():
         if not profiles.has(m, c.hardware):
             raise ValidationError(f"plan.models.{m}.hardware", "a profiled hardware", c.hardware)
         out[m] = {c.hardware: profiles.models[m][c.hardware]}
-    return Profiles(out)
+        w = profiles.wake(m, c.hardware)
+        if w is not None:
+            wake[m] = {c.hardware: w}
+    return Profiles(out, wake)
 
 
 def _feasible(

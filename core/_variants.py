@@ -209,14 +209,29 @@ def pipeline_accuracy(pipeline: Pipeline, variants: PipelineVariants, choice: Ch
     return acc
 
 
+def _wake_of(profiles: Profiles, keep: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``profiles``' wake-up extras of the pairs in ``keep``."""
+    out: dict[str, Any] = {}
+    for m, by_hw in keep.items():
+        for hw in by_hw:
+            w = profiles.wake(m, hw)
+            if w is not None:
+                out.setdefault(m, {})[hw] = w
+    return out
+
+
 def stage_profiles(profiles: Profiles, choice: Choice) -> Profiles:
     """``profiles`` with each chosen stage's entry replaced by its variant's profile."""
     models = dict(profiles.models)
+    wake = dict(profiles.wake_up)
     for stage, variant in choice.items():
         if variant not in profiles.models:
             raise NotFoundError("profiled model for variant", variant, sorted(profiles.models))
         models[stage] = profiles.models[variant]
-    return Profiles(models)
+        wake.pop(stage, None)
+        if variant in profiles.wake_up:
+            wake[stage] = profiles.wake_up[variant]
+    return Profiles(models, wake)
 
 
 def _cost_lower_bound(
@@ -365,7 +380,7 @@ def plan_with_variants_section(
         vplan.accuracy,
         variants.to_dict(),
         pipeline.to_dict(),
-        Profiles(keep).to_dict(),
+        Profiles(keep, _wake_of(profiles, keep)).to_dict(),
     )
     return replace(p, variants=section)
 

@@ -33,7 +33,9 @@ from inferline.core import (
     Pipeline,
     Plan,
     PlannerOptions,
+    Profiles,
     ValidationError,
+    WakeProfile,
     plan_inferline,
 )
 
@@ -251,7 +253,7 @@ async def profile_attachment(
     ``predict_batch`` as the queue sees it. ``inputs[model]`` are the queries (default:
     ``synthetic_inputs`` from the model's signature)."""
     from ._profile_fit import fit_batch_latency, profiles_from_samples
-    from ._profiler import _sample_point
+    from ._profiler import _sample_point, _wake_probe
 
     opts = options or ProfilerOptions(max_batch_size=16)
     t0 = time.perf_counter()
@@ -259,6 +261,7 @@ async def profile_attachment(
     total = len(att.models) * len(sizes)
     done = 0
     raw: dict[str, dict[str, dict[int, tuple[float, ...]]]] = {}
+    wake: dict[str, dict[str, WakeProfile]] = {}
     for name, cfg in att.models.items():
         xs = list((inputs or {}).get(name) or [])
         if not xs:
@@ -280,7 +283,10 @@ async def profile_attachment(
             if float(np.median(lat)) > opts.max_latency_s:
                 break
         raw[name] = {cfg.hardware: per_b}
+        if opts.wake_idle_s:
+            wake[name] = {cfg.hardware: await _wake_probe(handles[0], xs, opts)}
     profiles = profiles_from_samples(raw, opts.statistic)
+    profiles = Profiles(profiles.models, wake)
     fits = tuple(
         fit_batch_latency(m, hw, by_b, q)
         for m, by_hw in raw.items()

@@ -143,6 +143,7 @@ def _attach(args: argparse.Namespace) -> int:
                     min_samples=5 if args.quick else 50,
                     max_samples=10 if args.quick else 400,
                     max_seconds_per_point=0.5 if args.quick else 4.0,
+                    wake_samples=5 if args.quick else 20,
                 )
                 prof = await profile_attachment(att, inputs, po, samples=args.samples)
                 print_fits(prof)

@@ -73,6 +73,8 @@ def _profile(args: argparse.Namespace) -> int:
         statistic=args.statistic,
         contention=args.contention,
         hardware=tuple(args.hardware) if args.hardware else None,
+        wake_idle_s=wake_idle_s(args),
+        wake_samples=10 if quick else 20,
     )
     console = Console(stderr=True)
     stages = None
@@ -537,10 +539,11 @@ def _check_demo_args(args: argparse.Namespace) -> str | None:
 
 
 def add_profiler_arguments(p: argparse.ArgumentParser) -> None:
-    """``--statistic`` and ``--contention``: how a profile is measured (``inferline profile``
-    and the benchmarks that profile, e.g. ``benchmarks/fidelity.py``)."""
-    from ._profiler import STATISTICS
+    """``--statistic``, ``--contention`` and ``--wake-idle-ms``: how a profile is measured
+    (``inferline profile`` and the benchmarks that profile, e.g. ``benchmarks/fidelity.py``)."""
+    from ._profiler import STATISTICS, ProfilerOptions
 
+    default_gaps = [round(g * 1e3, 3) for g in ProfilerOptions().wake_idle_s]
     p.add_argument(
         "--statistic",
         default="mean",
@@ -553,6 +556,21 @@ def add_profiler_arguments(p: argparse.ArgumentParser) -> None:
         default=True,
         help="profile with extra replicas busy on the free cores (default on, as InferLine)",
     )
+    p.add_argument(
+        "--wake-idle-ms",
+        nargs="*",
+        type=positive("an idle gap in ms"),
+        default=default_gaps,
+        metavar="MS",
+        help="also time batches of 1 after these idle gaps, for the wake-up extra the estimator "
+        "adds to a batch that starts on an idle replica (default: %(default)s; "
+        "none given: skip)",
+    )
+
+
+def wake_idle_s(args: argparse.Namespace) -> tuple[float, ...]:
+    """``--wake-idle-ms`` as increasing seconds."""
+    return tuple(sorted({g / 1e3 for g in args.wake_idle_ms}))
 
 
 @register

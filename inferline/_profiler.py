@@ -9,6 +9,12 @@ loaded machine (the InferLine paper profiles under this contention rather than o
 machine). Latency is timed around ``ReplicaHandle.predict_batch``: the time the interposed
 queue sees a replica busy, RPC included, which is what the estimator needs.
 
+Batches sent back to back keep a replica warm; live traffic below saturation reaches replicas
+that have been idle, and those run the next batch slower. So for each pair the profiler also
+times batches of 1 after idle gaps (``wake_idle_s``) against batches of 1 back to back, and
+records the difference as the pair's ``WakeProfile`` (the estimator adds it to a batch that
+starts on an idle replica).
+
 The result is a ``Profiles`` (with p50/p99/std/samples extras) and a quantile-regression fit
 of latency on batch size per model and hardware (``_profile_fit``).
 """
@@ -31,9 +37,16 @@ from inferline.core import (
     ModelSpec,
     Profiles,
     ValidationError,
+    WakeProfile,
 )
 
-from ._profile_fit import STATISTICS, BatchFit, fit_batch_latency, profiles_from_samples
+from ._profile_fit import (
+    STATISTICS,
+    BatchFit,
+    batch_profile,
+    fit_batch_latency,
+    profiles_from_samples,
+)
 
 __all__ = ["ProfileResult", "ProfilerOptions", "batch_sizes_up_to", "profile_models"]
 
@@ -51,6 +64,8 @@ class ProfilerOptions:
     ``max_seconds_per_point``), stopping early once the P99 moves less than ``p99_tolerance``
     (relative) between rounds of ``min_samples``. ``statistic`` picks the number that becomes
     ``latency_s``. ``contention``: run extra replicas on the free cores at the same time.
+    ``wake_idle_s``: idle gaps after which ``wake_samples`` batches of 1 are timed (each after
+    its gap, with no contention) against as many back to back; ``()`` skips this.
     """
 
     max_batch_size: int = 32
@@ -64,8 +79,18 @@ class ProfilerOptions:
     contention: bool = False
     contention_replicas: int | None = None
     hardware: tuple[str, ...] | None = None
+    wake_idle_s: tuple[float, ...] = (0.005, 0.02, 0.1)
+    wake_samples: int = 20
 
     def __post_init__(self) -> None:
+        gaps = tuple(self.wake_idle_s)
+        if any(not isinstance(g, int | float) or isinstance(g, bool) or g <= 0 for g in gaps) or (
+            list(gaps) != sorted(set(gaps))
+        ):
+            raise ValidationError("wake_idle_s", "increasing idle times > 0 seconds", gaps)
+        object.__setattr__(self, "wake_idle_s", tuple(float(g) for g in gaps))
+        if gaps and self.wake_samples < 3:
+            raise ValidationError("wake_samples", "an integer >= 3", self.wake_samples)
         if self.max_batch_size < 1:
             raise ValidationError("max_batch_size", "an integer >= 1", self.max_batch_size)
         if self.min_samples < 2 or self.max_samples < self.min_samples:
@@ -80,6 +105,7 @@ class ProfilerOptions:
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["hardware"] = None if self.hardware is None else list(self.hardware)
+        d["wake_idle_s"] = list(self.wake_idle_s)
         return d
 
     @classmethod
@@ -87,6 +113,8 @@ class ProfilerOptions:
         kw = dict(d)
         if kw.get("hardware") is not None:
             kw["hardware"] = tuple(kw["hardware"])
+        if "wake_idle_s" in kw:
+            kw["wake_idle_s"] = tuple(kw["wake_idle_s"])
         unknown = set(kw) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValidationError("profiler options", "known option names", sorted(unknown))
@@ -208,17 +236,21 @@ async def profile_models(
     total = len(specs) * len(hardware) * len(sizes)
     done = 0
     samples: dict[str, dict[str, dict[int, tuple[float, ...]]]] = {}
+    wake: dict[str, dict[str, WakeProfile]] = {}
     for spec in specs:
         for hw in hardware:
-            per_b = await _profile_pair(
+            per_b, w = await _profile_pair(
                 backend, spec, hw, inputs[spec.name], sizes, options, done, total, progress
             )
             done += len(sizes)
             if per_b:
                 samples.setdefault(spec.name, {})[hw] = per_b
+            if per_b and w is not None:
+                wake.setdefault(spec.name, {})[hw] = w
             if progress is not None:
                 progress(spec.name, hw, sizes[-1], done, total)
     profiles = profiles_from_samples(samples, options.statistic)
+    profiles = Profiles(profiles.models, wake)
     fits = []
     for m, by_hw in samples.items():
         for hw, by_b in by_hw.items():
@@ -237,8 +269,9 @@ async def _profile_pair(
     done: int,
     total: int,
     progress: Progress | None,
-) -> dict[int, tuple[float, ...]]:
+) -> tuple[dict[int, tuple[float, ...]], WakeProfile | None]:
     out: dict[int, tuple[float, ...]] = {}
+    wake = None
     await backend.deploy(spec, ModelConfig(hw, max(sizes), 1))
     try:
         handles = list(backend.replicas(spec.name))
@@ -278,6 +311,31 @@ async def _profile_pair(
                     opts.max_latency_s,
                 )
                 break
+        if opts.wake_idle_s:  # the contending replicas are idle again by now
+            wake = await _wake_probe(target, inputs, opts)
+            log.info("%s on %s: wake-up extras %s", spec.name, hw, wake)
     finally:
         await backend.remove(spec.name)
-    return out
+    return out, wake
+
+
+async def _wake_probe(handle: Any, inputs: Sequence[Any], opts: ProfilerOptions) -> WakeProfile:
+    """Batches of 1 back to back, then after each idle gap: the extra the gap costs."""
+    clock = time.perf_counter
+
+    async def timed(k: int, gap: float) -> float:
+        if gap > 0:
+            await asyncio.sleep(gap)
+        t0 = clock()
+        await handle.predict_batch(_batch(inputs, 1, k))
+        return clock() - t0
+
+    for k in range(opts.warmup):
+        await timed(k, 0.0)
+    n = opts.wake_samples
+    stat = {}
+    for gap in (0.0, *opts.wake_idle_s):
+        lat = [await timed(k, gap) for k in range(n)]
+        stat[gap] = batch_profile(lat, opts.statistic).latency_s
+    back = stat.pop(0.0)
+    return WakeProfile.from_samples(back, stat)

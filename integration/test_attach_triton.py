@@ -47,10 +47,18 @@ def test_attach_to_triton_and_serve_a_triton_client(triton: tuple[TritonServer, 
         assert att.found["digits_pre"]["state"] == "READY"
         sig = att.signatures["digits_pre"]
         opts = ProfilerOptions(
-            max_batch_size=4, warmup=1, min_samples=4, max_samples=6, max_seconds_per_point=0.3
+            max_batch_size=4,
+            warmup=1,
+            min_samples=4,
+            max_samples=6,
+            max_seconds_per_point=0.3,
+            wake_idle_s=(0.01, 0.05),
+            wake_samples=3,
         )
         prof = await inferline.profile_attachment(att, options=opts, samples=8)
         assert set(prof.profiles.models) == {"digits_pre"}
+        (hw,) = prof.profiles.models["digits_pre"]
+        assert prof.profiles.wake("digits_pre", hw).idle_s == (0.01, 0.05)  # Triton's too
         svc, door = await inferline.start_attachment_service(att, slo_s=1.0)
         stop = asyncio.Event()
         ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -49,6 +49,41 @@ def test_profiler_measures_a_known_batch_cost():
     assert seen and seen[-1][3] == seen[-1][4]  # progress reached done == total
 
 
+def test_profiler_measures_a_known_wake_up_cost():
+    # 3 ms per batch, 4 ms more when it starts over 8 ms after the previous one ended: the
+    # wake-up probe (batches of 1 after 5, 20 and 40 ms idle) sees ~0, ~4 and ~4 ms extra
+    spec = ModelSpec(
+        "m",
+        "inferline.adapters.local.examples:sleep",
+        {"base_s": 0.003, "wake_s": 0.004, "idle_after_s": 0.008},
+    )
+    opts = ProfilerOptions(
+        max_batch_size=2,
+        warmup=2,
+        min_samples=10,
+        max_samples=20,
+        statistic="p50",
+        wake_idle_s=(0.002, 0.02, 0.04),
+        wake_samples=15,
+    )
+
+    async def main():
+        b = LocalBackend(oversubscribe=True)
+        try:
+            return await profile_models(b, [spec], {"m": [[1.0]]}, opts)
+        finally:
+            await b.close()
+
+    res = asyncio.run(main())
+    w = res.profiles.wake("m", "cpu")
+    assert w is not None and w.idle_s == (0.002, 0.02, 0.04)
+    # medians of 15, on a machine shared with other tests: 1.5-2 ms of slack
+    assert w.extra_s[0] < 0.002, w
+    assert w.extra_s[1] == pytest.approx(0.004, abs=0.002), w
+    assert w.extra_s[2] >= w.extra_s[1]
+    assert res.profiles.to_dict()["wake_up"]["m"]["cpu"]["idle_s"] == [0.002, 0.02, 0.04]
+
+
 def test_profile_cli_writes_profiles_and_pipeline(tmp_path):
     dep = sleep_deployment(base_s=0.002)
     (tmp_path / "d.json").write_text(json.dumps(dep))
@@ -75,6 +110,7 @@ def test_profile_cli_writes_profiles_and_pipeline(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     profiles = load_profiles(out)
     assert sorted(profiles.models["m"]["cpu"]) == [1, 2, 4]
+    assert profiles.wake("m", "cpu").idle_s == (0.005, 0.02, 0.1)  # the default idle gaps
     pipe = load_pipeline(tmp_path / "p.json")
     assert pipe.models == ("m",)
     assert "linear?" in r.stdout

@@ -73,6 +73,10 @@ log = logging.getLogger(__name__)
 Listener = Callable[[ArrivalEvent | BatchEvent], None]
 
 
+def _idle_since(p: _Puller) -> float:
+    return p.idle_since
+
+
 class Dispatcher:
     """Per-model EDF queues feeding replica handles in batches. See the module docstring.
 
@@ -250,7 +254,7 @@ class Dispatcher:
                 del q.pullers[rid]
         for rid, h in wanted.items():
             if rid not in q.pullers:
-                p = _Puller(h)
+                p = _Puller(h, self._clock())
                 p.task = loop.create_task(self._pull(q, p), name=f"inferline-pull-{q.name}-{rid}")
                 self._tasks.add(p.task)
                 p.task.add_done_callback(self._tasks.discard)
@@ -270,7 +274,11 @@ class Dispatcher:
 
     @staticmethod
     def _wake(q: _ModelQueue) -> None:
-        for p in q.idle:
+        # Warmest first (most recently idle; the later-idled of a tie): the first woken takes
+        # the batch, so replicas that just served keep serving and the others stay idle; a
+        # replica idle for long runs its next batch slower (the profiles' wake-up extra). The
+        # estimator's idle stack picks the same replica.
+        for p in sorted(reversed(q.idle), key=_idle_since, reverse=True):
             w = p.waiter
             if w is not None and not w.done():
                 w.set_result(None)
@@ -432,6 +440,7 @@ class Dispatcher:
             log.exception("replica %s of %r raised a non-inferline error", p.handle.id, q.name)
             error = BackendError(f"replica {p.handle.id}", f"{type(e).__name__}: {e}")
         t1 = clock()
+        p.idle_since = t1
         p.batch = None
         q.in_flight -= n
         q.in_flight_batches -= 1

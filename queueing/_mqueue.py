@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 from inferline.core.errors import BackendError
@@ -19,10 +20,11 @@ _DEADLINE, _ARRIVAL, _RANK, _SEQ, _X, _FUT, _ENQ, _RETRIES = range(8)
 
 
 class _Puller:
-    __slots__ = ("batch", "handle", "stopping", "task", "timer", "waiter")
+    __slots__ = ("batch", "handle", "idle_since", "stopping", "task", "timer", "waiter")
 
-    def __init__(self, handle: ReplicaHandle) -> None:
+    def __init__(self, handle: ReplicaHandle, now: float = -math.inf) -> None:
         self.handle = handle
+        self.idle_since = now  # end of its last batch (or its start): who is warmest
         self.task: asyncio.Task[None] | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None

@@ -170,6 +170,8 @@ def test_the_plan_command_refuses_a_missing_folder_in_a_subprocess(tmp_path):
         ([*PLAN, "-o", "x", "--variants", "v"], "--accuracy-floor", "-0.1"),
         # fewer than the 50 batches a point takes: refused naming min_samples/max_samples
         ([*PROFILE, "-o", "x"], "--max-samples", "10"),
+        ([*PROFILE, "-o", "x"], "--wake-idle-ms", "0"),
+        ([*PROFILE, "-o", "x"], "--wake-idle-ms", "-5"),
         # URLs: a bad port was a traceback from the HTTP client, after loading everything
         (["replay", "t", "--app", "a"], "--url", "http://h:99999"),
         (["replay", "t", "--app", "a"], "--url", "http://h:x"),
@@ -363,6 +365,12 @@ def test_sensible_edge_values_still_parse():
     )
     assert (a.tuner_settle_s, a.tuner_headroom, a.lookahead_s) == (None, 0.0, 0.0)
     assert p.parse_args([*PROFILE, "-o", "x", "--max-samples", "50"]).max_samples == 50
+    from inferline._cli_serve import wake_idle_s
+
+    assert wake_idle_s(p.parse_args([*PROFILE, "-o", "x", "--wake-idle-ms"])) == ()
+    a = p.parse_args([*PROFILE, "-o", "x", "--wake-idle-ms", "50", "2", "2"])
+    assert wake_idle_s(a) == (0.002, 0.05)
+    assert wake_idle_s(p.parse_args([*PROFILE, "-o", "x"])) == (0.005, 0.02, 0.1)
     a = p.parse_args([*DEPLOY, "--url", "https://h/base"])
     assert a.url == "https://h/base"
 

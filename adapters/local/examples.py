@@ -58,21 +58,36 @@ class Sleep:
     """Busy for ``base_s + per_item_s * len(batch)`` per batch; answers ``{"pid", "n", "x"}``.
 
     ``spin=True`` burns CPU instead of sleeping (for profiling under contention).
+    ``wake_s``: a batch that starts more than ``idle_after_s`` after the previous one ended
+    takes that much longer (a cold path of known size, for testing the wake-up profile).
     """
 
-    def __init__(self, base_s: float = 0.01, per_item_s: float = 0.0, spin: bool = False) -> None:
+    def __init__(
+        self,
+        base_s: float = 0.01,
+        per_item_s: float = 0.0,
+        spin: bool = False,
+        wake_s: float = 0.0,
+        idle_after_s: float = 0.01,
+    ) -> None:
         self.base_s = base_s
         self.per_item_s = per_item_s
         self.spin = spin
+        self.wake_s = wake_s
+        self.idle_after_s = idle_after_s
+        self._ended = -float("inf")
 
     def predict_batch(self, inputs: list[Any]) -> list[Any]:
         dt = self.base_s + self.per_item_s * len(inputs)
+        if self.wake_s and time.perf_counter() - self._ended > self.idle_after_s:
+            dt += self.wake_s
         if self.spin:
             end = time.perf_counter() + dt
             while time.perf_counter() < end:
                 pass
         else:
             time.sleep(dt)
+        self._ended = time.perf_counter()
         pid = os.getpid()
         return [{"pid": pid, "n": len(inputs), "x": x if _jsonable(x) else None} for x in inputs]
 
@@ -81,8 +96,14 @@ def _jsonable(x: Any) -> bool:
     return x is None or isinstance(x, bool | int | float | str)
 
 
-def sleep(base_s: float = 0.01, per_item_s: float = 0.0, spin: bool = False) -> Sleep:
-    return Sleep(base_s, per_item_s, spin)
+def sleep(
+    base_s: float = 0.01,
+    per_item_s: float = 0.0,
+    spin: bool = False,
+    wake_s: float = 0.0,
+    idle_after_s: float = 0.01,
+) -> Sleep:
+    return Sleep(base_s, per_item_s, spin, wake_s, idle_after_s)
 
 
 class _Failing:

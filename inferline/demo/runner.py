@@ -106,6 +106,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         max_samples=40 if opts.quick else 150,
         max_seconds_per_point=0.8 if opts.quick else 2.0,
         contention=not opts.quick,
+        wake_samples=8 if opts.quick else 20,
     )
     t0 = time.perf_counter()
     result, pipeline = await profile_deployment(dep, popts, samples=_samples(120))
