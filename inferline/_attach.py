@@ -195,6 +195,19 @@ async def attach(
             if sig is not None:
                 sigs[name] = sig
         wanted = list(models) if models else [n for n, f in att.found.items() if f["ready"]]
+        if not wanted:
+            # an empty attachment would serve nothing and profile nothing, and exit 0
+            cannot_list = hasattr(backend, "extra_models")
+            raise ValidationError(
+                "models",
+                "the models to attach (--models M1,M2): "
+                + (
+                    "this server cannot list its models (TF Serving without a model config)"
+                    if cannot_list and not found
+                    else "the server has no ready model"
+                ),
+                {n: f["ready"] for n, f in att.found.items()} or url,
+            )
         unknown = [m for m in wanted if m not in att.found or not att.found[m]["ready"]]
         if unknown:
             from inferline.core import NotFoundError

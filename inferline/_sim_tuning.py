@@ -190,10 +190,12 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--tuner-up-rate",
-        choices=("window", "scaled"),
+        choices=("window", "scaled", "curve"),
         default=_DEFAULT.up_rate,
         help="rate a scale-up provisions for: the exceeding window's own rate (window, the "
-        "paper) or the planned rate scaled by the excess (scaled)",
+        "paper), the planned rate scaled by the excess (scaled), or per model a service "
+        "curve fitted to the arrival envelope so the queueing delay stays as planned (curve, "
+        "the earlier InferLine paper; cheapest, no stochastic slack)",
     )
     g.add_argument(
         "--tuner-reconfigure",

@@ -364,6 +364,8 @@ def test_sensible_edge_values_still_parse():
         [*SIM, "--tuner-settle-s", "off", "--tuner-headroom", "0", "--lookahead-s", "0"]
     )
     assert (a.tuner_settle_s, a.tuner_headroom, a.lookahead_s) == (None, 0.0, 0.0)
+    for rule in ("window", "scaled", "curve"):  # every rule the policy accepts
+        assert p.parse_args([*SIM, "--tuner-up-rate", rule]).tuner_up_rate == rule
     assert p.parse_args([*PROFILE, "-o", "x", "--max-samples", "50"]).max_samples == 50
     from inferline._cli_serve import wake_idle_s
 
@@ -458,3 +460,12 @@ def test_outputs_in_the_current_folder_are_fine(tmp_path, monkeypatch):
     assert output_path()("plan.json") == "plan.json"
     Path("sub").mkdir()
     assert output_path()("sub/plan.json") == "sub/plan.json"
+
+
+def test_attach_to_a_tf_serving_url_without_models_says_to_name_them(capsys):
+    """TF Serving cannot list its models: without --models nothing was attached, and the
+    command printed an empty table and exited 0 (nothing listens on port 1 here either)."""
+    assert main(["attach", "tfserving://127.0.0.1:1", "--no-profile"]) == 2
+    err = capsys.readouterr().err
+    assert "models: expected the models to attach (--models M1,M2)" in err, err
+    assert "cannot list its models" in err and "Traceback" not in err

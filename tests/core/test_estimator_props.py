@@ -11,7 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inferline.core import EstimatorOptions, ModelConfig, Pipeline, Profiles, draw_visits, simulate
+from inferline.core import (
+    EstimatorOptions,
+    ModelConfig,
+    Pipeline,
+    Profiles,
+    WakeProfile,
+    draw_visits,
+    simulate,
+)
 
 SHAPES = {
     "linear": Pipeline.linear("linear", ["a", "b", "c"]),
@@ -122,7 +130,7 @@ def _bench():  # type: ignore[no-untyped-def]
     return sys.modules[name]
 
 
-@pytest.mark.parametrize("case", range(6))
+@pytest.mark.parametrize("case", range(7))
 def test_benchmark_cases_agree_with_simpy(case: int) -> None:
     bench = _bench()
     r = bench.compare(bench.CASES[case], 8.0)
@@ -136,10 +144,13 @@ def test_benchmark_cases_agree_with_simpy(case: int) -> None:
     st.sampled_from([0.0, 3 / GRID]),
     st.sampled_from([0.0, 8 / GRID]),
     st.lists(st.tuples(st.integers(0, 64), st.sampled_from("abcd"), st.integers(0, 3)), max_size=4),
+    st.sampled_from([None, WakeProfile((4 / GRID, 32 / GRID), (1 / GRID, 3 / GRID))]),
 )
-def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched) -> None:  # type: ignore[no-untyped-def]
+def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched, wake) -> None:  # type: ignore[no-untyped-def]
     bench = _bench()
     p, prof, configs, arr, seed = system
+    if wake is not None:  # every model wakes up slower after idle time
+        prof = Profiles(prof.models, {m: {configs[m].hardware: wake} for m in p.models})
     schedule = [(t / GRID, m, n) for t, m, n in sched if m in p.models]
     opt = EstimatorOptions(
         hop_overhead_s=hop,
