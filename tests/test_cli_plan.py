@@ -440,3 +440,19 @@ def test_inventory_keeps_the_plan_on_the_hardware_there_is(files, capsys):
         with pytest.raises(SystemExit) as ei:
             main(_plan_args(files, "--slo-s", "0.2", "--inventory", bad))
         assert ei.value.code == 2 and "--inventory" in capsys.readouterr().err
+
+
+def test_plan_and_simulate_use_the_profiles_wake_up_unless_told_not_to(files, capsys):
+    from inferline.core import WakeProfile, load_profiles
+
+    prof = load_profiles(files["profiles"])
+    wake = {"pre": {"cpu": WakeProfile((0.01, 0.05), (0.002, 0.006))}}
+    save(Profiles(prof.models, wake), files["profiles"])
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder")) == 0
+    capsys.readouterr()
+    p99 = {}
+    for flag in ("--wake-up", "--no-wake-up"):
+        assert main(_sim_args(files, "--json", flag)) == 0
+        p99[flag] = json.loads(capsys.readouterr().out)["latency_p99_s"]
+    # 80 q/s leaves "pre" idle between most queries: its extra shows in the tail
+    assert p99["--wake-up"] > p99["--no-wake-up"] + 0.001
