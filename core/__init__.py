@@ -13,6 +13,7 @@ from ._autoscale import (
     pipeline_unit,
 )
 from ._baselines import STRATEGIES, coarse_grained_configs, make_plan, plan_cg_mean, plan_cg_peak
+from ._capacity import InventoryCap
 from ._envelope import (
     MAX_ENVELOPE_WINDOW_S,
     OnlineEnvelope,
@@ -141,6 +142,7 @@ __all__ = [
     "InfeasibleError",
     "InferLineController",
     "InferlineError",
+    "InventoryCap",
     "LadderStep",
     "ModelConfig",
     "ModelSimStats",

@@ -26,6 +26,7 @@ from inferline.core import (
     Controller,
     EstimatorOptions,
     HardwareCatalog,
+    InventoryCap,
     Pipeline,
     PipelineVariants,
     Plan,
@@ -364,6 +365,11 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=seed, default=0, help="seed of the conditional visits")
     add_hop_overhead(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    add_inventory_arguments(
+        p,
+        "a tuner in the loop scales up only as far as it fits, as a backend without room "
+        "refuses the live tuner (the cut target is retried)",
+    )
     from ._sim_tuning import add_tuner_arguments
 
     add_tuner_arguments(p)
@@ -415,6 +421,17 @@ def _simulate(args: argparse.Namespace) -> int:
     )
     ctx = SimulateContext(pipeline, profiles, plan, trace, catalog, opts)
     controller = make_controller(args, ctx)
+    if controller is not None and args.inventory:
+        controller = InventoryCap.for_plan(
+            controller,
+            plan.models,
+            catalog,
+            PlannerOptions(
+                inventory=args.inventory,
+                replica_units=args.cpu_threads,
+                gpu_host_units=args.gpu_host_cores,
+            ),
+        )
     with _console().status(f"simulating {trace.size} queries through {pipeline.name!r}"):
         result = simulate(
             pipeline,
@@ -429,6 +446,8 @@ def _simulate(args: argparse.Namespace) -> int:
     if hasattr(controller, "stage_variants"):  # the variant-aware tuner ran: name them
         result = replace(result, variant_switches=controller.named(result.variant_switches))
     summary = result.summary(plan.slo_s, plan.percentile)
+    if isinstance(controller, InventoryCap):
+        summary["scale_ups_cut_to_inventory"] = controller.capped
     if hasattr(controller, "stage_variants"):
         summary["variant_switches"] = [
             {"time_s": t - float(trace[0]), "stage": st, "variant": v}
@@ -492,6 +511,11 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
     if args.accuracy_floor is not None and args.variants is None:
         # without variants there is no choice for the floor to steer: it was silently ignored
         return "argument --accuracy-floor: needs --variants"
+    return _check_inventory_args(args)
+
+
+def _check_inventory_args(args: argparse.Namespace) -> str | None:
+    """``--cpu-threads`` and ``--gpu-host-cores`` count against an ``--inventory``."""
     for flag, given in (
         ("--cpu-threads", args.cpu_threads),
         ("--gpu-host-cores", args.gpu_host_cores),
@@ -499,6 +523,35 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
         if given and not args.inventory:
             return f"argument {flag}: needs --inventory (it counts the cores a replica takes)"
     return None
+
+
+def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
+    """``--inventory``, ``--cpu-threads`` and ``--gpu-host-cores`` (``plan``, ``simulate``);
+    ``effect`` says what the inventory does for the command."""
+    p.add_argument(
+        "--inventory",
+        type=name_counts("hardware kind", 0),
+        default={},
+        metavar="KIND=N[,KIND=N]",
+        help="units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
+        f"{effect}. Kinds not listed are unlimited (default: all, the paper's cloud)",
+    )
+    for flag, lo, what in (
+        ("--cpu-threads", 1, "cores one CPU replica of MODEL takes (its threads; default 1)"),
+        (
+            "--gpu-host-cores",
+            0,
+            "cores a GPU replica of MODEL also holds (default 0; on the bundled runtime a "
+            "replica's threads are pinned to cores of their own, GPU or not)",
+        ),
+    ):
+        p.add_argument(
+            flag,
+            type=name_counts("model", lo),
+            default={},
+            metavar="MODEL=N[,MODEL=N]",
+            help=f"with --inventory: {what}",
+        )
 
 
 @register
@@ -539,31 +592,10 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         "saturation; 0.05 made social-media plans hold the SLO on fresh traffic of the same "
         "process for +2.4%% cost (benchmarks/plan_generalization.py)",
     )
-    p.add_argument(
-        "--inventory",
-        type=name_counts("hardware kind", 0),
-        default={},
-        metavar="KIND=N[,KIND=N]",
-        help="units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
-        "the plan never needs more, and the answer names the inventory when no plan fits. "
-        "Kinds not listed are unlimited (default: all, the paper's cloud)",
+    add_inventory_arguments(
+        p,
+        "the plan never needs more, and the answer names the inventory when no plan fits",
     )
-    for flag, lo, what in (
-        ("--cpu-threads", 1, "cores one CPU replica of MODEL takes (its threads; default 1)"),
-        (
-            "--gpu-host-cores",
-            0,
-            "cores a GPU replica of MODEL also holds (default 0; on the bundled runtime a "
-            "replica's threads are pinned to cores of their own, GPU or not)",
-        ),
-    ):
-        p.add_argument(
-            flag,
-            type=name_counts("model", lo),
-            default={},
-            metavar="MODEL=N[,MODEL=N]",
-            help=f"with --inventory: {what}",
-        )
     p.add_argument(
         "--no-ladder",
         action="store_true",
@@ -602,4 +634,4 @@ def _register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg
         description="Run the discrete-event estimator on a plan and a trace.",
     )
     add_simulate_arguments(s)
-    s.set_defaults(func=_simulate)
+    s.set_defaults(func=_simulate, check_args=_check_inventory_args)

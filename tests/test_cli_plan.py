@@ -456,3 +456,27 @@ def test_plan_and_simulate_use_the_profiles_wake_up_unless_told_not_to(files, ca
         p99[flag] = json.loads(capsys.readouterr().out)["latency_p99_s"]
     # 80 q/s leaves "pre" idle between most queries: its extra shows in the tail
     assert p99["--wake-up"] > p99["--no-wake-up"] + 0.001
+
+
+def test_simulate_holds_the_tuner_to_an_inventory(files, capsys):
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder")) == 0
+    capsys.readouterr()
+    rng = np.random.default_rng(5)
+    burst = np.concatenate(
+        [gamma_trace(80.0, 1.0, 10.0, rng), gamma_trace(400.0, 1.0, 10.0, rng, start_s=10.0)]
+    )
+    save_trace(burst, files["eval"])
+    plan = load_plan(files["plan"])
+    gpu = plan.models["cls"].hardware
+    runs = {}
+    for extra in ((), ("--inventory", f"cpu={plan.models['pre'].replicas},{gpu}=2")):
+        args = _sim_args(files, "--json", "--tuner", "inferline", "--activation-delay-s", "1")
+        assert main([*args, *extra]) == 0
+        runs[bool(extra)] = json.loads(capsys.readouterr().out)
+    assert "scale_ups_cut_to_inventory" not in runs[False]
+    assert runs[True]["scale_ups_cut_to_inventory"] >= 1
+    assert runs[True]["cost_per_hour"] < runs[False]["cost_per_hour"]
+    # the cores a replica takes count only against an inventory
+    with pytest.raises(SystemExit):
+        main([*_sim_args(files), "--cpu-threads", "pre=2"])
+    assert "--cpu-threads: needs --inventory" in capsys.readouterr().err
