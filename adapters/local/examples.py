@@ -96,14 +96,7 @@ def _jsonable(x: Any) -> bool:
     return x is None or isinstance(x, bool | int | float | str)
 
 
-def sleep(
-    base_s: float = 0.01,
-    per_item_s: float = 0.0,
-    spin: bool = False,
-    wake_s: float = 0.0,
-    idle_after_s: float = 0.01,
-) -> Sleep:
-    return Sleep(base_s, per_item_s, spin, wake_s, idle_after_s)
+sleep = Sleep  # the factory a deployment names (``examples:sleep``) is the class itself
 
 
 class _Failing:
