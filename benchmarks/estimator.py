@@ -4,8 +4,9 @@ The SimPy model (:class:`SimpyReference`) implements DESIGN.md's estimator contr
 SimPy processes: a source process, one process per replica, a heap per model for the EDF
 queue, and dispatch callbacks scheduled at a priority below every ordinary event so that all
 arrivals and completions of an instant are applied before any idle replica takes a batch. It
-also models hop overhead, delayed batching, activation delay and replica schedules. It shares
-nothing with the kernel except the visit draws (``draw_visits``, part of the contract).
+also models hop overhead, delayed batching, activation delay, replica schedules, wake-up extras
+and the service spread. It shares nothing with the kernel except the visit draws
+(``draw_visits``) and the definition of the spread's normal draws, both part of the contract.
 
 Run: ``.venv/bin/python benchmarks/estimator.py`` (``--quick`` for a small version).
 Prints, per case, SimPy time, estimator time, their ratio and the largest latency difference;
@@ -23,10 +24,12 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 import numpy as np
 
 from inferline.core import (
+    BatchProfile,
     EstimatorOptions,
     ModelConfig,
     Pipeline,
@@ -88,6 +91,12 @@ class SimpyReference:
         order = pipeline.topological_order
         vis = draw_visits(pipeline, len(self.arr), self.opt.seed)
         self.visits = [{m for j, m in enumerate(order) if vis[i, j]} for i in range(len(self.arr))]
+        self.pos = {m: j for j, m in enumerate(order)}
+        # the spread's draws (EstimatorOptions.service_spread): visit (i, m) takes element
+        # i * M + m of a standard normal stream seeded [seed, 1], clipped at the 99.9th pct
+        clip = NormalDist().inv_cdf(0.999)
+        z = np.random.default_rng([self.opt.seed, 1]).standard_normal(len(self.arr) * len(order))
+        self.z = np.minimum(np.maximum(z, -clip), clip)
         t0 = min([float(self.arr[0]) if len(self.arr) else 0.0, *(e[0] for e in self.schedule)])
         self.env = simpy.Environment(initial_time=t0)
         self.models = {m: _ModelState() for m in pipeline.models}
@@ -155,13 +164,25 @@ class SimpyReference:
                 del st.enq[i]
             rep = st.idle.pop()
             rep.state = "busy"
-            rep.service = self.prof.latency(m, cfg.hardware, b)
+            rep.service = self._service(m, cfg.hardware, b, batch[0])
             wake = self.prof.wake(m, cfg.hardware) if self.opt.wake_up else None
             if wake is not None:  # the wake-up extra for the time it was idle
                 rep.service += wake.extra(now - rep.idle_since)
             rep.busy_until = now + rep.service
             st.batches += 1
             rep.go.succeed(batch)  # type: ignore[attr-defined]
+
+    def _service(self, m: str, hw: str, b: int, first: int) -> float:
+        """The profiled latency, or with the spread the log-normal draw through p50 and p99
+        with the normal of the batch's first query."""
+        sizes = sorted(self.prof.models[m][hw])
+        bp = self.prof.models[m][hw][next(x for x in sizes if x >= b)]
+        if not self.opt.service_spread or bp.p50_s is None or bp.p99_s is None:
+            return bp.latency_s
+        if not 0 < bp.p50_s < bp.p99_s:
+            return bp.latency_s
+        sigma = math.log(bp.p99_s / bp.p50_s) / NormalDist().inv_cdf(0.99)
+        return bp.p50_s * math.exp(sigma * self.z[first * len(self.pos) + self.pos[m]])
 
     def _wake(self, m: str) -> None:
         self.models[m].wake_pending = False
@@ -360,6 +381,29 @@ def _with_wake(build: Callable[[], tuple[Pipeline, Profiles, dict[str, ModelConf
     return wake
 
 
+def _with_spread(build: Callable[[], tuple[Pipeline, Profiles, dict[str, ModelConfig]]]):  # type: ignore[no-untyped-def]
+    """The same case with a service spread on every batch size: p50 0.8x and p99 1.6x the
+    profiled latency."""
+
+    def spread() -> tuple[Pipeline, Profiles, dict[str, ModelConfig]]:
+        p, prof, cfg = build()
+        models = {
+            m: {
+                h: {
+                    b: BatchProfile(
+                        bp.latency_s, p50_s=0.8 * bp.latency_s, p99_s=1.6 * bp.latency_s
+                    )
+                    for b, bp in bs.items()
+                }
+                for h, bs in hws.items()
+            }
+            for m, hws in prof.models.items()
+        }
+        return p, Profiles(models, prof.wake_up), cfg
+
+    return spread
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -396,6 +440,14 @@ CASES = (
         30.0,
         2.0,
         EstimatorOptions(activation_delay_s=0.5, seed=6),
+        ((20.0, "yolo", 2), (40.0, "alpr", 3), (60.0, "yolo", 1), (80.0, "alpr", 1)),
+    ),
+    Case(
+        "video spread+wake+sched",
+        _with_spread(_with_wake(video)),
+        30.0,
+        2.0,
+        EstimatorOptions(activation_delay_s=0.5, seed=7, service_spread=True),
         ((20.0, "yolo", 2), (40.0, "alpr", 3), (60.0, "yolo", 1), (80.0, "alpr", 1)),
     ),
 )

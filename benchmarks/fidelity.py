@@ -106,7 +106,8 @@ async def measure_points(
     bodies = encode_bodies(list(xt))
     rows = []
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        hop, hop_cold = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
+        hops = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
+        hop, hop_cold, hop_spread = hops
         est = replace(options.estimator, hop_overhead_s=hop)
         async with httpx.AsyncClient(timeout=600) as client:
             live = LivePoints(
@@ -118,6 +119,7 @@ async def measure_points(
                 hop,
                 replace(options, estimator=est),
                 hop_without_wake=hop_cold,
+                hop_spread=hop_spread,
                 cv=args.cv,
                 duration_s=12.0 if args.quick else args.duration_s,
                 calibration_s=3.0 if args.quick else 6.0,
@@ -155,21 +157,24 @@ async def low_load_hop(
     profiles: Profiles,
     rng: np.random.Generator,
     quick: bool,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """The per-hop overhead from a 15 q/s replay with one batch-1 CPU replica per model (the
-    server's plan as it starts), after a short warm-up; and the same without the profiled
-    wake-up extras (the estimator before them, for comparison)."""
+    server's plan as it starts), after a short warm-up; the same without the profiled
+    wake-up extras (the estimator before them, for comparison); and with the service spread
+    (``EstimatorOptions.service_spread``)."""
     base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
     low = gamma_trace(15.0, 1.0, 4.0 if quick else 8.0, rng)
     await replay(low[:20], url, "digits", bodies)
     measured = await replay(low, url, "digits", bodies)
     hop = hop_overhead_from(measured, pipeline, base, profiles)
     hop_cold = hop_overhead_from(measured, pipeline, base, without_wake(profiles))
+    hop_spread = hop_overhead_from(measured, pipeline, base, profiles, service_spread=True)
     print(
         f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms "
-        f"({hop_cold * 1e3:.2f} ms without the wake-up extras)"
+        f"({hop_cold * 1e3:.2f} ms without the wake-up extras, {hop_spread * 1e3:.2f} ms with "
+        "the service spread)"
     )
-    return hop, hop_cold
+    return hop, hop_cold, hop_spread
 
 
 def wake_lines(profiles: Profiles) -> list[str]:
@@ -209,6 +214,7 @@ class LivePoints:
     catalog: HardwareCatalog = DEFAULT_CATALOG
     app: str = "digits"
     hop_without_wake: float = 0.0
+    hop_spread: float = 0.0
 
     async def point(self, slo_ms: float, rate: float) -> tuple[Plan | None, dict[str, Any]]:
         """Plan for ``slo_ms`` on a fresh 60 s sample of ``rate``, then measure the plan live;
@@ -256,6 +262,15 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
         hop_overhead_s=lp.hop_without_wake,
         catalog=lp.catalog,
     )
+    sim_spread = estimate(
+        lp.pipeline,
+        plan,
+        lp.profiles,
+        fresh,
+        hop_overhead_s=lp.hop_spread,
+        catalog=lp.catalog,
+        service_spread=True,
+    )
     m99, e99 = meas.percentile(99), sim.percentile(99)
     live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
     return {
@@ -267,6 +282,9 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
         "estimated_p99_low_load_hop_ms": sim_low.percentile(99) * 1e3,
         "estimated_p99_without_wake_ms": sim_cold.percentile(99) * 1e3,
         "error_without_wake": (sim_cold.percentile(99) - m99) / m99,
+        "hop_overhead_spread_ms": lp.hop_spread * 1e3,
+        "estimated_p99_spread_ms": sim_spread.percentile(99) * 1e3,
+        "error_spread": (sim_spread.percentile(99) - m99) / m99,
         "measured_p99_ms": m99 * 1e3,
         "measured_p50_ms": meas.percentile(50) * 1e3,
         "estimated_p50_ms": sim.percentile(50) * 1e3,
@@ -358,6 +376,7 @@ def main() -> int:
         f"{'SLO ms':>7}{'q/s':>6}  {'plan':<28}{'$/h':>7}{'est P99':>9}"
         f"{'meas P99':>9}{'error':>8}{'miss':>7}  {'within 15%':<11}{'meets SLO':<10}"
         f"{'point hop ms':>13}{'est P99 (point hop)':>20}{'no wake-up: est':>16}{'error':>7}"
+        f"{'spread: est':>12}{'error':>7}"
     )
     print(hdr)
     ok_all = True
@@ -375,12 +394,15 @@ def main() -> int:
             f"{'yes' if within else 'NO':<11}{'yes' if meets else 'NO':<10}"
             f"{r['hop_overhead_ms']:>13.2f}{r['estimated_p99_ms']:>20.1f}"
             f"{r['estimated_p99_without_wake_ms']:>16.1f}{r['error_without_wake']:>+7.0%}"
+            f"{r['estimated_p99_spread_ms']:>12.1f}{r['error_spread']:>+7.0%}"
         )
     print(
         "est P99: the estimate the planner used (per-hop overhead measured once at 15 q/s, "
         "before planning); last two columns: the overhead re-measured at the point's rate on "
         "a separate calibration trace and the estimate with it; no wake-up: the estimate "
-        "without the profiled wake-up extras (per-hop overhead re-fitted without them)"
+        "without the profiled wake-up extras (per-hop overhead re-fitted without them); "
+        "spread: the estimate with service times drawn from the profiled p50-p99 spread "
+        "(--service-spread; overhead re-fitted with it)"
     )
     print()
     print(

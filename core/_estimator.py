@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any, Protocol
 
 import numpy as np
@@ -25,7 +26,7 @@ from . import _estimator_kernel as K
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import ModelConfig, Plan
-from ._profiles import Profiles
+from ._profiles import BatchProfile, Profiles
 from ._validate import as_float, as_int, as_mapping, no_extra_keys
 from .errors import ValidationError
 
@@ -39,6 +40,7 @@ __all__ = [
     "draw_visits",
     "simulate",
     "simulate_plan",
+    "spread_floor",
 ]
 
 
@@ -54,6 +56,10 @@ class EstimatorOptions:
     ``seed``: seed of the conditional-visit draws.
     ``wake_up``: a batch that starts on an idle replica also takes the profiled wake-up extra
     for that idle time (``Profiles.wake_up``; nothing where a pair has none).
+    ``service_spread``: each batch's service time is drawn (seeded by ``seed``) from a
+    log-normal through the profile's ``p50_s`` and ``p99_s`` for its size, clipped at its
+    0.1th and 99.9th percentiles, instead of taking ``latency_s``. Batch sizes profiled
+    without both quantiles (or with ``p99_s <= p50_s``) keep ``latency_s``.
     """
 
     hop_overhead_s: float = 0.0
@@ -61,6 +67,7 @@ class EstimatorOptions:
     activation_delay_s: float = 0.0
     seed: int = 0
     wake_up: bool = True
+    service_spread: bool = False
 
     def __post_init__(self) -> None:
         as_float(self.hop_overhead_s, "hop_overhead_s", nonneg=True)
@@ -68,6 +75,8 @@ class EstimatorOptions:
         as_int(self.seed, "seed", minimum=0)
         if not isinstance(self.wake_up, bool):
             raise ValidationError("wake_up", "true or false", self.wake_up)
+        if not isinstance(self.service_spread, bool):
+            raise ValidationError("service_spread", "true or false", self.service_spread)
         as_mapping(self.batch_wait_s, "batch_wait_s")
         for k, v in self.batch_wait_s.items():
             as_float(v, f"batch_wait_s.{k}", nonneg=True)
@@ -80,13 +89,23 @@ class EstimatorOptions:
             "activation_delay_s": self.activation_delay_s,
             "seed": self.seed,
             "wake_up": self.wake_up,
+            "service_spread": self.service_spread,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> EstimatorOptions:
         m = as_mapping(d, "options")
         no_extra_keys(
-            m, {"hop_overhead_s", "batch_wait_s", "activation_delay_s", "seed", "wake_up"}, ""
+            m,
+            {
+                "hop_overhead_s",
+                "batch_wait_s",
+                "activation_delay_s",
+                "seed",
+                "wake_up",
+                "service_spread",
+            },
+            "",
         )
         return cls(
             hop_overhead_s=as_float(m.get("hop_overhead_s", 0.0), "hop_overhead_s", nonneg=True),
@@ -99,6 +118,7 @@ class EstimatorOptions:
             ),
             seed=as_int(m.get("seed", 0), "seed", minimum=0),
             wake_up=m.get("wake_up", True),
+            service_spread=m.get("service_spread", False),
         )
 
 
@@ -254,6 +274,39 @@ def draw_visits(pipeline: Pipeline, n: int, seed: int) -> np.ndarray:
     return vis
 
 
+# Service spread: 200-odd profiling samples say little beyond their 99.9th percentile, and an
+# unclipped log-normal fitted to a noisy p99 would now and then draw absurd service times.
+_Z99 = NormalDist().inv_cdf(0.99)
+SPREAD_Z_CLIP = NormalDist().inv_cdf(0.999)
+
+
+def spread_params(bp: BatchProfile) -> tuple[float, float] | None:
+    """(log median, log-sd) of the log-normal through the batch profile's p50 and p99, or
+    None where it has not both or they show no spread."""
+    p50, p99 = bp.p50_s, bp.p99_s
+    if p50 is None or p99 is None or not 0.0 < p50 < p99:
+        return None
+    return math.log(p50), math.log(p99 / p50) / _Z99
+
+
+def spread_floor(profiles: Profiles) -> Profiles:
+    """``profiles`` with every ``latency_s`` lowered to the shortest service time the spread
+    can draw for it: what a lower bound (the planner's :class:`MissBound`) must assume when the
+    estimator draws service times."""
+    models = {}
+    for m, hws in profiles.models.items():
+        models[m] = {}
+        for hw, by_b in hws.items():
+            models[m][hw] = {}
+            for b, bp in by_b.items():
+                sp = spread_params(bp)
+                if sp is not None:
+                    low = math.exp(sp[0] - SPREAD_Z_CLIP * sp[1])
+                    bp = replace(bp, latency_s=min(bp.latency_s, low))
+                models[m][hw][b] = bp
+    return Profiles(models, profiles.wake_up)
+
+
 def _check_arrivals(arrivals: Any) -> np.ndarray:
     a = np.asarray(arrivals, dtype=np.float64)
     if a.ndim != 1:
@@ -276,6 +329,8 @@ class _Prep:
     wake_g: np.ndarray  # by table row: WakeProfile points (see KState)
     wake_x: np.ndarray
     wake_n: np.ndarray
+    spr_mu: np.ndarray  # by table row and batch size: see KState
+    spr_sig: np.ndarray
     rows: Mapping[tuple[str, str], int]  # (stage, variant) -> table row
     waitv: np.ndarray
     replicas: np.ndarray
@@ -374,6 +429,15 @@ def _prepare(
         if w is not None and w.extra_s[-1] > 0.0:
             k = len(w.idle_s)
             wake_g[r, :k], wake_x[r, :k], wake_n[r] = w.idle_s, w.extra_s, k
+    spr_mu = np.zeros((R, B + 1))
+    spr_sig = np.zeros((R, B + 1))
+    if options.service_spread:
+        sizes = [*top, *(r[2] for r in row_of)]
+        for r, (m, hw) in enumerate(pairs):
+            for b in range(1, int(sizes[r]) + 1):
+                sp = spread_params(profiles.batch_profile(m, hw, b))
+                if sp is not None:
+                    spr_mu[r, b], spr_sig[r, b] = sp
     waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
@@ -388,6 +452,8 @@ def _prepare(
         wake_g,
         wake_x,
         wake_n,
+        spr_mu,
+        spr_sig,
         rows,
         waitv,
         replicas,
@@ -448,8 +514,34 @@ def _visits(pipeline: Pipeline, n: int, seed: int) -> tuple[np.ndarray, np.ndarr
     return vis, rem, left
 
 
+def _normals(n: int, seed: int) -> np.ndarray:
+    """The service-spread draws: one standard normal per visit (flat ``i * M + m``), clipped,
+    from a stream of its own (the visit draws stay what they were)."""
+    key = (n, seed)
+    hit = _NORMALS.get(key)
+    if hit is not None:
+        return hit
+    z = np.random.default_rng([seed, 1]).standard_normal(n)
+    np.clip(z, -SPREAD_Z_CLIP, SPREAD_Z_CLIP, out=z)
+    z.flags.writeable = False
+    with _CACHE_LOCK:
+        while len(_NORMALS) >= 4:
+            _NORMALS.pop(next(iter(_NORMALS)))
+        _NORMALS[key] = z
+    return z
+
+
+_NORMALS: dict[tuple[int, int], np.ndarray] = {}
+
+
 def _new_state(
-    p: _Prep, arr: np.ndarray, vis: np.ndarray, rem: np.ndarray, left: np.ndarray, hop: float
+    p: _Prep,
+    arr: np.ndarray,
+    vis: np.ndarray,
+    rem: np.ndarray,
+    left: np.ndarray,
+    hop: float,
+    seed: int = 0,
 ) -> K.KState:
     N = arr.shape[0]
     M = len(p.order)
@@ -486,6 +578,9 @@ def _new_state(
         wake_g=p.wake_g,
         wake_x=p.wake_x,
         wake_n=p.wake_n,
+        spr_mu=p.spr_mu,
+        spr_sig=p.spr_sig,
+        zs=_normals(NM, seed) if np.any(p.spr_sig > 0.0) else np.zeros(1),
         waitv=p.waitv,
         rem=rem.reshape(-1).copy(),
         left=left.copy(),
@@ -640,7 +735,7 @@ def simulate(
                     f"at least 1 replica ({m!r} receives traffic and nothing scales it)",
                     0,
                 )
-    S = _new_state(prep, arr, vis, rem, left, options.hop_overhead_s)
+    S = _new_state(prep, arr, vis, rem, left, options.hop_overhead_s, options.seed)
     delay = options.activation_delay_s
     switches: list[tuple[float, str, str]] = []
     if not sched and controller is None:

@@ -75,6 +75,9 @@ class KState(NamedTuple):
     wake_g: np.ndarray  # f8[R, G] idle times of the wake-up extras (WakeProfile.idle_s)
     wake_x: np.ndarray  # f8[R, G] the extras (WakeProfile.extra_s)
     wake_n: np.ndarray  # i8[R] points used per row (0: no wake-up extra)
+    spr_mu: np.ndarray  # f8[R, B+1] log of the drawn service time's median (service spread)
+    spr_sig: np.ndarray  # f8[R, B+1] its log-sd; 0: the batch takes ``table`` (no draw)
+    zs: np.ndarray  # f8[N*M] standard normal per visit (one element when no row draws)
     waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy)
     rem: np.ndarray  # i4[N*M] visited parents not yet finished
     left: np.ndarray  # i4[N] visits not yet finished
@@ -197,7 +200,7 @@ def run(S: KState, t_stop: float) -> float:
     """
     return _loop(
         S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.wake_g, S.wake_x,
-        S.wake_n, S.waitv, S.rem, S.left,
+        S.wake_n, S.spr_mu, S.spr_sig, S.zs, S.waitv, S.rem, S.left,
         S.fin, S.enq, S.qd, S.qheap, S.qlen, S.fifo, S.fhead, S.ftail, S.wake_at, S.hq_i, S.hq_m,
         S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_row, S.rep_st, S.rep_b, S.rep_batch,
         S.rep_next, S.rep_fin, S.rep_stop, S.rep_end, S.idle_head, S.cur_row, S.inflight,
@@ -209,7 +212,8 @@ def run(S: KState, t_stop: float) -> float:
 # hot loop makes numba emit atomic reference-count updates on every access (5x slower).
 @njit(cache=True, nogil=True)
 def _loop(  # type: ignore[no-untyped-def]
-    arr, vis, ch_ptr, ch_idx, is_root, maxb, table, wake_g, wake_x, wake_n, waitv, rem, left,
+    arr, vis, ch_ptr, ch_idx, is_root, maxb, table, wake_g, wake_x, wake_n, spr_mu, spr_sig,
+    zs, waitv, rem, left,
     fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
     hq_t, ev_t, ev_k, ev_a, rep_m, rep_row, rep_st, rep_b, rep_batch,
     rep_next, rep_fin, rep_stop, rep_end, idle_head, cur_row, inflight,
@@ -387,7 +391,11 @@ def _loop(  # type: ignore[no-untyped-def]
                     idx = top * M + m
                     qd[idx] = t - enq[idx]
                 qlen[m] = n
-                lat = table[r, b]
+                sg = spr_sig[r, b]
+                if sg > 0.0:  # drawn with the normal of the batch's first (EDF) visit
+                    lat = np.exp(spr_mu[r, b] + sg * zs[rep_batch[s, 0] * M + m])
+                else:
+                    lat = table[r, b]
                 if wake_n[r] > 0:  # rep_fin: when this replica went idle
                     lat += _wake_extra(wake_g, wake_x, wake_n[r], r, t - rep_fin[s])
                 done = t + lat

@@ -77,7 +77,7 @@ class Planner(PlannerCore):
                 for hw, b in moves:
                     if self._sims >= budget:
                         break
-                    lat = {m: self.profiles.latency(m, hw, b)}
+                    lat = {m: self._fast.latency(m, hw, b)}
                     if self.bound.best_latency_with_s(lat, self.percentile) > self.slo_s:
                         continue  # hopeless on this hardware whatever the replica counts
                     r0 = self.bound.min_replicas(m, hw, b, self.options.max_replicas)

@@ -80,7 +80,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._estimator import simulate
+from ._estimator import simulate, spread_floor
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import ModelConfig
@@ -157,9 +157,12 @@ class PlannerCore:
         self._models = tuple(pipeline.models)
         self._index = {m: i for i, m in enumerate(self._models)}
         self._hw = {m: usable_hardware(profiles, m, catalog) for m in self._models}
+        # Bounds must hold for the fastest service the estimator can give a batch: with the
+        # service spread on, that is below ``latency_s``.
+        self._fast = spread_floor(profiles) if self.options.estimator.service_spread else profiles
         self.bound = MissBound(
             pipeline,
-            profiles,
+            self._fast,
             self.trace,
             self.slo_s,
             self.percentile,
@@ -363,8 +366,7 @@ class PlannerCore:
             return
         lat = {
             m: min(
-                self.profiles.latency(m, c.hardware, b)
-                for b in self.profiles.batch_sizes(m, c.hardware)
+                self._fast.latency(m, c.hardware, b) for b in self._fast.batch_sizes(m, c.hardware)
             )
             for m, c in zip(self._models, key, strict=True)
         }
@@ -594,13 +596,12 @@ class PlannerCore:
         fkey = (model, hw, hws)
         v = self._floors.get(fkey)
         if v is None:
+            fast = self._fast
             lat = {
-                m: min(self.profiles.latency(m, h, x) for x in self.profiles.batch_sizes(m, h))
+                m: min(fast.latency(m, h, x) for x in fast.batch_sizes(m, h))
                 for m, h in zip(self._models, hws, strict=True)
             }
-            lat[model] = min(
-                self.profiles.latency(model, hw, x) for x in self.profiles.batch_sizes(model, hw)
-            )
+            lat[model] = min(fast.latency(model, hw, x) for x in fast.batch_sizes(model, hw))
             v = self.bound.best_latency_with_s(lat, self.percentile)
             self._floors[fkey] = v
         return v

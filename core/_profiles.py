@@ -177,6 +177,11 @@ class Profiles:
 
     def latency(self, model: str, hardware: str, batch: int) -> float:
         """Latency of a batch of ``batch``: the smallest profiled size at least that large."""
+        return self.batch_profile(model, hardware, batch).latency_s
+
+    def batch_profile(self, model: str, hardware: str, batch: int) -> BatchProfile:
+        """The profile a batch of ``batch`` runs with: the smallest profiled size at least
+        that large."""
         by_b = self._pair(model, hardware)
         sizes = sorted(by_b)
         i = bisect.bisect_left(sizes, batch)
@@ -186,7 +191,7 @@ class Profiles:
                 f"at most the largest profiled size {sizes[-1]}",
                 batch,
             )
-        return by_b[sizes[i]].latency_s
+        return by_b[sizes[i]]
 
     def latency_table(self, model: str, hardware: str, max_batch: int) -> list[float]:
         """``table[b]`` is the latency of a batch of b for b in 1..max_batch (index 0 unused)."""

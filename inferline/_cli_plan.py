@@ -80,7 +80,10 @@ def _plan(args: argparse.Namespace) -> int:
     catalog = load_catalog(args.hardware)
     options = PlannerOptions(
         estimator=EstimatorOptions(
-            seed=args.seed, hop_overhead_s=args.hop_overhead_ms / 1e3, wake_up=args.wake_up
+            seed=args.seed,
+            hop_overhead_s=args.hop_overhead_ms / 1e3,
+            wake_up=args.wake_up,
+            service_spread=args.service_spread,
         ),
         escape=not args.paper_only,
         widen=not args.paper_only,
@@ -200,6 +203,14 @@ def add_hop_overhead(p: argparse.ArgumentParser) -> None:
         "(default on; profiles made without them have none). With them, most of what the "
         "bundled runtime adds per hop at low load is the replicas waking up: about 0.6 ms "
         "of --hop-overhead-ms remains",
+    )
+    p.add_argument(
+        "--service-spread",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="draw each batch's service time (seeded by --seed) from a log-normal through the "
+        "profile's p50 and p99 for its size instead of taking its latency_s (default off; "
+        "batch sizes profiled without both quantiles keep latency_s)",
     )
 
 
@@ -418,6 +429,7 @@ def _simulate(args: argparse.Namespace) -> int:
         activation_delay_s=getattr(args, "activation_delay_s", 0.0),
         hop_overhead_s=args.hop_overhead_ms / 1e3,
         wake_up=args.wake_up,
+        service_spread=args.service_spread,
     )
     ctx = SimulateContext(pipeline, profiles, plan, trace, catalog, opts)
     controller = make_controller(args, ctx)

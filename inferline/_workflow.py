@@ -157,9 +157,12 @@ def estimate(
     hop_overhead_s: float = 0.0,
     seed: int = 0,
     catalog: HardwareCatalog = DEFAULT_CATALOG,
+    service_spread: bool = False,
 ) -> SimResult:
     configs = plan.models if isinstance(plan, Plan) else plan
-    opts = EstimatorOptions(hop_overhead_s=max(0.0, hop_overhead_s), seed=seed)
+    opts = EstimatorOptions(
+        hop_overhead_s=max(0.0, hop_overhead_s), seed=seed, service_spread=service_spread
+    )
     arr = np.asarray(arrivals, dtype=float)
     return simulate(pipeline, configs, profiles, arr, options=opts, catalog=catalog)
 
@@ -170,12 +173,20 @@ def hop_overhead_from(
     plan: Plan | Mapping[str, ModelConfig],
     profiles: Profiles,
     catalog: HardwareCatalog = DEFAULT_CATALOG,
+    service_spread: bool = False,
 ) -> float:
     """Per-hop overhead (s) that makes the estimator's median match a low-load replay's."""
     ok = measured.ok
     if ok.sum() < 5:
         raise ValidationError("replay", "at least 5 answered queries", int(ok.sum()))
-    sim = estimate(pipeline, plan, profiles, measured.scheduled_s, catalog=catalog)
+    sim = estimate(
+        pipeline,
+        plan,
+        profiles,
+        measured.scheduled_s,
+        catalog=catalog,
+        service_spread=service_spread,
+    )
     visits = sum(pipeline.scale_factor(m) for m in pipeline.models)
     gap = float(np.median(measured.latency_s[ok]) - np.median(sim.latencies_s))
     return max(0.0, gap / max(visits, 1e-9))

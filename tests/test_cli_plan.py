@@ -480,3 +480,32 @@ def test_simulate_holds_the_tuner_to_an_inventory(files, capsys):
     with pytest.raises(SystemExit):
         main([*_sim_args(files), "--cpu-threads", "pre=2"])
     assert "--cpu-threads: needs --inventory" in capsys.readouterr().err
+
+
+def test_plan_and_simulate_draw_service_times_with_service_spread(files, capsys):
+    from inferline.core import BatchProfile, load_profiles
+
+    prof = load_profiles(files["profiles"])
+    wide = {  # every batch: median 0.9x latency_s, p99 2x
+        m: {
+            h: {
+                b: BatchProfile(bp.latency_s, p50_s=0.9 * bp.latency_s, p99_s=2 * bp.latency_s)
+                for b, bp in bs.items()
+            }
+            for h, bs in hws.items()
+        }
+        for m, hws in prof.models.items()
+    }
+    save(Profiles(wide), files["profiles"])
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", "--service-spread")) == 0
+    capsys.readouterr()
+    out = {}
+    for flag in ("--service-spread", "--no-service-spread"):
+        assert main(_sim_args(files, "--json", flag)) == 0
+        out[flag] = json.loads(capsys.readouterr().out)
+    # the drawn tail is longer than latency_s alone, and the plan made with it holds
+    assert out["--service-spread"]["latency_p99_s"] > out["--no-service-spread"]["latency_p99_s"]
+    assert out["--service-spread"]["latency_p99_s"] <= 0.1
+    assert main(_sim_args(files, "--json", "--service-spread", "--seed", "1")) == 0
+    other = json.loads(capsys.readouterr().out)["latency_p99_s"]
+    assert other != out["--service-spread"]["latency_p99_s"]  # --seed seeds the draws

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from inferline.core import (
+    BatchProfile,
     EstimatorOptions,
     ModelConfig,
     Pipeline,
@@ -130,7 +131,7 @@ def _bench():  # type: ignore[no-untyped-def]
     return sys.modules[name]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(8))
 def test_benchmark_cases_agree_with_simpy(case: int) -> None:
     bench = _bench()
     r = bench.compare(bench.CASES[case], 8.0)
@@ -145,10 +146,28 @@ def test_benchmark_cases_agree_with_simpy(case: int) -> None:
     st.sampled_from([0.0, 8 / GRID]),
     st.lists(st.tuples(st.integers(0, 64), st.sampled_from("abcd"), st.integers(0, 3)), max_size=4),
     st.sampled_from([None, WakeProfile((4 / GRID, 32 / GRID), (1 / GRID, 3 / GRID))]),
+    st.booleans(),
 )
-def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched, wake) -> None:  # type: ignore[no-untyped-def]
+def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched, wake, spread) -> None:  # type: ignore[no-untyped-def]
     bench = _bench()
     p, prof, configs, arr, seed = system
+    if spread:  # service times drawn between p50 0.7x and p99 1.8x of latency_s (odd models)
+        prof = Profiles(
+            {
+                m: {
+                    h: {
+                        b: BatchProfile(
+                            bp.latency_s, p50_s=0.7 * bp.latency_s, p99_s=1.8 * bp.latency_s
+                        )
+                        if i % 2
+                        else bp
+                        for b, bp in bs.items()
+                    }
+                    for h, bs in prof.models[m].items()
+                }
+                for i, m in enumerate(p.models)
+            }
+        )
     if wake is not None:  # every model wakes up slower after idle time
         prof = Profiles(prof.models, {m: {configs[m].hardware: wake} for m in p.models})
     schedule = [(t / GRID, m, n) for t, m, n in sched if m in p.models]
@@ -157,6 +176,7 @@ def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched, wake) 
         batch_wait_s={m: wait for m in p.models[::2]},
         activation_delay_s=delay,
         seed=seed,
+        service_spread=spread,
     )
     ours = simulate(p, configs, prof, arr, options=opt, schedule=schedule).latencies_s
     ref = bench.SimpyReference(p, configs, prof, arr, options=opt, schedule=schedule).run()

@@ -15,7 +15,9 @@ from inferline.core import (
     gamma_trace,
     simulate,
 )
+from inferline.core._estimator import spread_floor
 from inferline.core._planbound import MissBound
+from inferline.core._profiles import BatchProfile
 
 PIPE = Pipeline(
     "diamond",
@@ -65,6 +67,41 @@ def test_bound_never_rejects_a_feasible_configuration(cfgs, cv, slo, pct, seed, 
         c = configs[m]
         cap = c.replicas * bound.peak_throughput(m, c.hardware, c.max_batch_size)
         assert bound.misses(m, cap) <= misses
+    assert bound.best_latency_s(pct) <= res.percentile(pct) + 1e-12
+
+
+# the same latencies with a wide spread: medians well below latency_s, a long p99
+PROF_Q = Profiles(
+    {
+        m: {
+            hw: {
+                b: BatchProfile(bp.latency_s, p50_s=0.6 * bp.latency_s, p99_s=1.5 * bp.latency_s)
+                for b, bp in by_b.items()
+            }
+            for hw, by_b in hws.items()
+        }
+        for m, hws in PROF.models.items()
+    }
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    cfgs=st.tuples(config, config, config, config),
+    slo=st.sampled_from([0.05, 0.1, 0.3, 1.0]),
+    pct=st.sampled_from([50.0, 90.0, 99.0]),
+    seed=st.integers(0, 3),
+)
+def test_bound_on_the_spread_floor_never_rejects_what_the_spread_serves(cfgs, slo, pct, seed):
+    """With drawn service times a batch can run faster than latency_s: the planner bounds on
+    ``spread_floor`` profiles, which must stay sound."""
+    trace = TRACES[1.0]
+    configs = dict(zip(PIPE.models, cfgs, strict=True))
+    bound = MissBound(PIPE, spread_floor(PROF_Q), trace, slo, pct, seed, DEFAULT_CATALOG)
+    opts = EstimatorOptions(seed=seed, service_spread=True)
+    res = simulate(PIPE, configs, PROF_Q, trace, options=opts)
+    if bound.infeasible(configs):
+        assert res.percentile(pct) > slo
     assert bound.best_latency_s(pct) <= res.percentile(pct) + 1e-12
 
 
