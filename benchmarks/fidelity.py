@@ -308,6 +308,9 @@ def _live(q0: dict[str, Any], q1: dict[str, Any]) -> dict[str, float]:
     return {
         "mean_batch": items / batches if batches else 0.0,
         "mean_service_ms": 1e3 * (q1["service_s_sum"] - q0["service_s_sum"]) / max(1, batches),
+        # over the queue's last 1024 batches: this replay's, unless it had more
+        "service_p50_ms": 1e3 * q1.get("service_s_p50_recent", 0.0),
+        "service_p99_ms": 1e3 * q1.get("service_s_p99_recent", 0.0),
     }
 
 
@@ -320,6 +323,26 @@ def _devices(entry: dict[str, Any]) -> list[str]:
         for r in reps
         if "cores" in r
     ]
+
+
+def service_lines(rows: list[dict[str, Any]], profiles: Profiles) -> list[str]:
+    """Live batch service times (the queue's, RPC included) against the profile at the same
+    batch size: where they differ, the estimate's service times are not the live ones."""
+    lines = ["service time per batch, live p50 / p99 vs profiled p50 / p99 at that batch (ms):"]
+    for r in rows:
+        if not r.get("feasible"):
+            continue
+        cells = []
+        for m, live in r["live"].items():
+            b = max(1, round(live["mean_batch"]))
+            hw = r["plan"][m]["hardware"]
+            bp = profiles.batch_profile(m, hw, min(b, profiles.max_batch(m, hw)))
+            prof = f"{(bp.p50_s or 0) * 1e3:.2f} / {(bp.p99_s or 0) * 1e3:.2f}"
+            cells.append(
+                f"{m} b{b} {live['service_p50_ms']:.2f} / {live['service_p99_ms']:.2f} vs {prof}"
+            )
+        lines.append(f"  {r['slo_ms']:g} ms, {r['rate']:g} q/s: " + "; ".join(cells))
+    return lines
 
 
 def _plan_str(plan: dict[str, Any]) -> str:
@@ -404,6 +427,9 @@ def main() -> int:
         "spread: the estimate with service times drawn from the profiled p50-p99 spread "
         "(--service-spread; overhead re-fitted with it)"
     )
+    print()
+    profiles = load_profiles(args.profiles or Path(args.out, "profiles.json"))
+    print("\n".join(service_lines(rows, profiles)))
     print()
     print(
         f"niceness {os.getpriority(os.PRIO_PROCESS, 0)}; "

@@ -42,6 +42,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from inferline.core.errors import (
     BackendError,
     DeadlineExceededError,
@@ -456,6 +458,7 @@ class Dispatcher:
             q.batches += 1
             q.batch_sizes[n] = q.batch_sizes.get(n, 0) + 1
             q.service_sum += service
+            q.recent_service.append(service)
             if service > q.service_max:
                 q.service_max = service
             for item, out in zip(batch, outs, strict=True):
@@ -631,6 +634,7 @@ class Dispatcher:
             queue_delay_s_max=q.queue_delay_max,
             service_s_sum=q.service_sum,
             service_s_max=q.service_max,
+            **_recent_quantiles(q.recent_service),
         )
 
     # -- shutdown -----------------------------------------------------------------------
@@ -656,3 +660,11 @@ class Dispatcher:
         for q in self._queues.values():
             q.pullers.clear()
             q.idle.clear()
+
+
+def _recent_quantiles(recent: Sequence[float]) -> dict[str, float]:
+    """Median and P99 of the last batches' service times (0 before any)."""
+    if not recent:
+        return {}
+    p50, p99 = np.percentile(np.fromiter(recent, float, len(recent)), [50, 99])
+    return {"service_s_p50_recent": float(p50), "service_s_p99_recent": float(p99)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from typing import Any
 
 from inferline.core.errors import BackendError
@@ -17,6 +18,7 @@ __all__: list[str] = []  # private to the package
 # comparison never reaches the payload. Fields: deadline, arrival, rank (the caller's query id,
 # else seq: same-arrival ties keep query order), seq, input, future, enqueue time, retries.
 _DEADLINE, _ARRIVAL, _RANK, _SEQ, _X, _FUT, _ENQ, _RETRIES = range(8)
+RECENT_BATCHES = 1024  # service times kept for ModelStats' recent quantiles
 
 
 class _Puller:
@@ -55,6 +57,7 @@ class _ModelQueue:
         "pullers",
         "queue_delay_max",
         "queue_delay_sum",
+        "recent_service",
         "rejected",
         "retried",
         "service_max",
@@ -88,6 +91,9 @@ class _ModelQueue:
         self.batch_sizes: dict[int, int] = {}
         self.queue_delay_sum = self.queue_delay_max = 0.0
         self.service_sum = self.service_max = 0.0
+        # the last batches' service times: their quantiles are what an operator compares
+        # with the profile (a sum and a max say nothing about the tail)
+        self.recent_service: deque[float] = deque(maxlen=RECENT_BATCHES)
 
 
 def _closed_error(model: str) -> BackendError:

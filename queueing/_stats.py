@@ -38,7 +38,8 @@ class ModelStats:
     ``queued`` waiting, ``in_flight`` queries inside replicas now, ``pending`` both (what
     ``max_queue`` bounds). ``batch_sizes`` maps a batch size to how many batches had it.
     ``queue_delay_*`` is the time from enqueue to dispatch, ``service_*`` a batch's time in
-    its replica.
+    its replica; ``service_s_p50_recent`` / ``service_s_p99_recent`` are over the last 1024
+    batches (what to compare with the profile's ``p50_s`` / ``p99_s``).
     """
 
     model: str
@@ -62,6 +63,9 @@ class ModelStats:
     queue_delay_s_max: float = 0.0
     service_s_sum: float = 0.0
     service_s_max: float = 0.0
+    # over the last ``RECENT_BATCHES`` (1024) batches; 0 before the first
+    service_s_p50_recent: float = 0.0
+    service_s_p99_recent: float = 0.0
 
     @property
     def pending(self) -> int:

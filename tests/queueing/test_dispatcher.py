@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import numpy as np
 import pytest
 
 from inferline.core.errors import (
@@ -458,3 +459,34 @@ def test_a_stage_routed_to_a_variant_is_served_from_its_queue(vrun: Any) -> None
     assert outs == [("out", i) for i in range(5)]
     assert sorted(x for b in slow_batches for x in b) == [0, 1, 2]
     assert sorted(x for b in fast_batches for x in b) == [3, 4]
+
+
+def test_stats_give_the_recent_service_quantiles(vrun: Any) -> None:
+    """Median and P99 of the last 1024 batches' service times, for comparison with a profile."""
+
+    async def scenario() -> list[ModelStats]:
+        d = Dispatcher(clock=asyncio.get_running_loop().time)
+        d.add_model("m", batching=FixedBatching(1))
+        snaps = [d.stats("m")]
+        d.set_replicas("m", [InProcessReplica("m", NoOpModel(), service_s=0.1, replica_id="a")])
+        for i in range(100):
+            await d.submit("m", i, deadline=1e9)
+        d.set_replicas("m", [InProcessReplica("m", NoOpModel(), service_s=0.3, replica_id="b")])
+        for i in range(2):
+            await d.submit("m", i, deadline=1e9)
+        snaps.append(d.stats("m"))
+        for i in range(1024):
+            await d.submit("m", i, deadline=1e9)
+        snaps.append(d.stats("m"))
+        await d.close()
+        return snaps
+
+    empty, mixed, later = vrun(scenario)
+    assert empty.service_s_p50_recent == 0.0 and empty.service_s_p99_recent == 0.0
+    want = np.percentile([0.1] * 100 + [0.3] * 2, [50, 99])
+    assert mixed.service_s_p50_recent == pytest.approx(want[0])
+    assert mixed.service_s_p99_recent == pytest.approx(want[1])
+    # the window holds the last 1024 batches only: the 0.1 s ones have left it
+    assert later.service_s_p50_recent == pytest.approx(0.3)
+    assert later.service_s_p99_recent == pytest.approx(0.3)
+    assert ModelStats.from_dict(later.to_dict()) == later
