@@ -6,7 +6,9 @@ load, then for several (SLO, arrival rate) points plan with InferLine's planner,
 plan to the running server, replay a fresh trace with the same rate and burstiness, and
 compare the estimator's P99 on that same trace (with the measured per-hop overhead) with the
 measured P99. Checks: |estimated - measured| / measured <= 15%, and every plan the planner
-calls feasible meets its SLO when measured.
+calls feasible meets its SLO when measured. Also printed: the estimate with profiles
+calibrated to live service times (``inferline calibrate``) from the low-load replay, the
+previous point's replay and the point's own.
 
     .venv/bin/python benchmarks/fidelity.py [--quick] [--profiles out/demo/profiles.json]
 
@@ -22,17 +24,18 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from inferline._app import run_loop
+from inferline._calibrate import calibrate_profiles, live_service_from_admin
 from inferline._cli_serve import add_profiler_arguments, wake_idle_s
 from inferline._deploy import Deployment
 from inferline._profiler import ProfilerOptions
-from inferline._replay import encode_bodies, replay
+from inferline._replay import ReplayResult, encode_bodies, replay
 from inferline._server_proc import ServerProcess
 from inferline._workflow import (
     estimate,
@@ -107,9 +110,19 @@ async def measure_points(
     rows = []
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
         hops = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
-        hop, hop_cold, hop_spread = hops
+        hop, hop_cold, hop_spread, low = hops
         est = replace(options.estimator, hop_overhead_s=hop)
         async with httpx.AsyncClient(timeout=600) as client:
+            # profiles calibrated to the low-load replay's live service times (what an
+            # operator measures before planning); the per-hop overhead refitted with them
+            base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+            admin = (await client.get(f"{srv.url}/admin/models")).json()
+            cal, cal_rows = calibrate_profiles(
+                profiles, {m: "cpu" for m in pipeline.models}, live_service_from_admin(admin), 10
+            )
+            for c in cal_rows:
+                print(f"calibrated at low load: {c.to_dict()}")
+            hop_cal = hop_overhead_from(low, pipeline, base, cal, catalog, service_spread=True)
             live = LivePoints(
                 client,
                 srv.url,
@@ -120,6 +133,8 @@ async def measure_points(
                 replace(options, estimator=est),
                 hop_without_wake=hop_cold,
                 hop_spread=hop_spread,
+                low=low,
+                calibrated=(cal, hop_cal),
                 cv=args.cv,
                 duration_s=12.0 if args.quick else args.duration_s,
                 calibration_s=3.0 if args.quick else 6.0,
@@ -157,11 +172,11 @@ async def low_load_hop(
     profiles: Profiles,
     rng: np.random.Generator,
     quick: bool,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, ReplayResult]:
     """The per-hop overhead from a 15 q/s replay with one batch-1 CPU replica per model (the
     server's plan as it starts), after a short warm-up; the same without the profiled
     wake-up extras (the estimator before them, for comparison); and with the service spread
-    (``EstimatorOptions.service_spread``)."""
+    (``EstimatorOptions.service_spread``); and the replay itself."""
     base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
     low = gamma_trace(15.0, 1.0, 4.0 if quick else 8.0, rng)
     await replay(low[:20], url, "digits", bodies)
@@ -174,7 +189,7 @@ async def low_load_hop(
         f"({hop_cold * 1e3:.2f} ms without the wake-up extras, {hop_spread * 1e3:.2f} ms with "
         "the service spread)"
     )
-    return hop, hop_cold, hop_spread
+    return hop, hop_cold, hop_spread, measured
 
 
 def wake_lines(profiles: Profiles) -> list[str]:
@@ -215,6 +230,11 @@ class LivePoints:
     app: str = "digits"
     hop_without_wake: float = 0.0
     hop_spread: float = 0.0
+    low: ReplayResult | None = None  # the low-load replay the overheads were fitted to
+    # profiles calibrated to the low-load replay and their per-hop overhead (with the spread)
+    calibrated: tuple[Profiles, float] | None = None
+    # the profiles calibrated to the previous point's replay (mutable: the points run in turn)
+    previous: dict[str, tuple[Profiles, float]] = field(default_factory=dict)
 
     async def point(self, slo_ms: float, rate: float) -> tuple[Plan | None, dict[str, Any]]:
         """Plan for ``slo_ms`` on a fresh 60 s sample of ``rate``, then measure the plan live;
@@ -273,7 +293,9 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
     )
     m99, e99 = meas.percentile(99), sim.percentile(99)
     live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
+    cal_cols = _calibrated_columns(lp, plan, fresh, after, m99)
     return {
+        **cal_cols,
         "plan": {m: c.to_dict() for m, c in plan.models.items()},
         "cost_per_hour": plan.cost_per_hour,
         "hop_overhead_ms": hop_op * 1e3,
@@ -299,6 +321,39 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
         "placement": {m: _devices(after[m]) for m in after},
         "load_avg": os.getloadavg()[0],
     }
+
+
+def _calibrated_columns(
+    lp: LivePoints, plan: Plan, fresh: np.ndarray, after: dict[str, Any], m99: float
+) -> dict[str, Any]:
+    """P99 estimated with calibrated profiles (``inferline calibrate``, with the service
+    spread): calibrated to the low-load replay, to the previous point's replay (out of
+    sample), and to this point's own replay (in sample: the best calibration can do)."""
+    if lp.low is None or lp.calibrated is None:
+        return {}
+    base = {m: ModelConfig("cpu", 1, 1) for m in lp.pipeline.models}
+    hw = {m: c.hardware for m, c in plan.models.items()}
+    own, _ = calibrate_profiles(lp.profiles, hw, live_service_from_admin(after), 10)
+    own_hop = hop_overhead_from(lp.low, lp.pipeline, base, own, lp.catalog, service_spread=True)
+    cols: dict[str, Any] = {}
+    for name, (prof, hop) in (
+        ("low", lp.calibrated),
+        ("prev", lp.previous.get("prev", lp.calibrated)),
+        ("self", (own, own_hop)),
+    ):
+        sim = estimate(
+            lp.pipeline,
+            plan,
+            prof,
+            fresh,
+            hop_overhead_s=hop,
+            catalog=lp.catalog,
+            service_spread=True,
+        )
+        cols[f"estimated_p99_calibrated_{name}_ms"] = sim.percentile(99) * 1e3
+        cols[f"error_calibrated_{name}"] = (sim.percentile(99) - m99) / m99
+    lp.previous["prev"] = (own, own_hop)
+    return cols
 
 
 def _live(q0: dict[str, Any], q1: dict[str, Any]) -> dict[str, float]:
@@ -427,6 +482,22 @@ def main() -> int:
         "spread: the estimate with service times drawn from the profiled p50-p99 spread "
         "(--service-spread; overhead re-fitted with it)"
     )
+    print()
+    print(
+        "calibrated profiles (inferline calibrate, --service-spread), est P99 ms and error: "
+        "to the 15 q/s replay / to the previous point's replay (out of sample) / to this "
+        "point's own replay (in sample)"
+    )
+    for r in rows:
+        if r.get("feasible") and "error_calibrated_low" in r:
+            print(
+                f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  "
+                + "  ".join(
+                    f"{k}: {r[f'estimated_p99_calibrated_{k}_ms']:>6.1f} "
+                    f"{r[f'error_calibrated_{k}']:>+5.0%}"
+                    for k in ("low", "prev", "self")
+                )
+            )
     print()
     profiles = load_profiles(args.profiles or Path(args.out, "profiles.json"))
     print("\n".join(service_lines(rows, profiles)))

@@ -501,7 +501,8 @@ def oversubscription(
         return None
     return (
         f"the plan's replicas take {', '.join(over)} units: they share them, and the estimate, "
-        "which gives each replica its own, is optimistic (plan with --inventory to stay within)"
+        "which gives each replica its own, is optimistic (plan with --inventory to stay within, "
+        "or re-plan on `inferline calibrate` profiles with --service-spread once it has served)"
     )
 
 

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Importing the command modules registers their subparsers.
     from inferline import _cli_trace  # noqa: F401
 
-    for mod in ("_cli_plan", "_cli_serve", "_cli_tools", "_cli_attach"):
+    for mod in ("_cli_plan", "_cli_serve", "_cli_calibrate", "_cli_tools", "_cli_attach"):
         try:
             __import__(f"inferline.{mod}")
         except ModuleNotFoundError as e:

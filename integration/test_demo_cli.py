@@ -102,3 +102,45 @@ def test_serve_deploy_replay(tmp_path):
     ):
         assert time.monotonic() < deadline, replica_pids
         time.sleep(0.1)
+
+
+def test_calibrate_scales_profiles_to_the_live_service_times(tmp_path):
+    """`calibrate` reads a running server's recent service quantiles per batch size and writes
+    profiles scaled to them; without live batches it refuses, naming what it needs."""
+    from inferline.core import BatchProfile, Profiles, WakeProfile, load_profiles
+
+    dep = tmp_path / "d.json"
+    dep.write_text(json.dumps(sleep_deployment(base_s=0.008)))
+    plan = tmp_path / "plan.json"
+    save(Plan("sleep", 0.5, {"m": ModelConfig("cpu", 1, 1)}), plan)
+    # a profile 4x faster than the 8 ms the model sleeps (as if measured on a faster machine)
+    prof = Profiles(
+        {"m": {"cpu": {b: BatchProfile(0.002, 0.002, 0.0025) for b in (1, 2, 4)}}},
+        {"m": {"cpu": WakeProfile((0.01,), (0.001,))}},
+    )
+    prof_path, out = tmp_path / "p.json", tmp_path / "cal.json"
+    save(prof, prof_path)
+    args = ["calibrate", "--profiles", str(prof_path), "--plan", str(plan), "-o", str(out)]
+    with ServerProcess(dep, token="tok") as srv:
+        r = _cli(*args, "--url", srv.url, "--min-batches", "20", token="tok")
+        assert r.returncode == 2 and "serve traffic first" in r.stderr, r.stderr
+        assert not out.exists()
+        r = _cli(*args, "--url", srv.url)  # no token
+        assert r.returncode == 2 and "401" in r.stderr, r.stderr
+        trace = tmp_path / "t.txt"
+        r = _cli("trace", "gamma", "--rate", "40", "--duration-s", "2", "-o", str(trace))
+        assert r.returncode == 0, r.stderr
+        r = _cli(
+            "replay", str(trace), "--url", srv.url, "--app", "app", "--deployment", str(dep),
+            token="tok",
+        )  # fmt: skip
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = _cli(*args, "--url", srv.url, "--min-batches", "20", "--json", token="tok")
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads(r.stdout)
+    assert row["model"] == "m" and row["sizes"] == [1] and row["batches"] >= 20
+    # the replica sleeps 8 ms (plus its RPC): at least 3.5x the profile's 2 ms median
+    assert row["p50_factor"] > 3.5 and row["p99_factor"] > 3.0
+    cal = load_profiles(out)
+    assert cal.batch_profile("m", "cpu", 4).p50_s == pytest.approx(0.002 * row["p50_factor"])
+    assert cal.wake("m", "cpu") is None

@@ -14,7 +14,7 @@ from ._dispatcher import Dispatcher, Listener
 from ._driver import PipelineContext, PipelineFn, PipelineRunner, QueryResult
 from ._inprocess import InProcessReplica, NoOpModel
 from ._lineage import TracingContext, trace_pipeline
-from ._stats import ArrivalEvent, BatchEvent, ModelStats
+from ._stats import ArrivalEvent, BatchEvent, ModelStats, RecentService
 
 __all__ = [
     "AIMDBatching",
@@ -35,6 +35,7 @@ __all__ = [
     "PredictionCache",
     "QueryResult",
     "RafikiGreedyBatching",
+    "RecentService",
     "TracingContext",
     "batching_from_dict",
     "cache_key",

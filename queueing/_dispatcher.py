@@ -66,7 +66,7 @@ from ._mqueue import (
     _ModelQueue,
     _Puller,
 )
-from ._stats import ArrivalEvent, BatchEvent, ModelStats
+from ._stats import ArrivalEvent, BatchEvent, ModelStats, RecentService
 
 __all__ = ["Dispatcher", "Listener"]
 
@@ -458,7 +458,7 @@ class Dispatcher:
             q.batches += 1
             q.batch_sizes[n] = q.batch_sizes.get(n, 0) + 1
             q.service_sum += service
-            q.recent_service.append(service)
+            q.recent_service.append((n, service))
             if service > q.service_max:
                 q.service_max = service
             for item, out in zip(batch, outs, strict=True):
@@ -662,9 +662,21 @@ class Dispatcher:
             q.idle.clear()
 
 
-def _recent_quantiles(recent: Sequence[float]) -> dict[str, float]:
-    """Median and P99 of the last batches' service times (0 before any)."""
+def _recent_quantiles(recent: Sequence[tuple[int, float]]) -> dict[str, Any]:
+    """Median and P99 of the last batches' service times, overall and per batch size (empty
+    before any batch)."""
     if not recent:
         return {}
-    p50, p99 = np.percentile(np.fromiter(recent, float, len(recent)), [50, 99])
-    return {"service_s_p50_recent": float(p50), "service_s_p99_recent": float(p99)}
+    sizes = np.fromiter((b for b, _ in recent), np.int64, len(recent))
+    service = np.fromiter((x for _, x in recent), float, len(recent))
+    p50, p99 = np.percentile(service, [50, 99])
+    by_size = {}
+    for b in np.unique(sizes).tolist():
+        xs = service[sizes == b]
+        q50, q99 = np.percentile(xs, [50, 99])
+        by_size[int(b)] = RecentService(int(xs.size), float(q50), float(q99))
+    return {
+        "service_s_p50_recent": float(p50),
+        "service_s_p99_recent": float(p99),
+        "service_recent_by_batch": by_size,
+    }

@@ -93,7 +93,8 @@ class _ModelQueue:
         self.service_sum = self.service_max = 0.0
         # the last batches' service times: their quantiles are what an operator compares
         # with the profile (a sum and a max say nothing about the tail)
-        self.recent_service: deque[float] = deque(maxlen=RECENT_BATCHES)
+        # (batch size, service s) so the quantiles can also be read per batch size
+        self.recent_service: deque[tuple[int, float]] = deque(maxlen=RECENT_BATCHES)
 
 
 def _closed_error(model: str) -> BackendError:

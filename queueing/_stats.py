@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArrivalEvent", "BatchEvent", "ModelStats"]
+__all__ = ["ArrivalEvent", "BatchEvent", "ModelStats", "RecentService"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,22 @@ class BatchEvent:
 
 
 @dataclass(frozen=True)
+class RecentService:
+    """Service times of one batch size among the last batches: how many, median, P99."""
+
+    batches: int
+    p50_s: float
+    p99_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "p50_s": self.p50_s, "p99_s": self.p99_s}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RecentService:
+        return cls(int(d["batches"]), float(d["p50_s"]), float(d["p99_s"]))
+
+
+@dataclass(frozen=True)
 class ModelStats:
     """A snapshot of one model's queue. Times in seconds of the dispatcher's clock.
 
@@ -39,7 +55,8 @@ class ModelStats:
     ``max_queue`` bounds). ``batch_sizes`` maps a batch size to how many batches had it.
     ``queue_delay_*`` is the time from enqueue to dispatch, ``service_*`` a batch's time in
     its replica; ``service_s_p50_recent`` / ``service_s_p99_recent`` are over the last 1024
-    batches (what to compare with the profile's ``p50_s`` / ``p99_s``).
+    batches (what to compare with the profile's ``p50_s`` / ``p99_s``), and
+    ``service_recent_by_batch`` the same per batch size (what ``inferline calibrate`` reads).
     """
 
     model: str
@@ -66,6 +83,7 @@ class ModelStats:
     # over the last ``RECENT_BATCHES`` (1024) batches; 0 before the first
     service_s_p50_recent: float = 0.0
     service_s_p99_recent: float = 0.0
+    service_recent_by_batch: dict[int, RecentService] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -88,10 +106,17 @@ class ModelStats:
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
         d["batch_sizes"] = {str(b): c for b, c in sorted(self.batch_sizes.items())}
+        d["service_recent_by_batch"] = {
+            str(b): r.to_dict() for b, r in sorted(self.service_recent_by_batch.items())
+        }
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelStats:
         kw = dict(d)
         kw["batch_sizes"] = {int(b): int(c) for b, c in d.get("batch_sizes", {}).items()}
+        kw["service_recent_by_batch"] = {
+            int(b): RecentService.from_dict(r)
+            for b, r in d.get("service_recent_by_batch", {}).items()
+        }
         return cls(**kw)

@@ -24,6 +24,7 @@ SERVE = ["serve", "--deployment", "d"]
 DEPLOY = ["deploy", "plan.json", "--deployment", "d"]
 ATTACH = ["attach", "triton://h:8000"]
 REPLAY = ["replay", "t", "--url", "http://127.0.0.1:1", "--app", "a", "--inputs", "i"]
+CALIBRATE = ["calibrate", "--profiles", "p", "--plan", "q", "-o", "x"]
 GAMMA = ["trace", "gamma", "--rate", "1", "--duration-s", "1"]
 VARYING = ["trace", "varying", "--segment", "1,1,1"]
 FROM_CSV = ["trace", "from-csv", "c.csv"]
@@ -177,6 +178,8 @@ def test_the_plan_command_refuses_a_missing_folder_in_a_subprocess(tmp_path):
         (["replay", "t", "--app", "a"], "--url", "http://h:x"),
         (["replay", "t", "--app", "a"], "--url", "https://h:1"),  # the client speaks http
         (DEPLOY, "--url", "notaurl"),
+        (CALIBRATE, "--url", "ftp://h:1"),
+        (CALIBRATE, "--min-batches", "0"),
     ],
 )
 def test_nonsensical_numbers_are_refused_at_parse_time(argv, flag, bad, capsys):
@@ -469,3 +472,17 @@ def test_attach_to_a_tf_serving_url_without_models_says_to_name_them(capsys):
     err = capsys.readouterr().err
     assert "models: expected the models to attach (--models M1,M2)" in err, err
     assert "cannot list its models" in err and "Traceback" not in err
+
+
+def test_calibrate_names_an_unreachable_server(tmp_path, capsys):
+    """A refused connection is one line naming --url, after the files were read."""
+    from inferline.core import BatchProfile, ModelConfig, Plan, Profiles, save
+
+    prof, plan = tmp_path / "p.json", tmp_path / "q.json"
+    save(Profiles({"m": {"cpu": {1: BatchProfile(0.001)}}}), prof)
+    save(Plan("x", 0.1, {"m": ModelConfig("cpu", 1, 1)}), plan)
+    argv = ["calibrate", "--profiles", str(prof), "--plan", str(plan), "-o", str(tmp_path / "o")]
+    assert main([*argv, "--url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "--url: expected a reachable inferline server" in err and "Traceback" not in err, err
+    assert not (tmp_path / "o").exists()

@@ -490,3 +490,30 @@ def test_stats_give_the_recent_service_quantiles(vrun: Any) -> None:
     assert later.service_s_p50_recent == pytest.approx(0.3)
     assert later.service_s_p99_recent == pytest.approx(0.3)
     assert ModelStats.from_dict(later.to_dict()) == later
+    assert empty.service_recent_by_batch == {}
+
+
+def test_recent_service_quantiles_per_batch_size(vrun: Any) -> None:
+    """Per batch size, the count, median and P99 of the last batches' service times (what
+    `inferline calibrate` compares with the profile at that size)."""
+
+    async def scenario() -> ModelStats:
+        d = Dispatcher(clock=asyncio.get_running_loop().time)
+        d.add_model("m", batching=FixedBatching(4))
+        d.set_replicas("m", [InProcessReplica("m", NoOpModel(), service_s=lambda b: 0.1 * b)])
+        for n in (8, 2, 1, 2):  # batches of 4, 4, 2, 1, 2
+            futs = [asyncio.ensure_future(d.submit("m", i, deadline=1e9)) for i in range(n)]
+            await asyncio.gather(*futs)
+        s = d.stats("m")
+        await d.close()
+        return s
+
+    s = vrun(scenario)
+    by = s.service_recent_by_batch
+    assert sum(r.batches for r in by.values()) == s.batches
+    assert set(by) == set(s.batch_sizes)
+    for b, r in by.items():
+        assert r.batches == s.batch_sizes[b]
+        assert r.p50_s == pytest.approx(0.1 * b) and r.p99_s == pytest.approx(0.1 * b)
+    assert {b: r.batches for b, r in by.items()} == {4: 2, 2: 2, 1: 1}
+    assert ModelStats.from_dict(s.to_dict()) == s
