@@ -27,15 +27,13 @@ from typing import Any
 
 import httpx
 import numpy as np
-from fidelity import low_load_hop, profiler_options
+from fidelity import demo_arguments, demo_setup, low_load_hop, plan_str
 
 from inferline._app import run_loop
 from inferline._calibrate import calibrate_profiles, live_service_from_admin
-from inferline._cli_serve import add_profiler_arguments
-from inferline._deploy import Deployment
 from inferline._replay import encode_bodies, replay
 from inferline._server_proc import ServerProcess
-from inferline._workflow import estimate, hop_overhead_from, profile_deployment, trace_deployment
+from inferline._workflow import estimate, hop_overhead_from
 from inferline.core import (
     EstimatorOptions,
     InfeasibleError,
@@ -45,11 +43,9 @@ from inferline.core import (
     PlannerOptions,
     Profiles,
     gamma_trace,
-    load_profiles,
     plan_inferline,
-    save,
 )
-from inferline.demo.pipeline import deployment_dict, sample_inputs, test_inputs
+from inferline.demo.pipeline import test_inputs
 
 POINTS = [(20.0, 50.0), (20.0, 100.0), (25.0, 150.0)]
 
@@ -109,20 +105,7 @@ def _plan(
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    dep_d = deployment_dict(slo_ms=100.0)
-    (out / "deployment.json").write_text(json.dumps(dep_d))
-    dep = Deployment.from_dict(dep_d)
-    rng = np.random.default_rng(args.seed)
-    if args.profiles:
-        profiles = load_profiles(args.profiles)
-        pipeline, _ = await trace_deployment(dep, samples=sample_inputs(120))
-    else:
-        popts = profiler_options(args, max_batch_size=16, warmup=3)
-        result, pipeline = await profile_deployment(dep, popts, samples=sample_inputs(120))
-        profiles = result.profiles
-        save(profiles, out / "profiles.json")
+    out, pipeline, profiles, rng = await demo_setup(args)
     xt, _ = test_inputs()
     bodies = encode_bodies(list(xt))
     rows = []
@@ -167,20 +150,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def _short(plan: dict[str, Any]) -> str:
-    short = {"preprocess": "pre", "mlp": "mlp", "forest": "rf"}
-    return " ".join(
-        f"{short.get(m, m)}:{c['replicas']}x b{c['max_batch_size']}" for m, c in plan.items()
-    )
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true", help="fewer profiling samples, 12 s replays")
-    ap.add_argument("--profiles", default=None, help="reuse these profiles (skip profiling)")
-    add_profiler_arguments(ap)
+    ap = demo_arguments(__doc__)
     ap.add_argument("--duration-s", type=float, default=30.0, help="measured replay, s")
     ap.add_argument("--seed", type=int, default=3, help="seed of the arrival traces")
     ap.add_argument("--min-batches", type=int, default=20, help="calibrate --min-batches")
@@ -206,7 +177,7 @@ def main() -> int:
                 continue
             holds = x["measured_p99_ms"] <= r["slo_ms"]
             print(
-                f"{head}{_short(x['plan']):<28}{x['cost_per_hour']:>7.3f}"
+                f"{head}{plan_str(x['plan']):<28}{x['cost_per_hour']:>7.3f}"
                 f"{x['estimated_p99_ms']:>9.1f}{x['measured_p99_ms']:>9.1f}"
                 f"{x['measured_miss_rate']:>7.2%}  {'yes' if holds else 'NO':<6}"
             )

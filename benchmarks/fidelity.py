@@ -65,7 +65,16 @@ QUICK_POINTS = POINTS
 
 
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    out, pipeline, profiles, rng = await demo_setup(args)
+    points = QUICK_POINTS if args.quick else POINTS
+    return await measure_points(args, out, pipeline, profiles, points, PlannerOptions(), rng)
 
+
+async def demo_setup(
+    args: argparse.Namespace,
+) -> tuple[Path, Pipeline, Profiles, np.random.Generator]:
+    """The demo deployment written to ``args.out``, its traced pipeline and profiles
+    (``args.profiles``, else profiled now and saved there), and the traces' random source."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dep_d = deployment_dict(slo_ms=100.0)
@@ -84,9 +93,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         save(profiles, out / "profiles.json")
         print("\n".join(wake_lines(profiles)))
     print(f"profiles ready in {time.perf_counter() - t0:.0f} s; pipeline {pipeline.to_dict()}")
-
-    points = QUICK_POINTS if args.quick else POINTS
-    return await measure_points(args, out, pipeline, profiles, points, PlannerOptions(), rng)
+    return out, pipeline, profiles, rng
 
 
 async def measure_points(
@@ -400,20 +407,27 @@ def service_lines(rows: list[dict[str, Any]], profiles: Profiles) -> list[str]:
     return lines
 
 
-def _plan_str(plan: dict[str, Any]) -> str:
+def plan_str(plan: dict[str, Any]) -> str:
     short = {"preprocess": "pre", "mlp": "mlp", "forest": "rf"}
     return " ".join(
         f"{short.get(m, m)}:{c['replicas']}x b{c['max_batch_size']}" for m, c in plan.items()
     )
 
 
-def main() -> int:
+def demo_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the live demo benchmarks: ``--quick``, ``--profiles`` and how the
+    profiler measures."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="fewer profiling samples, 12 s replays")
     ap.add_argument("--profiles", default=None, help="reuse these profiles (skip profiling)")
     add_profiler_arguments(ap)
+    return ap
+
+
+def main() -> int:
+    ap = demo_arguments(__doc__)
     ap.add_argument(
         "--duration-s",
         type=float,
@@ -466,7 +480,7 @@ def main() -> int:
         meets = r["measured_p99_ms"] <= r["slo_ms"]
         ok_all &= within and meets
         print(
-            f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  {_plan_str(r['plan']):<28}"
+            f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  {plan_str(r['plan']):<28}"
             f"{r['cost_per_hour']:>7.3f}{r['estimated_p99_low_load_hop_ms']:>9.1f}"
             f"{r['measured_p99_ms']:>9.1f}{r['error']:>+8.0%}{r['measured_miss_rate']:>7.2%}  "
             f"{'yes' if within else 'NO':<11}{'yes' if meets else 'NO':<10}"

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fidelity import _plan_str, measure_points, profiler_options, wake_lines
+from fidelity import measure_points, plan_str, profiler_options, wake_lines
 
 from inferline._app import run_loop
 from inferline._cli_serve import add_profiler_arguments
@@ -211,7 +211,7 @@ def main() -> int:
         placed = r["placed_as_planned"] and r["fits"]
         ok &= meets and placed
         print(
-            head + f"{_plan_str(r['plan']):<26}{r['cost_per_hour']:>7.3f}"
+            head + f"{plan_str(r['plan']):<26}{r['cost_per_hour']:>7.3f}"
             f"{r['estimated_p99_low_load_hop_ms']:>9.1f}{r['measured_p99_ms']:>9.1f}"
             f"{r['error']:>+8.0%}{r['measured_miss_rate']:>7.2%}  {'yes' if placed else 'NO':<7}"
             f"{'yes' if meets else 'NO':<10}{'yes' if within else 'no':<10}"
