@@ -45,6 +45,7 @@ from inferline._workflow import (
 )
 from inferline.core import (
     DEFAULT_CATALOG,
+    EstimatorOptions,
     HardwareCatalog,
     InfeasibleError,
     ModelConfig,
@@ -79,6 +80,7 @@ async def demo_setup(
     out.mkdir(parents=True, exist_ok=True)
     dep_d = deployment_dict(slo_ms=100.0)
     (out / "deployment.json").write_text(json.dumps(dep_d))
+    args.replica_units = {m["name"]: float(m.get("threads", 1)) for m in dep_d["models"]}
     dep = Deployment.from_dict(dep_d)
     rng = np.random.default_rng(args.seed)
 
@@ -130,6 +132,7 @@ async def measure_points(
             for c in cal_rows:
                 print(f"calibrated at low load: {c.to_dict()}")
             hop_cal = hop_overhead_from(low, pipeline, base, cal, catalog, service_spread=True)
+            sharing = shared_cores(args.replica_units, low, pipeline, profiles, catalog)
             live = LivePoints(
                 client,
                 srv.url,
@@ -142,6 +145,7 @@ async def measure_points(
                 hop_spread=hop_spread,
                 low=low,
                 calibrated=(cal, hop_cal),
+                sharing=sharing,
                 cv=args.cv,
                 duration_s=12.0 if args.quick else args.duration_s,
                 calibration_s=3.0 if args.quick else 6.0,
@@ -155,6 +159,41 @@ async def measure_points(
                 rows.append({"slo_ms": slo_ms, "rate": rate, **row})
                 print(json.dumps(rows[-1]))
     return rows
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """The estimator's models of this machine's shared cores, by name (``shared``: one pool
+    of all cores, ``EstimatorOptions.shared_units``; ``pinned``: a pool per core with the
+    bundled runtime's placement, ``pinned_cores``), each with its estimator keywords and the
+    per-hop overheads fitted with it at low load (mean profiles; the spread)."""
+
+    options: dict[str, EstimatorOptions]
+    hops: dict[str, tuple[float, float]]
+
+
+def shared_cores(
+    replica_units: dict[str, float],
+    low: ReplayResult,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    catalog: HardwareCatalog,
+) -> Sharing:
+    """Every CPU replica of the bundled runtime runs on this process's cores."""
+    n = len(os.sched_getaffinity(0))
+    kws = {
+        "shared": EstimatorOptions(shared_units={"cpu": n}, replica_units=replica_units),
+        "pinned": EstimatorOptions(pinned_cores={"cpu": n}),
+    }
+    one = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+    hops = {
+        k: (
+            hop_overhead_from(low, pipeline, one, profiles, catalog, base=kw),
+            hop_overhead_from(low, pipeline, one, profiles, catalog, service_spread=True, base=kw),
+        )
+        for k, kw in kws.items()
+    }
+    return Sharing(kws, hops)
 
 
 def profiler_options(args: argparse.Namespace, max_batch_size: int, warmup: int) -> ProfilerOptions:
@@ -240,6 +279,7 @@ class LivePoints:
     low: ReplayResult | None = None  # the low-load replay the overheads were fitted to
     # profiles calibrated to the low-load replay and their per-hop overhead (with the spread)
     calibrated: tuple[Profiles, float] | None = None
+    sharing: Sharing | None = None  # the shared-cores model and its per-hop overheads
     # the profiles calibrated to the previous point's replay (mutable: the points run in turn)
     previous: dict[str, tuple[Profiles, float]] = field(default_factory=dict)
 
@@ -303,6 +343,7 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
     cal_cols = _calibrated_columns(lp, plan, fresh, after, m99)
     return {
         **cal_cols,
+        **_shared_columns(lp, plan, fresh, m99),
         "plan": {m: c.to_dict() for m, c in plan.models.items()},
         "cost_per_hour": plan.cost_per_hour,
         "hop_overhead_ms": hop_op * 1e3,
@@ -360,6 +401,31 @@ def _calibrated_columns(
         cols[f"estimated_p99_calibrated_{name}_ms"] = sim.percentile(99) * 1e3
         cols[f"error_calibrated_{name}"] = (sim.percentile(99) - m99) / m99
     lp.previous["prev"] = (own, own_hop)
+    return cols
+
+
+def _shared_columns(lp: LivePoints, plan: Plan, fresh: np.ndarray, m99: float) -> dict[str, Any]:
+    """P99 estimated with the shared-cores models (:class:`Sharing`): with the mean
+    profiles, and with the service spread."""
+    sh = lp.sharing
+    if sh is None:
+        return {}
+    cols: dict[str, Any] = {}
+    for mode, kw in sh.options.items():
+        for spread in (False, True):
+            sim = estimate(
+                lp.pipeline,
+                plan,
+                lp.profiles,
+                fresh,
+                hop_overhead_s=sh.hops[mode][spread],
+                catalog=lp.catalog,
+                service_spread=spread,
+                base=kw,
+            )
+            name = f"{mode}_spread" if spread else mode
+            cols[f"estimated_p99_{name}_ms"] = sim.percentile(99) * 1e3
+            cols[f"error_{name}"] = (sim.percentile(99) - m99) / m99
     return cols
 
 
@@ -510,6 +576,21 @@ def main() -> int:
                     f"{k}: {r[f'estimated_p99_calibrated_{k}_ms']:>6.1f} "
                     f"{r[f'error_calibrated_{k}']:>+5.0%}"
                     for k in ("low", "prev", "self")
+                )
+            )
+    print()
+    print(
+        "shared cores, est P99 ms and error (processor sharing; shared: one pool of this "
+        "machine's cores, EstimatorOptions.shared_units; pinned: a pool per core, replicas "
+        "placed as the bundled runtime does, pinned_cores; _spread: with the service spread)"
+    )
+    for r in rows:
+        if r.get("feasible") and "error_shared" in r:
+            print(
+                f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  "
+                + "  ".join(
+                    f"{k}: {r[f'estimated_p99_{k}_ms']:>6.1f} {r[f'error_{k}']:>+5.0%}"
+                    for k in ("shared", "shared_spread", "pinned", "pinned_spread")
                 )
             )
     print()

@@ -22,6 +22,7 @@ from ._envelope import (
     trace_envelope,
 )
 from ._estimator import (
+    MAX_SHARERS_PER_UNIT,
     Controller,
     EstimatorOptions,
     ModelSimStats,
@@ -120,6 +121,7 @@ __all__ = [
     "HARDWARE_FORMAT",
     "LADDER_FACTORS",
     "MAX_ENVELOPE_WINDOW_S",
+    "MAX_SHARERS_PER_UNIT",
     "PIPELINE_FORMAT",
     "PLAN_FORMAT",
     "PROFILES_FORMAT",

@@ -27,10 +27,11 @@ from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import ModelConfig, Plan
 from ._profiles import BatchProfile, Profiles
-from ._validate import as_float, as_int, as_mapping, no_extra_keys
+from ._validate import as_float, as_int, as_mapping, as_str, no_extra_keys
 from .errors import ValidationError
 
 __all__ = [
+    "MAX_SHARERS_PER_UNIT",
     "Controller",
     "EstimatorOptions",
     "ModelSimStats",
@@ -45,6 +46,11 @@ __all__ = [
 
 
 # -- configuration and results ---------------------------------------------------------------
+# Replicas that may share one core (or GPU) of a shared or pinned pool, at most: the planner
+# grows a model no further there, and the bundled runtime refuses more when oversubscribing.
+MAX_SHARERS_PER_UNIT = 16
+
+
 @dataclass(frozen=True)
 class EstimatorOptions:
     """Departures from the ideal system that the live one has (all off by default).
@@ -60,6 +66,15 @@ class EstimatorOptions:
     log-normal through the profile's ``p50_s`` and ``p99_s`` for its size, clipped at its
     0.1th and 99.9th percentiles, instead of taking ``latency_s``. Batch sizes profiled
     without both quantiles (or with ``p99_s <= p50_s``) keep ``latency_s``.
+    ``shared_units``: hardware name -> the units (cores, GPUs) that *all* replicas placed on
+    it share, as when replicas outnumber a machine's cores. A busy replica takes
+    ``replica_units`` of them (per model, its threads; default 1); while the busy replicas
+    take more than there are, every one runs at the same fraction of its profiled speed
+    (processor sharing). ``pinned_cores``: hardware name -> cores its replicas are pinned
+    to, each replica to the least-used core (the lowest on ties) when it is requested, as
+    the bundled runtime places them: the replicas on one core share it. A pinned replica is
+    modelled on one core (threads beyond the first are not). Hardware named in neither gives
+    each replica units of its own (the paper's cloud, the default).
     """
 
     hop_overhead_s: float = 0.0
@@ -68,6 +83,9 @@ class EstimatorOptions:
     seed: int = 0
     wake_up: bool = True
     service_spread: bool = False
+    shared_units: Mapping[str, float] = field(default_factory=dict)
+    replica_units: Mapping[str, float] = field(default_factory=dict)
+    pinned_cores: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         as_float(self.hop_overhead_s, "hop_overhead_s", nonneg=True)
@@ -81,6 +99,18 @@ class EstimatorOptions:
         for k, v in self.batch_wait_s.items():
             as_float(v, f"batch_wait_s.{k}", nonneg=True)
         object.__setattr__(self, "batch_wait_s", dict(self.batch_wait_s))
+        for name in ("shared_units", "replica_units"):
+            object.__setattr__(self, name, _positive_map(getattr(self, name), name))
+        pinned = {
+            as_str(k, "pinned_cores"): as_int(v, f"pinned_cores.{k}", minimum=1)
+            for k, v in as_mapping(self.pinned_cores, "pinned_cores").items()
+        }
+        object.__setattr__(self, "pinned_cores", pinned)
+        for hw in pinned:
+            if hw in self.shared_units:
+                raise ValidationError(
+                    f"pinned_cores.{hw}", "hardware not also in shared_units", pinned[hw]
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,6 +120,9 @@ class EstimatorOptions:
             "seed": self.seed,
             "wake_up": self.wake_up,
             "service_spread": self.service_spread,
+            "shared_units": dict(self.shared_units),
+            "replica_units": dict(self.replica_units),
+            "pinned_cores": dict(self.pinned_cores),
         }
 
     @classmethod
@@ -104,6 +137,9 @@ class EstimatorOptions:
                 "seed",
                 "wake_up",
                 "service_spread",
+                "shared_units",
+                "replica_units",
+                "pinned_cores",
             },
             "",
         )
@@ -119,7 +155,17 @@ class EstimatorOptions:
             seed=as_int(m.get("seed", 0), "seed", minimum=0),
             wake_up=m.get("wake_up", True),
             service_spread=m.get("service_spread", False),
+            shared_units=m.get("shared_units", {}),
+            replica_units=m.get("replica_units", {}),
+            pinned_cores=m.get("pinned_cores", {}),
         )
+
+
+def _positive_map(m: Any, where: str) -> dict[str, float]:
+    return {
+        as_str(k, where): as_float(v, f"{where}.{k}", positive=True)
+        for k, v in as_mapping(m, where).items()
+    }
 
 
 @dataclass(frozen=True)
@@ -331,6 +377,14 @@ class _Prep:
     wake_n: np.ndarray
     spr_mu: np.ndarray  # by table row and batch size: see KState
     spr_sig: np.ndarray
+    # shared cores: each table row's group of pools (-1: none) and units; per group its first
+    # pool, its number of pools, whether pinned (a pool per core) or one pool; per pool units
+    row_group: np.ndarray
+    row_units: np.ndarray
+    group_first: np.ndarray
+    group_size: np.ndarray
+    group_pinned: np.ndarray
+    pool_cap: np.ndarray
     rows: Mapping[tuple[str, str], int]  # (stage, variant) -> table row
     waitv: np.ndarray
     replicas: np.ndarray
@@ -438,6 +492,29 @@ def _prepare(
                 sp = spread_params(profiles.batch_profile(m, hw, b))
                 if sp is not None:
                     spr_mu[r, b], spr_sig[r, b] = sp
+    for name in ("shared_units", "pinned_cores"):
+        for hw in getattr(options, name):
+            if hw not in catalog:
+                raise ValidationError(
+                    f"options.{name}", f"hardware from the catalog {catalog.names()!r}", hw
+                )
+    groups = sorted(
+        {hw for _, hw in pairs if hw in options.shared_units or hw in options.pinned_cores}
+    )
+    row_group = np.array([groups.index(hw) if hw in groups else -1 for _, hw in pairs], np.int64)
+    row_units = np.array([float(options.replica_units.get(m, 1.0)) for m, _ in pairs])
+    sizes_g = [options.pinned_cores.get(hw, 1) for hw in groups]
+    group_first = np.cumsum([0, *sizes_g])[:-1].astype(np.int64)
+    group_pinned = np.array([hw in options.pinned_cores for hw in groups], dtype=bool)
+    pool_cap = np.concatenate(
+        [
+            np.ones(options.pinned_cores[hw])
+            if hw in options.pinned_cores
+            else [float(options.shared_units[hw])]
+            for hw in groups
+        ]
+        or [np.zeros(0)]
+    ).astype(np.float64)
     waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
@@ -454,6 +531,12 @@ def _prepare(
         wake_n,
         spr_mu,
         spr_sig,
+        row_group,
+        row_units,
+        group_first,
+        np.array(sizes_g, dtype=np.int64),
+        group_pinned,
+        pool_cap,
         rows,
         waitv,
         replicas,
@@ -566,6 +649,7 @@ def _new_state(
     ist[K.I_NSLOTS] = S0
     fst = np.zeros(4, dtype=np.float64)
     fst[K.F_HOP] = hop
+    P = p.pool_cap.shape[0]
     ecap = 2 * cap + M + 8  # per slot: a completion or activation, and a switch's retirement
     return K.KState(
         arr=arr,
@@ -582,6 +666,7 @@ def _new_state(
         spr_sig=p.spr_sig,
         zs=_normals(NM, seed) if np.any(p.spr_sig > 0.0) else np.zeros(1),
         waitv=p.waitv,
+        pool_cap=p.pool_cap,
         rem=rem.reshape(-1).copy(),
         left=left.copy(),
         fin=np.full(N, np.inf),
@@ -617,6 +702,14 @@ def _new_state(
         busy=np.zeros(M),
         dirty=np.zeros(M, dtype=np.uint8),
         dlist=np.zeros(M, dtype=np.int64),
+        pool_dem=np.zeros(P),
+        pool_n=np.zeros(P, dtype=np.int64),
+        pool_list=np.zeros((P, cap), dtype=np.int64),
+        pool_next=np.full(P, np.inf),
+        rep_pool=np.full(cap, -1, dtype=np.int64),
+        rep_units=np.ones(cap),
+        rep_ppos=np.zeros(cap, dtype=np.int64),
+        rep_t0=np.zeros(cap),
         ist=ist,
         fst=fst,
     )
@@ -649,7 +742,37 @@ def _ensure_slots(S: K.KState, extra: int) -> K.KState:
         rep_act=grow(S.rep_act, np.inf),
         rep_stop=grow(S.rep_stop, np.inf),
         rep_end=grow(S.rep_end, np.inf),
+        rep_pool=grow(S.rep_pool, -1),
+        rep_units=grow(S.rep_units, 1.0),
+        rep_ppos=grow(S.rep_ppos, 0),
+        rep_t0=grow(S.rep_t0, 0.0),
+        pool_list=np.concatenate(
+            [S.pool_list, np.zeros((S.pool_list.shape[0], new - cap), np.int64)], axis=1
+        ),
     )
+
+
+def _place(S: K.KState, p: _Prep | None, start: int) -> None:
+    """Put replica slots ``start..`` (just requested) in their shared-core pools: a pinned
+    replica on the least-used core of its hardware, lowest on ties (the bundled runtime's
+    rule); an unpinned one in its hardware's one pool."""
+    if p is None or p.pool_cap.shape[0] == 0:
+        return
+    ns = int(S.ist[K.I_NSLOTS])
+    for s in range(start, ns):
+        g = int(p.row_group[S.rep_row[s]])
+        if g < 0:
+            S.rep_pool[s] = -1
+            continue
+        lo = int(p.group_first[g])
+        if not p.group_pinned[g]:
+            S.rep_pool[s] = lo
+            S.rep_units[s] = p.row_units[S.rep_row[s]]
+            continue
+        held = S.rep_pool[:s][S.rep_st[:s] != K.REMOVED]
+        users = np.bincount(held[held >= lo] - lo, minlength=int(p.group_size[g]))
+        S.rep_pool[s] = lo + int(np.argmin(users[: int(p.group_size[g])]))
+        S.rep_units[s] = 1.0
 
 
 def _ensure_events(S: K.KState, extra: int) -> K.KState:
@@ -736,6 +859,7 @@ def simulate(
                     0,
                 )
     S = _new_state(prep, arr, vis, rem, left, options.hop_overhead_s, options.seed)
+    _place(S, prep, 0)
     delay = options.activation_delay_s
     switches: list[tuple[float, str, str]] = []
     if not sched and controller is None:
@@ -797,7 +921,9 @@ def _drive(
         while j < len(sched) and sched[j][0] == T:
             _, m, n = sched[j]
             S = _ensure_slots(S, n)
+            ns = int(S.ist[K.I_NSLOTS])
             K.apply_scale(S, m, n, T, delay)
+            _place(S, prep, ns)
             j += 1
             changed = True
         if controller is not None and tc == T:
@@ -816,7 +942,9 @@ def _drive(
                         row, n = _switch(S, prep, configs, pos[name], name, n)
                         S = _ensure_slots(S, n)
                         S = _ensure_events(S, S.rep_m.shape[0])
+                        ns = int(S.ist[K.I_NSLOTS])
                         K.apply_switch(S, pos[name], row, n, T, delay)
+                        _place(S, prep, ns)
                         if switches is not None:
                             switches.append((T, name, want[name].variant))
                         changed = True
@@ -829,7 +957,9 @@ def _drive(
                     if n != state.active_replicas[name] + state.pending_replicas[name]:
                         changed = True
                     S = _ensure_slots(S, n)
+                    ns = int(S.ist[K.I_NSLOTS])
                     K.apply_scale(S, pos[name], n, T, delay)
+                    _place(S, prep, ns)
             if nxt == math.inf and not changed and j >= len(sched):
                 return S  # starved (no replicas) and the controller does not react
 

@@ -79,6 +79,7 @@ class KState(NamedTuple):
     spr_sig: np.ndarray  # f8[R, B+1] its log-sd; 0: the batch takes ``table`` (no draw)
     zs: np.ndarray  # f8[N*M] standard normal per visit (one element when no row draws)
     waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy)
+    pool_cap: np.ndarray  # f8[P] units each pool has
     rem: np.ndarray  # i4[N*M] visited parents not yet finished
     left: np.ndarray  # i4[N] visits not yet finished
     fin: np.ndarray  # f8[N] finish time of the last finished visit
@@ -114,6 +115,14 @@ class KState(NamedTuple):
     busy: np.ndarray  # f8[M] replica-seconds spent processing
     dirty: np.ndarray  # u1[M]
     dlist: np.ndarray  # i8[M]
+    pool_dem: np.ndarray  # f8[P] units the busy replicas of each pool take
+    pool_n: np.ndarray  # i8[P] busy replicas per pool
+    pool_list: np.ndarray  # i8[P, S] those replicas' slots
+    pool_next: np.ndarray  # f8[P] the pool's next completion (inf: none)
+    rep_pool: np.ndarray  # i8[S] the shared-core pool of each replica slot (-1: cores of its own)
+    rep_units: np.ndarray  # f8[S] units (cores) the replica takes from its pool while busy
+    rep_ppos: np.ndarray  # i8[S] a busy pooled replica's index in its pool's list
+    rep_t0: np.ndarray  # f8[S] start of the batch in flight (a pooled batch's occupancy)
     ist: np.ndarray  # i8 scalars (I_*)
     fst: np.ndarray  # f8 scalars (F_*)
 
@@ -200,11 +209,13 @@ def run(S: KState, t_stop: float) -> float:
     """
     return _loop(
         S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.wake_g, S.wake_x,
-        S.wake_n, S.spr_mu, S.spr_sig, S.zs, S.waitv, S.rem, S.left,
+        S.wake_n, S.spr_mu, S.spr_sig, S.zs, S.waitv, S.pool_cap,
+        S.rem, S.left,
         S.fin, S.enq, S.qd, S.qheap, S.qlen, S.fifo, S.fhead, S.ftail, S.wake_at, S.hq_i, S.hq_m,
         S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_row, S.rep_st, S.rep_b, S.rep_batch,
         S.rep_next, S.rep_fin, S.rep_stop, S.rep_end, S.idle_head, S.cur_row, S.inflight,
-        S.nbatch, S.busy, S.dirty, S.dlist, S.ist, S.fst, t_stop,
+        S.nbatch, S.busy, S.dirty, S.dlist, S.pool_dem, S.pool_n, S.pool_list, S.pool_next,
+        S.rep_pool, S.rep_units, S.rep_ppos, S.rep_t0, S.ist, S.fst, t_stop,
     )  # fmt: skip
 
 
@@ -213,14 +224,16 @@ def run(S: KState, t_stop: float) -> float:
 @njit(cache=True, nogil=True)
 def _loop(  # type: ignore[no-untyped-def]
     arr, vis, ch_ptr, ch_idx, is_root, maxb, table, wake_g, wake_x, wake_n, spr_mu, spr_sig,
-    zs, waitv, rem, left,
+    zs, waitv, pool_cap, rem, left,
     fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
     hq_t, ev_t, ev_k, ev_a, rep_m, rep_row, rep_st, rep_b, rep_batch,
     rep_next, rep_fin, rep_stop, rep_end, idle_head, cur_row, inflight,
-    nbatch, busy, dirty, dlist, ist, fst, t_stop,
+    nbatch, busy, dirty, dlist, pool_dem, pool_n, pool_list, pool_next,
+    rep_pool, rep_units, rep_ppos, rep_t0, ist, fst, t_stop,
 ):  # fmt: skip
     N = arr.shape[0]
     M = is_root.shape[0]
+    P = pool_cap.shape[0]
     hop = fst[F_HOP]
     while True:
         ap = ist[I_AP]
@@ -232,6 +245,9 @@ def _loop(  # type: ignore[no-untyped-def]
         hh = ist[I_HQH]
         if hh < ist[I_HQT] and hq_t[hh] < t:
             t = hq_t[hh]
+        for p in range(P):
+            if pool_next[p] < t:
+                t = pool_next[p]
         if t >= t_stop or t == INF:
             return t
         fst[F_NOW] = t
@@ -256,11 +272,31 @@ def _loop(  # type: ignore[no-untyped-def]
                             qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m, t
                         )
         ist[I_AP] = ap
-        # 2. completions, activations, batch-wait timers
-        while ist[I_EVN] > 0 and ev_t[0] == t:
-            kind = ev_k[0]
-            s = ev_a[0]
-            _ev_pop(ev_t, ev_k, ev_a, ist)
+        # 2. completions, activations, batch-wait timers; then the shared-core pools'
+        # completions (outside the event heap: their times move whenever a pool's number of
+        # busy replicas changes)
+        while True:
+            if ist[I_EVN] > 0 and ev_t[0] == t:
+                kind = ev_k[0]
+                s = ev_a[0]
+                _ev_pop(ev_t, ev_k, ev_a, ist)
+            else:
+                s = -1
+                for p in range(P):
+                    if pool_next[p] == t:
+                        for k in range(pool_n[p]):
+                            if rep_fin[pool_list[p, k]] == t:
+                                s = pool_list[p, k]
+                                break
+                        _pool_leave(
+                            pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_ppos, rep_fin,
+                            p, s, rep_units[s], t,
+                        )  # fmt: skip
+                        busy[rep_m[s]] += t - rep_t0[s]
+                        break
+                if s < 0:
+                    break
+                kind = COMPLETE
             if kind == COMPLETE:
                 m = rep_m[s]
                 b = rep_b[s]
@@ -398,13 +434,74 @@ def _loop(  # type: ignore[no-untyped-def]
                     lat = table[r, b]
                 if wake_n[r] > 0:  # rep_fin: when this replica went idle
                     lat += _wake_extra(wake_g, wake_x, wake_n[r], r, t - rep_fin[s])
-                done = t + lat
-                rep_fin[s] = done
-                _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
+                p = rep_pool[s]
+                if p >= 0:  # its pool's replicas share their cores: processor sharing
+                    _pool_join(
+                        pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_ppos, rep_fin,
+                        p, s, rep_units[s], t, lat,
+                    )  # fmt: skip
+                    rep_t0[s] = t
+                else:
+                    done = t + lat
+                    rep_fin[s] = done
+                    _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
+                    busy[m] += lat
                 nbatch[m] += 1
-                busy[m] += lat
                 inflight[m] += b
         ist[I_ND] = 0
+
+
+@njit(cache=True, inline="always")
+def _pool_rate(pool_cap, pool_dem, p):  # type: ignore[no-untyped-def]
+    """Speed of each busy replica of pool ``p``: all of it until the pool's units are taken,
+    then an equal share (processor sharing)."""
+    d = pool_dem[p]
+    return 1.0 if d <= pool_cap[p] else pool_cap[p] / d
+
+
+@njit(cache=True)
+def _pool_rescale(pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_fin, p, t, old):  # type: ignore[no-untyped-def]
+    """The busy replicas of pool ``p`` went from speed ``old`` to the pool's current one at
+    ``t``: move their finish times (their remaining work is unchanged) and the pool's next."""
+    new = _pool_rate(pool_cap, pool_dem, p)
+    f = old / new
+    nxt = INF
+    for k in range(pool_n[p]):
+        s = pool_list[p, k]
+        if f != 1.0:
+            rep_fin[s] = t + (rep_fin[s] - t) * f
+        if rep_fin[s] < nxt:
+            nxt = rep_fin[s]
+    pool_next[p] = nxt
+
+
+@njit(cache=True, inline="always")
+def _pool_join(
+    pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_ppos, rep_fin, p, s, u, t, lat
+):  # type: ignore[no-untyped-def]
+    """Slot ``s`` (taking ``u`` units) starts a batch of ``lat`` seconds' work at ``t``."""
+    old = _pool_rate(pool_cap, pool_dem, p)
+    pool_dem[p] += u
+    k = pool_n[p]
+    pool_list[p, k] = s
+    rep_ppos[s] = k
+    pool_n[p] = k + 1
+    rep_fin[s] = t + lat / old  # at the old speed; the rescale moves it to the new one
+    _pool_rescale(pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_fin, p, t, old)
+
+
+@njit(cache=True, inline="always")
+def _pool_leave(pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_ppos, rep_fin, p, s, u, t):  # type: ignore[no-untyped-def]
+    """Slot ``s`` (taking ``u`` units) finishes its batch at ``t``."""
+    old = _pool_rate(pool_cap, pool_dem, p)
+    n = pool_n[p] - 1
+    last = pool_list[p, n]
+    k = rep_ppos[s]
+    pool_list[p, k] = last
+    rep_ppos[last] = k
+    pool_n[p] = n
+    pool_dem[p] = pool_dem[p] - u if n > 0 else 0.0  # no drift once the pool is idle
+    _pool_rescale(pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_fin, p, t, old)
 
 
 @njit(cache=True, inline="always")
@@ -472,6 +569,7 @@ def apply_scale(S: KState, m: int, n: int, t: float, delay: float) -> None:
             S.rep_act[s] = t + delay
             S.rep_stop[s] = INF
             S.rep_end[s] = INF
+            S.rep_pool[s] = -1  # the driver places it (``_estimator._place``)
             _ev_push(S.ev_t, S.ev_k, S.ev_a, S.ist, t + delay, ACTIVATE, s)
         return
     k = cur - n

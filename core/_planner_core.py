@@ -80,7 +80,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ._estimator import simulate, spread_floor
+from ._estimator import MAX_SHARERS_PER_UNIT, simulate, spread_floor
 from ._hardware import DEFAULT_CATALOG, HardwareCatalog
 from ._pipeline import Pipeline
 from ._plan import ModelConfig
@@ -247,10 +247,32 @@ class PlannerCore:
         for h, per in self._per_replica(model, hw).items():
             if h in self._inventory and per > 0:
                 room = min(room, max(0, self._inventory[h] - used.get(h, 0)) // per)
+        est = self.options.estimator
+        units = est.pinned_cores.get(hw) or est.shared_units.get(hw)
+        if units:
+            # the estimate shares these cores: past a point more replicas add no throughput,
+            # and the bundled runtime refuses them (so the search stops growing a model here)
+            others = sum(
+                c.replicas
+                for m, c in zip(self._models, key, strict=True)
+                if m != model and c.hardware == hw
+            )
+            room = min(room, max(0, int(MAX_SHARERS_PER_UNIT * units) - others))
         return room
 
+    def _cores_taken(self, key: Key, hw: str) -> bool:
+        """Whether ``hw``'s shared or pinned cores (``EstimatorOptions``) each have a replica."""
+        est = self.options.estimator
+        units = est.pinned_cores.get(hw) or est.shared_units.get(hw)
+        return bool(units) and sum(c.replicas for c in key if c.hardware == hw) >= units
+
     def _describe_inventory(self) -> str:
-        return ", ".join(f"{h}: {n}" for h, n in sorted(self._inventory.items()))
+        parts = [f"{h}: {n}" for h, n in sorted(self._inventory.items())]
+        est = self.options.estimator
+        for h, n in sorted({**est.shared_units, **est.pinned_cores}.items()):
+            k = int(MAX_SHARERS_PER_UNIT * n)
+            parts.append(f"{h}: {n:g} shared cores, {k} replicas on them at most")
+        return ", ".join(parts)
 
     def cost(self, configs: Mapping[str, ModelConfig]) -> float:
         return self._cost(self._key(configs))
@@ -337,10 +359,16 @@ class PlannerCore:
                     f"{self.options.max_replicas} replicas of {m!r}",
                     best,
                 )
-            if self._room(key, m, c.hardware) > c.replicas:
+            grow = self._room(key, m, c.hardware) > c.replicas
+            b = self.next_batch(m, c.hardware, c.max_batch_size)
+            if grow and b is not None and self._cores_taken(key, c.hardware):
+                # every shared core has a replica: one more adds little throughput
+                cfg[m] = replace(c, max_batch_size=b)
+                what = f"batch {b} (the shared {c.hardware} cores are taken)"
+            elif grow:
                 cfg[m] = replace(c, replicas=c.replicas + 1)
                 what = f"{cfg[m].replicas} replicas"
-            elif (b := self.next_batch(m, c.hardware, c.max_batch_size)) is not None:
+            elif b is not None:
                 cfg[m] = replace(c, max_batch_size=b)  # its hardware is full: batch instead
                 what = f"batch {b} ({c.hardware} is full)"
             elif (h := self._next_with_room(key, m, c.hardware)) is not None:

@@ -329,7 +329,14 @@ def plan_attachment(
     if has is not None and not options.inventory and not getattr(att.backend, "oversubscribe", 0):
         units = getattr(att.backend, "replica_units", dict)()
         inventory = {h: n for h, n in has().items() if h in catalog}
-        kw["options"] = replace(options, inventory=inventory, replica_units=units)
+        options = kw["options"] = replace(options, inventory=inventory, replica_units=units)
+    sharing = getattr(att.backend, "core_sharing", None)
+    est = options.estimator
+    if sharing is not None and not est.shared_units and not est.pinned_cores:
+        # the estimate shares cores the way the backend places replicas (an oversubscribed
+        # bundled runtime: replicas pinned to the same core slow each other)
+        found = {k: {h: n for h, n in v.items() if h in catalog} for k, v in sharing().items()}
+        kw["options"] = replace(options, estimator=replace(est, **found))
     return plan_inferline(pipeline, profiles, np.asarray(trace, dtype=float), slo_s, **kw)
 
 

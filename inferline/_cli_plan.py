@@ -84,6 +84,7 @@ def _plan(args: argparse.Namespace) -> int:
             hop_overhead_s=args.hop_overhead_ms / 1e3,
             wake_up=args.wake_up,
             service_spread=args.service_spread,
+            **cores_model(args),
         ),
         escape=not args.paper_only,
         widen=not args.paper_only,
@@ -430,6 +431,7 @@ def _simulate(args: argparse.Namespace) -> int:
         hop_overhead_s=args.hop_overhead_ms / 1e3,
         wake_up=args.wake_up,
         service_spread=args.service_spread,
+        **cores_model(args),
     )
     ctx = SimulateContext(pipeline, profiles, plan, trace, catalog, opts)
     controller = make_controller(args, ctx)
@@ -527,14 +529,27 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
 
 
 def _check_inventory_args(args: argparse.Namespace) -> str | None:
-    """``--cpu-threads`` and ``--gpu-host-cores`` count against an ``--inventory``."""
-    for flag, given in (
-        ("--cpu-threads", args.cpu_threads),
-        ("--gpu-host-cores", args.gpu_host_cores),
+    """``--cpu-threads`` and ``--gpu-host-cores`` count against an ``--inventory`` (the
+    threads also in ``--shared-cores``); a kind is shared or pinned, not both."""
+    for flag, given, ok in (
+        ("--cpu-threads", args.cpu_threads, args.inventory or args.shared_cores),
+        ("--gpu-host-cores", args.gpu_host_cores, args.inventory),
     ):
-        if given and not args.inventory:
+        if given and not ok:
             return f"argument {flag}: needs --inventory (it counts the cores a replica takes)"
+    both = sorted(set(args.shared_cores) & set(args.pinned_cores))
+    if both:
+        return f"argument --pinned-cores: {both[0]!r} is also in --shared-cores (one or the other)"
     return None
+
+
+def cores_model(args: argparse.Namespace) -> dict[str, Any]:
+    """``EstimatorOptions`` keywords for ``--shared-cores`` and ``--pinned-cores``."""
+    return {
+        "shared_units": args.shared_cores,
+        "replica_units": args.cpu_threads if args.shared_cores else {},
+        "pinned_cores": args.pinned_cores,
+    }
 
 
 def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
@@ -548,8 +563,30 @@ def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
         help="units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
         f"{effect}. Kinds not listed are unlimited (default: all, the paper's cloud)",
     )
+    p.add_argument(
+        "--pinned-cores",
+        type=name_counts("hardware kind", 1),
+        default={},
+        metavar="KIND=N[,KIND=N]",
+        help="the estimate pins each replica of KIND to the least-used of N cores (GPUs), as "
+        "the bundled runtime places them, and replicas on one core share it (cpu=2 on a "
+        "2-core machine). Default: every replica has its own",
+    )
+    p.add_argument(
+        "--shared-cores",
+        type=name_counts("hardware kind", 1),
+        default={},
+        metavar="KIND=N[,KIND=N]",
+        help="the estimate lets all replicas of KIND share N cores, each busy one taking its "
+        "--cpu-threads (replicas the OS schedules freely, e.g. Triton CPU instances)",
+    )
     for flag, lo, what in (
-        ("--cpu-threads", 1, "cores one CPU replica of MODEL takes (its threads; default 1)"),
+        (
+            "--cpu-threads",
+            1,
+            "cores one CPU replica of MODEL takes (its threads; default 1); also counts in "
+            "--shared-cores",
+        ),
         (
             "--gpu-host-cores",
             0,

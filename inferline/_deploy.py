@@ -485,9 +485,10 @@ def oversubscription(
     dep: Deployment, backend: Any, configs: Mapping[str, ModelConfig]
 ) -> str | None:
     """What ``configs`` take beyond the backend's inventory, as a note, or None. Only a
-    backend that shares its cores or GPUs (``oversubscribe``) places such a plan at all; the
-    estimate behind it gives every replica a core (or GPU) of its own, so it is optimistic
-    there (the 2-core demo at a 20 ms SLO: estimated P99 19 ms, served 24.6 ms)."""
+    backend that shares its cores or GPUs (``oversubscribe``) places such a plan at all; an
+    estimate that gives every replica a core (or GPU) of its own is optimistic there (the
+    2-core demo at a 20 ms SLO: estimated P99 19 ms, served 24.6 ms), one planned with
+    ``pinned_cores`` is not."""
     inventory = getattr(backend, "inventory", None)
     if inventory is None:
         return None
@@ -499,10 +500,12 @@ def oversubscription(
     over = [f"{h}: {n} of {have[h]}" for h, n in sorted(use.items()) if n > have.get(h, n)]
     if not over:
         return None
+    pins = ",".join(f"{h}={have[h]}" for h in sorted(use) if h in have)
     return (
-        f"the plan's replicas take {', '.join(over)} units: they share them, and the estimate, "
-        "which gives each replica its own, is optimistic (plan with --inventory to stay within, "
-        "or re-plan on `inferline calibrate` profiles with --service-spread once it has served)"
+        f"the plan's replicas take {', '.join(over)} units: they share them. An estimate that "
+        f"gives each replica its own is optimistic: plan with --pinned-cores {pins} (how this "
+        "runtime places replicas), or --inventory to stay within, or re-plan on `inferline "
+        "calibrate` profiles with --service-spread once it has served"
     )
 
 

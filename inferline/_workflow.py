@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -158,10 +159,16 @@ def estimate(
     seed: int = 0,
     catalog: HardwareCatalog = DEFAULT_CATALOG,
     service_spread: bool = False,
+    base: EstimatorOptions | None = None,
 ) -> SimResult:
+    """The estimator on ``arrivals`` with ``base``'s options (its shared cores, say) and the
+    per-hop overhead, seed and service spread given here."""
     configs = plan.models if isinstance(plan, Plan) else plan
-    opts = EstimatorOptions(
-        hop_overhead_s=max(0.0, hop_overhead_s), seed=seed, service_spread=service_spread
+    opts = replace(
+        base or EstimatorOptions(),
+        hop_overhead_s=max(0.0, hop_overhead_s),
+        seed=seed,
+        service_spread=service_spread,
     )
     arr = np.asarray(arrivals, dtype=float)
     return simulate(pipeline, configs, profiles, arr, options=opts, catalog=catalog)
@@ -174,6 +181,7 @@ def hop_overhead_from(
     profiles: Profiles,
     catalog: HardwareCatalog = DEFAULT_CATALOG,
     service_spread: bool = False,
+    base: EstimatorOptions | None = None,
 ) -> float:
     """Per-hop overhead (s) that makes the estimator's median match a low-load replay's."""
     ok = measured.ok
@@ -186,6 +194,7 @@ def hop_overhead_from(
         measured.scheduled_s,
         catalog=catalog,
         service_spread=service_spread,
+        base=base,
     )
     visits = sum(pipeline.scale_factor(m) for m in pipeline.models)
     gap = float(np.median(measured.latency_s[ok]) - np.median(sim.latencies_s))

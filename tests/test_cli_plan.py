@@ -509,3 +509,33 @@ def test_plan_and_simulate_draw_service_times_with_service_spread(files, capsys)
     assert main(_sim_args(files, "--json", "--service-spread", "--seed", "1")) == 0
     other = json.loads(capsys.readouterr().out)["latency_p99_s"]
     assert other != out["--service-spread"]["latency_p99_s"]  # --seed seeds the draws
+
+
+def test_plan_and_simulate_share_cores_when_told(files, capsys):
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder")) == 0
+    capsys.readouterr()
+    shared = ("--shared-cores", "cpu=1", "--cpu-threads", "pre=2")
+    p99 = {}
+    for extra in ((), shared, ("--pinned-cores", "cpu=1")):
+        assert main(_sim_args(files, "--json", *extra)) == 0
+        p99[extra] = json.loads(capsys.readouterr().out)["latency_p99_s"]
+    # pre's replicas take two threads each of one core: each runs at half speed at most
+    assert p99[shared] > p99[()] + 0.004
+    pre = load_plan(files["plan"]).models["pre"]
+    if pre.replicas > 1:  # pinned to one core, they share it
+        assert p99[("--pinned-cores", "cpu=1")] > p99[()]
+    # planned for two shared cores (one 2-thread replica of pre runs at full speed)
+    files["plan"].unlink()
+    two = ("--shared-cores", "cpu=2", "--cpu-threads", "pre=2")
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", *two)) == 0
+    assert main(_sim_args(files, "--json", *two)) == 0
+    capsys.readouterr()
+    # one shared core at half speed cannot serve the planning trace's bursts in 100 ms
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", *shared)) == 2
+    assert "cpu: 1 shared cores, 16 replicas on them at most" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ei:
+        main(_sim_args(files, "--pinned-cores", "cpu=1", "--shared-cores", "cpu=1"))
+    assert ei.value.code == 2 and "one or the other" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(_sim_args(files, "--pinned-cores", "cpu=0"))
+    assert "--pinned-cores" in capsys.readouterr().err

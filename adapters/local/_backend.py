@@ -208,6 +208,12 @@ class LocalBackend(ModelRegistry):
     def inventory(self) -> dict[str, int]:
         return self._inv.inventory()
 
+    def core_sharing(self) -> dict[str, Any]:
+        """How replicas share this backend's cores and GPUs, as ``EstimatorOptions``
+        keywords: each is pinned to the least-used ones (``Inventory``), so the estimate
+        places them the same way (``pinned_cores``)."""
+        return {"pinned_cores": self._inv.inventory()}
+
     def free(self) -> dict[str, int]:
         return self._inv.free()
 

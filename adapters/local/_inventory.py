@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferline.core import CapacityError
+from inferline.core import MAX_SHARERS_PER_UNIT, CapacityError
 
 __all__ = ["Inventory", "Placement", "detect_cores", "detect_gpus"]
 
@@ -56,7 +56,7 @@ def detect_gpus() -> list[str]:
     return re.findall(r"^GPU (\d+):", out.stdout, flags=re.M)
 
 
-MAX_USERS_PER_CORE = 16  # replica threads sharing one core, at most, when oversubscribing
+MAX_USERS_PER_CORE = MAX_SHARERS_PER_UNIT  # replica threads per core when oversubscribing
 
 
 class Inventory:

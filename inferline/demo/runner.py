@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
     from inferline._replay import encode_bodies, replay
     from inferline._server_proc import ServerProcess
     from inferline._workflow import estimate, hop_overhead_from, profile_deployment
+    from inferline.adapters.local import detect_cores
 
     from .pipeline import deployment_dict, test_inputs
 
@@ -135,7 +136,10 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         warm = await replay(low[:20], server.url, "digits", bodies)
         del warm  # first queries pay for lazy imports and connection set-up
         lowres = await replay(low, server.url, "digits", bodies)
-        hop = hop_overhead_from(lowres, pipeline, base, profiles)
+        # the server's replicas are pinned to this machine's cores (the bundled runtime's
+        # placement): the estimate shares them the same way (on 2 cores, 3 replicas share)
+        cores = EstimatorOptions(pinned_cores={"cpu": len(detect_cores())})
+        hop = hop_overhead_from(lowres, pipeline, base, profiles, base=cores)
         _say(
             f"      low-load P50 {lowres.percentile(50) * 1e3:.2f} ms -> per-hop overhead "
             f"{hop * 1e3:.2f} ms"
@@ -150,7 +154,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
             plan_trace,
             slo_s,
             catalog=DEFAULT_CATALOG,
-            options=PlannerOptions(estimator=EstimatorOptions(hop_overhead_s=hop)),
+            options=PlannerOptions(estimator=replace(cores, hop_overhead_s=hop)),
         )
         save(plan, out / "plan.json")
         save_trace(plan_trace, out / "planning_trace.txt")
@@ -166,8 +170,12 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
             resp = await client.put(f"{server.url}/admin/plan", json=plan.to_dict())
             resp.raise_for_status()
         note = resp.json().get("applied", {}).get("inventory")
-        if note:  # 2-core CI: four replica processes, the frontend and this client share them
-            _say(f"      note: {note}")
+        if note:  # 2-core CI: the replica processes, the frontend and this client share them
+            _say(
+                f"      note: {note.split(': they share')[0]}: they share them; the plan "
+                f"and its estimate pin them as the runtime does (--pinned-cores cpu="
+                f"{cores.pinned_cores['cpu']})"
+            )
 
         # 5. replay a fresh trace
         fresh = gamma_trace(r["rate_qps"], opts.cv, r["duration_s"], rng)
@@ -184,7 +192,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         measured = await replay(
             fresh, server.url, "digits", bodies, slo_s=slo_s, on_answer=on_answer
         )
-    sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, seed=opts.seed)
+    sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, seed=opts.seed, base=cores)
     m_p99 = measured.percentile(99)
     e_p99 = sim.percentile(99)
     correct = [labels[i] == int(yt[i % len(yt)]) for i in labels]

@@ -136,3 +136,8 @@ def test_a_plan_for_an_attached_server_fits_its_inventory(host: PluginHost) -> N
         plan_attachment(att, pipe, prof, trace, 0.2)
     att.backend.oversubscribe = True
     assert plan_attachment(att, pipe, prof, trace, 0.2).models == free.models
+    # a backend that pins replicas to its cores (the bundled runtime): the estimate shares
+    # them as placed, so 2.4 cores of work on two is no plan at all
+    att.backend.core_sharing = lambda: {"pinned_cores": {"cpu": 2, "tpu": 1}}
+    with pytest.raises(InfeasibleError, match="cpu: 2 shared cores"):
+        plan_attachment(att, pipe, prof, trace, 0.2)

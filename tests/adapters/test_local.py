@@ -172,6 +172,7 @@ def test_capacity_is_refused_with_what_is_free() -> None:
 def test_placement_pins_cores_threads_and_gpu() -> None:
     async def body(b: LocalBackend, events: list[tuple[str, list[str]]]) -> None:
         assert b.inventory() == {"cpu": len(os.sched_getaffinity(0)), "gpu-k80": 2}
+        assert b.core_sharing() == {"pinned_cores": b.inventory()}  # what the estimate pins
         await b.deploy(ModelSpec("p", f"{EX}:probe", threads=1), ModelConfig("gpu-k80", 1, 2))
         infos = [(await r.predict_batch([0]))[0] for r in b.replicas("p")]
         assert sorted(i["cuda"] for i in infos) == ["0", "1"]  # one device each

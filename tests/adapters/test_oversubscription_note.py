@@ -28,6 +28,7 @@ def test_the_note_counts_threads_on_cpus_and_one_unit_per_gpu_replica() -> None:
     assert oversubscription(dep, _Inventory(), {"m": ModelConfig("cpu", 1, 1)}) is None
     note = oversubscription(dep, _Inventory(), {"m": ModelConfig("cpu", 1, 2)})
     assert note is not None and "cpu: 4 of 2" in note and "--inventory" in note
+    assert "--pinned-cores cpu=2 " in note  # the estimate that shares them as placed
     assert oversubscription(dep, _Inventory(), {"m": ModelConfig("gpu-k80", 1, 1)}) is None
     assert "gpu-k80: 2 of 1" in (
         oversubscription(dep, _Inventory(), {"m": ModelConfig("gpu-k80", 1, 2)}) or ""
