@@ -6,6 +6,9 @@ For tight SLOs on the demo pipeline (bundled runtime, this machine), per (SLO, r
    apply the plan to the running server and replay a fresh trace;
 2. calibrate the profiles to that replay's live service times (``inferline calibrate``);
 3. re-plan on the calibrated profiles with ``--service-spread`` (overhead refitted with them),
+   apply, and replay another fresh trace;
+4. plan on the profiles with the replicas pinned to this machine's cores as the runtime
+   places them (``--pinned-cores``, what ``inferline serve`` and the demo do; no calibration),
    apply, and replay another fresh trace.
 
 Printed per point and plan: the plan, its cost, the planner's estimated P99 on the replayed
@@ -75,6 +78,7 @@ async def _serve_plan(
         fresh,
         hop_overhead_s=opts.hop_overhead_s,
         service_spread=opts.service_spread,
+        base=opts,
     )
     return {
         "plan": {m: c.to_dict() for m, c in plan.models.items()},
@@ -113,6 +117,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
         hop, _, _, low = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
         raw = EstimatorOptions(hop_overhead_s=hop)
+        pin = EstimatorOptions(pinned_cores={"cpu": len(os.sched_getaffinity(0))})
+        pin = replace(
+            pin, hop_overhead_s=hop_overhead_from(low, pipeline, base, profiles, base=pin)
+        )
         async with httpx.AsyncClient(timeout=600) as client:
             for slo_ms, rate in POINTS:
                 slo_s = slo_ms / 1e3
@@ -145,6 +153,16 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     )  # fmt: skip
                     b.pop("admin")
                     row["calibrated"] = b
+                third = _plan(pipeline, profiles, pin, rate, slo_s, rng)
+                if isinstance(third, str):
+                    row["pinned"] = {"infeasible": third}
+                else:
+                    c = await _serve_plan(
+                        client, srv.url, bodies, pipeline, profiles, pin, third, rate, slo_s,
+                        args, rng,
+                    )  # fmt: skip
+                    c.pop("admin")
+                    row["pinned"] = c
                 rows.append(row)
                 print(json.dumps(row))
     return rows
@@ -161,13 +179,16 @@ def main() -> int:
     rows = run_loop(run(args))
     Path(args.out, "calibrated_plans.json").write_text(json.dumps(rows, indent=2) + "\n")
     print()
-    print("plans on profiled vs calibrated profiles, digits pipeline on the bundled runtime")
+    print(
+        "plans on profiled vs calibrated profiles vs profiled with pinned cores, digits "
+        "pipeline on the bundled runtime"
+    )
     print(
         f"{'SLO ms':>7}{'q/s':>6}  {'profiles':<11}{'plan':<28}{'$/h':>7}{'est P99':>9}"
         f"{'meas P99':>9}{'miss':>7}  {'holds':<6}"
     )
     for r in rows:
-        for kind in ("profiled", "calibrated"):
+        for kind in ("profiled", "calibrated", "pinned"):
             x = r.get(kind)
             if x is None:
                 continue

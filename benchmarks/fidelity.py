@@ -68,7 +68,17 @@ QUICK_POINTS = POINTS
 async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     out, pipeline, profiles, rng = await demo_setup(args)
     points = QUICK_POINTS if args.quick else POINTS
-    return await measure_points(args, out, pipeline, profiles, points, PlannerOptions(), rng)
+    return await measure_points(args, out, pipeline, profiles, points, cores_options(args), rng)
+
+
+def cores_options(args: argparse.Namespace) -> PlannerOptions:
+    """Plan and estimate with the replicas pinned to this machine's cores as the bundled
+    runtime places them (``--cores pinned``, what ``inferline serve`` and the demo do), or
+    each on a core of its own (``--cores own``, the paper's estimator)."""
+    if getattr(args, "cores", "pinned") == "own":
+        return PlannerOptions()
+    n = len(os.sched_getaffinity(0))
+    return PlannerOptions(estimator=EstimatorOptions(pinned_cores={"cpu": n}))
 
 
 async def demo_setup(
@@ -118,7 +128,9 @@ async def measure_points(
     bodies = encode_bodies(list(xt))
     rows = []
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        hops = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
+        hops = await low_load_hop(
+            srv.url, bodies, pipeline, profiles, rng, args.quick, options.estimator
+        )
         hop, hop_cold, hop_spread, low = hops
         est = replace(options.estimator, hop_overhead_s=hop)
         async with httpx.AsyncClient(timeout=600) as client:
@@ -218,18 +230,22 @@ async def low_load_hop(
     profiles: Profiles,
     rng: np.random.Generator,
     quick: bool,
+    base: EstimatorOptions | None = None,
 ) -> tuple[float, float, float, ReplayResult]:
     """The per-hop overhead from a 15 q/s replay with one batch-1 CPU replica per model (the
     server's plan as it starts), after a short warm-up; the same without the profiled
     wake-up extras (the estimator before them, for comparison); and with the service spread
-    (``EstimatorOptions.service_spread``); and the replay itself."""
-    base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+    (``EstimatorOptions.service_spread``); and the replay itself. ``base``: the estimator's
+    other options (its cores model)."""
     low = gamma_trace(15.0, 1.0, 4.0 if quick else 8.0, rng)
     await replay(low[:20], url, "digits", bodies)
     measured = await replay(low, url, "digits", bodies)
-    hop = hop_overhead_from(measured, pipeline, base, profiles)
-    hop_cold = hop_overhead_from(measured, pipeline, base, without_wake(profiles))
-    hop_spread = hop_overhead_from(measured, pipeline, base, profiles, service_spread=True)
+    one = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
+    hop = hop_overhead_from(measured, pipeline, one, profiles, base=base)
+    hop_cold = hop_overhead_from(measured, pipeline, one, without_wake(profiles), base=base)
+    hop_spread = hop_overhead_from(
+        measured, pipeline, one, profiles, service_spread=True, base=base
+    )
     print(
         f"per-hop overhead measured at 15 q/s: {hop * 1e3:.2f} ms "
         f"({hop_cold * 1e3:.2f} ms without the wake-up extras, {hop_spread * 1e3:.2f} ms with "
@@ -312,14 +328,17 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
     # Per-hop overhead at this operating point, from a separate calibration trace
     # (the overhead grows with load: the server's event loop is busier).
     calib = await replay(gamma_trace(rate, lp.cv, lp.calibration_s, lp.rng), url, app, bodies)
-    hop_op = hop_overhead_from(calib, lp.pipeline, plan, lp.profiles, lp.catalog)
+    b = lp.options.estimator  # its cores model (its overhead is replaced below)
+    hop_op = hop_overhead_from(calib, lp.pipeline, plan, lp.profiles, lp.catalog, base=b)
     before = (await lp.client.get(f"{url}/admin/models")).json()
     fresh = gamma_trace(rate, lp.cv, lp.duration_s, lp.rng)
     meas = await replay(fresh, url, app, bodies, slo_s=slo_s)
     after = (await lp.client.get(f"{url}/admin/models")).json()
-    sim = estimate(lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=hop_op, catalog=lp.catalog)
+    sim = estimate(
+        lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=hop_op, catalog=lp.catalog, base=b
+    )
     sim_low = estimate(
-        lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=lp.hop, catalog=lp.catalog
+        lp.pipeline, plan, lp.profiles, fresh, hop_overhead_s=lp.hop, catalog=lp.catalog, base=b
     )
     sim_cold = estimate(
         lp.pipeline,
@@ -328,6 +347,7 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
         fresh,
         hop_overhead_s=lp.hop_without_wake,
         catalog=lp.catalog,
+        base=b,
     )
     sim_spread = estimate(
         lp.pipeline,
@@ -337,6 +357,7 @@ async def measure_point(live: LivePoints, plan: Plan, rate: float, slo_s: float)
         hop_overhead_s=lp.hop_spread,
         catalog=lp.catalog,
         service_spread=True,
+        base=b,
     )
     m99, e99 = meas.percentile(99), sim.percentile(99)
     live = {m: _live(before[m]["queue"], after[m]["queue"]) for m in after}
@@ -510,6 +531,13 @@ def main() -> int:
         "--seed", type=int, default=1, help="seed of the arrival traces (default %(default)s)"
     )
     ap.add_argument(
+        "--cores",
+        choices=("pinned", "own"),
+        default="pinned",
+        help="the estimate the planner uses: replicas pinned to this machine's cores as the "
+        "bundled runtime places them (default), or each on a core of its own (the paper's)",
+    )
+    ap.add_argument(
         "--out",
         default="out/fidelity",
         help="output folder: profiles, server log, fidelity.json (default %(default)s)",
@@ -529,7 +557,10 @@ def main() -> int:
     rows = run_loop(run(args))
     Path(args.out, "fidelity.json").write_text(json.dumps(rows, indent=2) + "\n")
     print()
-    print("estimator fidelity, digits pipeline on the bundled runtime (this machine)")
+    print(
+        "estimator fidelity, digits pipeline on the bundled runtime (this machine); planned "
+        f"and estimated with --cores {args.cores}"
+    )
     hdr = (
         f"{'SLO ms':>7}{'q/s':>6}  {'plan':<28}{'$/h':>7}{'est P99':>9}"
         f"{'meas P99':>9}{'error':>8}{'miss':>7}  {'within 15%':<11}{'meets SLO':<10}"
