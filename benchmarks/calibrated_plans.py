@@ -143,26 +143,17 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 row["factors"] = {
                     c.model: [round(c.p50_factor, 2), round(c.p99_factor, 2)] for c in cal_rows
                 }
-                second = _plan(pipeline, cal, opts_c, rate, slo_s, rng)
-                if isinstance(second, str):
-                    row["calibrated"] = {"infeasible": second}
-                else:
+                for kind, prof, opts in (("calibrated", cal, opts_c), ("pinned", profiles, pin)):
+                    again = _plan(pipeline, prof, opts, rate, slo_s, rng)
+                    if isinstance(again, str):
+                        row[kind] = {"infeasible": again}
+                        continue
                     b = await _serve_plan(
-                        client, srv.url, bodies, pipeline, cal, opts_c, second, rate, slo_s,
+                        client, srv.url, bodies, pipeline, prof, opts, again, rate, slo_s,
                         args, rng,
                     )  # fmt: skip
                     b.pop("admin")
-                    row["calibrated"] = b
-                third = _plan(pipeline, profiles, pin, rate, slo_s, rng)
-                if isinstance(third, str):
-                    row["pinned"] = {"infeasible": third}
-                else:
-                    c = await _serve_plan(
-                        client, srv.url, bodies, pipeline, profiles, pin, third, rate, slo_s,
-                        args, rng,
-                    )  # fmt: skip
-                    c.pop("admin")
-                    row["pinned"] = c
+                    row[kind] = b
                 rows.append(row)
                 print(json.dumps(row))
     return rows

@@ -594,37 +594,34 @@ def main() -> int:
         "(--service-spread; overhead re-fitted with it)"
     )
     print()
-    print(
-        "calibrated profiles (inferline calibrate, --service-spread), est P99 ms and error: "
-        "to the 15 q/s replay / to the previous point's replay (out of sample) / to this "
-        "point's own replay (in sample)"
-    )
-    for r in rows:
-        if r.get("feasible") and "error_calibrated_low" in r:
-            print(
-                f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  "
-                + "  ".join(
-                    f"{k}: {r[f'estimated_p99_calibrated_{k}_ms']:>6.1f} "
-                    f"{r[f'error_calibrated_{k}']:>+5.0%}"
-                    for k in ("low", "prev", "self")
+    for title, names, fmt in (
+        (
+            "calibrated profiles (inferline calibrate, --service-spread), est P99 ms and error: "
+            "to the 15 q/s replay / to the previous point's replay (out of sample) / to this "
+            "point's own replay (in sample)",
+            ("low", "prev", "self"),
+            "calibrated_{}",
+        ),
+        (
+            "shared cores, est P99 ms and error (processor sharing; shared: one pool of this "
+            "machine's cores, EstimatorOptions.shared_units; pinned: a pool per core, replicas "
+            "placed as the bundled runtime does, pinned_cores; _spread: with the service spread)",
+            ("shared", "shared_spread", "pinned", "pinned_spread"),
+            "{}",
+        ),
+    ):
+        print(title)
+        for r in rows:
+            if r.get("feasible") and f"error_{fmt.format(names[0])}" in r:
+                cols = [fmt.format(k) for k in names]
+                print(
+                    f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  "
+                    + "  ".join(
+                        f"{k}: {r[f'estimated_p99_{c}_ms']:>6.1f} {r[f'error_{c}']:>+5.0%}"
+                        for k, c in zip(names, cols, strict=True)
+                    )
                 )
-            )
-    print()
-    print(
-        "shared cores, est P99 ms and error (processor sharing; shared: one pool of this "
-        "machine's cores, EstimatorOptions.shared_units; pinned: a pool per core, replicas "
-        "placed as the bundled runtime does, pinned_cores; _spread: with the service spread)"
-    )
-    for r in rows:
-        if r.get("feasible") and "error_shared" in r:
-            print(
-                f"{r['slo_ms']:>7.0f}{r['rate']:>6.0f}  "
-                + "  ".join(
-                    f"{k}: {r[f'estimated_p99_{k}_ms']:>6.1f} {r[f'error_{k}']:>+5.0%}"
-                    for k in ("shared", "shared_spread", "pinned", "pinned_spread")
-                )
-            )
-    print()
+        print()
     profiles = load_profiles(args.profiles or Path(args.out, "profiles.json"))
     print("\n".join(service_lines(rows, profiles)))
     print()

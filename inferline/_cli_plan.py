@@ -555,31 +555,34 @@ def cores_model(args: argparse.Namespace) -> dict[str, Any]:
 def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
     """``--inventory``, ``--cpu-threads`` and ``--gpu-host-cores`` (``plan``, ``simulate``);
     ``effect`` says what the inventory does for the command."""
-    p.add_argument(
-        "--inventory",
-        type=name_counts("hardware kind", 0),
-        default={},
-        metavar="KIND=N[,KIND=N]",
-        help="units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
-        f"{effect}. Kinds not listed are unlimited (default: all, the paper's cloud)",
-    )
-    p.add_argument(
-        "--pinned-cores",
-        type=name_counts("hardware kind", 1),
-        default={},
-        metavar="KIND=N[,KIND=N]",
-        help="the estimate pins each replica of KIND to the least-used of N cores (GPUs), as "
-        "the bundled runtime places them, and replicas on one core share it (cpu=2 on a "
-        "2-core machine). Default: every replica has its own",
-    )
-    p.add_argument(
-        "--shared-cores",
-        type=name_counts("hardware kind", 1),
-        default={},
-        metavar="KIND=N[,KIND=N]",
-        help="the estimate lets all replicas of KIND share N cores, each busy one taking its "
-        "--cpu-threads (replicas the OS schedules freely, e.g. Triton CPU instances)",
-    )
+    for flag, lo, what in (
+        (
+            "--inventory",
+            0,
+            "units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
+            f"{effect}. Kinds not listed are unlimited (default: all, the paper's cloud)",
+        ),
+        (
+            "--pinned-cores",
+            1,
+            "the estimate pins each replica of KIND to the least-used of N cores (GPUs), as "
+            "the bundled runtime places them, and replicas on one core share it (cpu=2 on a "
+            "2-core machine). Default: every replica has its own",
+        ),
+        (
+            "--shared-cores",
+            1,
+            "the estimate lets all replicas of KIND share N cores, each busy one taking its "
+            "--cpu-threads (replicas the OS schedules freely, e.g. Triton CPU instances)",
+        ),
+    ):
+        p.add_argument(
+            flag,
+            type=name_counts("hardware kind", lo),
+            default={},
+            metavar="KIND=N[,KIND=N]",
+            help=what,
+        )
     for flag, lo, what in (
         (
             "--cpu-threads",
