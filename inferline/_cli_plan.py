@@ -553,17 +553,21 @@ def cores_model(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
-    """``--inventory``, ``--cpu-threads`` and ``--gpu-host-cores`` (``plan``, ``simulate``);
-    ``effect`` says what the inventory does for the command."""
-    for flag, lo, what in (
+    """``--inventory``, ``--pinned-cores``, ``--shared-cores``, ``--cpu-threads`` and
+    ``--gpu-host-cores`` (``plan``, ``simulate``); ``effect`` says what the inventory does for
+    the command."""
+    kind, model = "hardware kind", "model"
+    for flag, names, lo, what in (
         (
             "--inventory",
+            kind,
             0,
             "units of each hardware kind the deployment has (cpu=16,gpu-v100=2: cores, GPUs); "
             f"{effect}. Kinds not listed are unlimited (default: all, the paper's cloud)",
         ),
         (
             "--pinned-cores",
+            kind,
             1,
             "the estimate pins each replica of KIND to the least-used of N cores (GPUs), as "
             "the bundled runtime places them, and replicas on one core share it (cpu=2 on a "
@@ -571,38 +575,33 @@ def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
         ),
         (
             "--shared-cores",
+            kind,
             1,
             "the estimate lets all replicas of KIND share N cores, each busy one taking its "
             "--cpu-threads (replicas the OS schedules freely, e.g. Triton CPU instances)",
         ),
-    ):
-        p.add_argument(
-            flag,
-            type=name_counts("hardware kind", lo),
-            default={},
-            metavar="KIND=N[,KIND=N]",
-            help=what,
-        )
-    for flag, lo, what in (
         (
             "--cpu-threads",
+            model,
             1,
-            "cores one CPU replica of MODEL takes (its threads; default 1); also counts in "
-            "--shared-cores",
+            "with --inventory or --shared-cores: cores one CPU replica of MODEL takes (its "
+            "threads; default 1)",
         ),
         (
             "--gpu-host-cores",
+            model,
             0,
-            "cores a GPU replica of MODEL also holds (default 0; on the bundled runtime a "
-            "replica's threads are pinned to cores of their own, GPU or not)",
+            "with --inventory: cores a GPU replica of MODEL also holds (default 0; on the "
+            "bundled runtime a replica's threads are pinned to cores of their own, GPU or not)",
         ),
     ):
+        word = "KIND" if names == kind else "MODEL"
         p.add_argument(
             flag,
-            type=name_counts("model", lo),
+            type=name_counts(names, lo),
             default={},
-            metavar="MODEL=N[,MODEL=N]",
-            help=f"with --inventory: {what}",
+            metavar=f"{word}=N[,{word}=N]",
+            help=what,
         )
 
 
