@@ -57,8 +57,9 @@ def test_tally_counts_cells_and_the_seed_means_of_each_case():
 
 def test_tally_reads_the_10x_target_per_cell_and_on_seed_means():
     """Case a: the baseline misses 1% on seed 0 only, the tuner 0.06% on both seeds: 10x below
-    in the one cell where the baseline misses, but not on the means (0.06% vs 0.5%). Case b:
-    the baseline never misses, so neither reading counts it. A failure names query counts."""
+    in the one cell where the baseline misses, but not on the means (0.06% vs 0.5%); pooled
+    over the queries of that cell, 16.7x. Case b: the baseline never misses, so no reading
+    counts it. A failure names query counts."""
     rows = []
     for case, seed, tuner, base in (("a", 0, 6e-4, 0.01), ("a", 1, 6e-4, 0.0), ("b", 0, 0.0, 0.0)):
         r = paper_tuner.Row("p", case, seed, queries=100_000)
@@ -66,7 +67,9 @@ def test_tally_reads_the_10x_target_per_cell_and_on_seed_means():
         r.results["tuner"] = (tuner, 1.0)
         rows.append(r)
     text = paper_tuner.tally(rows, "tuner")
-    assert "10x below autoscale where it misses: 1/1 (seed means per case: 0/1)" in text
+    assert "10x below autoscale where it misses: 1/1 (seed means per case: 0/1;" in text
+    # pooled: the queries of the cells where the baseline misses (case a seed 0 only)
+    assert "pooled over those cells: 0.060% against 1.000%, 16.7x" in text
     rows[0].results["tuner"] = (0.002, 1.0)
     problems = paper_tuner.check_targets(rows[:1])
     assert (

@@ -55,7 +55,9 @@ def test_open_loop_does_not_wait_for_answers(server):
     # The bound leaves room for a loaded CI machine (a 0.12 s lag was seen under load).
     assert float(np.max(res.send_lag_s)) < 0.3
     assert float(res.sent_s[-1]) < 0.5
-    assert res.percentile(50) == pytest.approx(0.6, abs=0.15)
+    # answered concurrently: each takes its 600 ms plus connection set-up (0.8 s was seen on a
+    # loaded 2-core CI machine); answered one at a time per connection the median would be ~3 s
+    assert 0.59 <= res.percentile(50) < 1.2
     s = res.summary()
     assert s["answered"] == s["ok"] == n and s["errors"] == 0
     assert s["offered_qps"] == pytest.approx((n - 1) / 0.2)
