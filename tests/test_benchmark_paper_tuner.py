@@ -19,6 +19,7 @@ def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "image-processing  rate-tau60" in text
     assert "targets for tuner over the paper's cases: miss <= 1%:" in text
+    assert "(reference) the oracle, whose cost is the bound: 10x below autoscale" in text
     assert "targets for saving over the paper's cases" in text and "mean cost / oracle's:" in text
     assert "switches to the peak's ladder step" in text
     rows = json.loads(out.read_text())
