@@ -32,11 +32,6 @@ import httpx
 import numpy as np
 from fidelity import demo_arguments, demo_setup, low_load_hop, plan_str
 
-from inferline._app import run_loop
-from inferline._calibrate import calibrate_profiles, live_service_from_admin
-from inferline._replay import encode_bodies, replay
-from inferline._server_proc import ServerProcess
-from inferline._workflow import estimate, hop_overhead_from
 from inferline.core import (
     EstimatorOptions,
     InfeasibleError,
@@ -49,6 +44,11 @@ from inferline.core import (
     plan_inferline,
 )
 from inferline.demo.pipeline import test_inputs
+from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
+from inferline.measure._replay import encode_bodies, replay
+from inferline.measure._server_proc import ServerProcess
+from inferline.measure._workflow import estimate, hop_overhead_from
+from inferline.server._run import run_loop
 
 POINTS = [(20.0, 50.0), (20.0, 100.0), (25.0, 150.0)]
 

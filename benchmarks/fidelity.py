@@ -30,19 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline._app import run_loop
-from inferline._calibrate import calibrate_profiles, live_service_from_admin
-from inferline._cli_serve import add_profiler_arguments, wake_idle_s
-from inferline._deploy import Deployment
-from inferline._profiler import ProfilerOptions
-from inferline._replay import ReplayResult, encode_bodies, replay
-from inferline._server_proc import ServerProcess
-from inferline._workflow import (
-    estimate,
-    hop_overhead_from,
-    profile_deployment,
-    trace_deployment,
-)
+from inferline.cli.profile import add_profiler_arguments, wake_idle_s
 from inferline.core import (
     DEFAULT_CATALOG,
     EstimatorOptions,
@@ -59,6 +47,18 @@ from inferline.core import (
     save,
 )
 from inferline.demo.pipeline import deployment_dict, sample_inputs, test_inputs
+from inferline.deploy._format import Deployment
+from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
+from inferline.measure._profiler import ProfilerOptions
+from inferline.measure._replay import ReplayResult, encode_bodies, replay
+from inferline.measure._server_proc import ServerProcess
+from inferline.measure._workflow import (
+    estimate,
+    hop_overhead_from,
+    profile_deployment,
+    trace_deployment,
+)
+from inferline.server._run import run_loop
 
 # (SLO ms, rate q/s): chosen so the plans differ (replicas of the forest, its batch size).
 POINTS = [(40.0, 50.0), (60.0, 150.0), (100.0, 100.0)]

@@ -40,10 +40,11 @@ TARGET_QPS = 3000.0
 def serve(mode: str, port_file: str) -> None:
     """Serve app ``noop`` in this process: an in-process no-op replica behind the queue
     (``inproc``), or a ``local://`` no-op replica process (``local``)."""
-    from inferline._app import bind_socket, create_app, run_loop, serve_app
-    from inferline._service import App, Service
     from inferline.core import ModelConfig, ModelSpec
     from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
+    from inferline.server._http import create_app, run_loop
+    from inferline.server._run import bind_socket, serve_app
+    from inferline.server._service import App, Service
 
     async def main() -> None:
         d = Dispatcher()
@@ -120,8 +121,8 @@ class Server:
 def measure(url: str, server_pid: int, quick: bool) -> dict[str, Any]:
     import psutil
 
-    from inferline._app import run_loop
-    from inferline._replay import closed_loop, encode_bodies, replay
+    from inferline.measure._replay import closed_loop, encode_bodies, replay
+    from inferline.server._run import run_loop
 
     bodies = encode_bodies([[0.5] * 8, [1.0] * 8, [0.0] * 8])
     dur = 2.0 if quick else 4.0

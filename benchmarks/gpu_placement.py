@@ -34,11 +34,8 @@ from typing import Any
 import numpy as np
 from fidelity import measure_points, plan_str, profiler_options, wake_lines
 
-from inferline._app import run_loop
-from inferline._cli_serve import add_profiler_arguments
-from inferline._deploy import Deployment
-from inferline._workflow import profile_deployment
 from inferline.adapters.local import detect_gpus
+from inferline.cli.profile import add_profiler_arguments
 from inferline.core import (
     DEFAULT_CATALOG,
     Hardware,
@@ -50,6 +47,9 @@ from inferline.core import (
 from inferline.core._planning import over_inventory
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.pipeline import sample_inputs
+from inferline.deploy._format import Deployment
+from inferline.measure._workflow import profile_deployment
+from inferline.server._run import run_loop
 
 
 def _backend_cores(n: int) -> list[int]:

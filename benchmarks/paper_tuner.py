@@ -60,7 +60,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._pipelines import PIPELINES
-from inferline._sim_tuning import add_config_flag
+from inferline.cli._tuner_args import add_config_flag
 from inferline.core import (
     DEFAULT_CATALOG,
     AutoScaleConfig,
@@ -320,7 +320,7 @@ def run_case(
         if controller is not None:
             row.decisions[label] = len(controller.decisions)  # type: ignore[attr-defined]
             if plots is not None:
-                from inferline._timeline import plot_timeline
+                from inferline.measure._timeline import plot_timeline
 
                 plots.mkdir(parents=True, exist_ok=True)
                 plot_timeline(

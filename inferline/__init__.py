@@ -42,35 +42,36 @@ __all__ = [
 # Serving side (HTTP frontend, deployments, profiler, replay client), imported on first use so
 # that ``import inferline`` and the CLI's other commands do not pay for FastAPI and uvicorn.
 _LAZY = {
-    "App": "inferline._service",
-    "InputSpec": "inferline._service",
-    "Prediction": "inferline._service",
-    "Service": "inferline._service",
-    "create_app": "inferline._app",
-    "handle_predict": "inferline._app",
-    "run_server": "inferline._app",
-    "AppSpec": "inferline._deploy",
-    "Deployment": "inferline._deploy",
-    "apply_plan": "inferline._deploy",
-    "load_deployment": "inferline._deploy",
-    "start_service": "inferline._deploy",
-    "BatchFit": "inferline._profile_fit",
-    "ProfileResult": "inferline._profiler",
-    "ProfilerOptions": "inferline._profiler",
-    "profile_models": "inferline._profiler",
-    "ReplayResult": "inferline._replay",
-    "replay": "inferline._replay",
-    "replay_sync": "inferline._replay",
-    "ServerProcess": "inferline._server_proc",
-    "CalibrationRow": "inferline._calibrate",
-    "calibrate_profiles": "inferline._calibrate",
-    "live_service_from_admin": "inferline._calibrate",
-    "estimate": "inferline._workflow",
-    "hop_overhead_from": "inferline._workflow",
-    "profile_deployment": "inferline._workflow",
-    "trace_deployment": "inferline._workflow",
+    "App": "inferline.server",
+    "InputSpec": "inferline.server",
+    "Prediction": "inferline.server",
+    "Service": "inferline.server",
+    "create_app": "inferline.server",
+    "handle_predict": "inferline.server",
+    "run_server": "inferline.server",
+    "AppSpec": "inferline.deploy",
+    "Deployment": "inferline.deploy",
+    "apply_plan": "inferline.deploy",
+    "load_deployment": "inferline.deploy",
+    "serve": "inferline.deploy",
+    "start_service": "inferline.deploy",
+    "BatchFit": "inferline.measure",
+    "ProfileResult": "inferline.measure",
+    "ProfilerOptions": "inferline.measure",
+    "profile_models": "inferline.measure",
+    "ReplayResult": "inferline.measure",
+    "replay": "inferline.measure",
+    "replay_sync": "inferline.measure",
+    "ServerProcess": "inferline.measure",
+    "CalibrationRow": "inferline.measure",
+    "calibrate_profiles": "inferline.measure",
+    "live_service_from_admin": "inferline.measure",
+    "estimate": "inferline.measure",
+    "hop_overhead_from": "inferline.measure",
+    "profile_attachment": "inferline.measure",
+    "profile_deployment": "inferline.measure",
+    "trace_deployment": "inferline.measure",
 }
-__all__ += sorted(_LAZY)
 
 
 def __getattr__(name: str) -> object:
@@ -84,16 +85,15 @@ def __getattr__(name: str) -> object:
     return value
 
 
-# Attaching to a running Triton / TF Serving deployment (inferline._attach), lazily as above.
+# Attaching to a running Triton / TF Serving deployment (inferline.deploy), lazily as above.
 _ATTACH = (
     "Attachment",
     "apply_attachment_plan",
     "attach",
     "dag_pipeline",
     "plan_attachment",
-    "profile_attachment",
     "serve_attachment",
     "start_attachment_service",
 )
-_LAZY.update(dict.fromkeys(_ATTACH, "inferline._attach"))
-__all__ += list(_ATTACH)
+_LAZY.update(dict.fromkeys(_ATTACH, "inferline.deploy"))
+__all__ += sorted(_LAZY)

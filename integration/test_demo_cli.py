@@ -12,9 +12,9 @@ import httpx
 import psutil
 import pytest
 
-from inferline._server_proc import ServerProcess
 from inferline.core import ModelConfig, Plan, save
 from inferline.demo.simple import sleep_deployment
+from inferline.measure._server_proc import ServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inferline._deploy import Deployment
-from inferline._workflow import trace_deployment
 from inferline.adapters.local import LocalBackend
 from inferline.core import ModelConfig, ModelSpec
 from inferline.demo import pipeline as demo_pipeline
 from inferline.demo.cnn import CNN, cnn_deployment_dict, train_cnn
 from inferline.demo.models import preprocess
 from inferline.demo.pipeline import sample_inputs
+from inferline.deploy._format import Deployment
+from inferline.measure._workflow import trace_deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -14,10 +14,6 @@ import httpx
 import numpy as np
 import pytest
 
-from inferline._deploy import Deployment
-from inferline._profiler import ProfilerOptions
-from inferline._server_proc import ServerProcess
-from inferline._workflow import profile_deployment
 from inferline.adapters.local import LocalBackend, detect_gpus
 from inferline.core import (
     DEFAULT_CATALOG,
@@ -34,6 +30,10 @@ from inferline.core._planning import inventory_use
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.models import preprocess
 from inferline.demo.pipeline import sample_inputs
+from inferline.deploy._format import Deployment
+from inferline.measure._profiler import ProfilerOptions
+from inferline.measure._server_proc import ServerProcess
+from inferline.measure._workflow import profile_deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

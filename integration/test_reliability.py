@@ -21,10 +21,10 @@ import numpy as np
 import psutil
 import pytest
 
-from inferline._replay import STATUS_CONNECT, STATUS_TIMEOUT, encode_bodies, replay
-from inferline._server_proc import ServerProcess
 from inferline.core import ModelConfig, Plan, save
 from inferline.demo.simple import sleep_deployment
+from inferline.measure._replay import STATUS_CONNECT, STATUS_TIMEOUT, encode_bodies, replay
+from inferline.measure._server_proc import ServerProcess
 
 pytestmark = pytest.mark.integration
 

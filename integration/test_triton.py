@@ -413,7 +413,7 @@ def test_urls_and_plugin_registration(triton: tuple[TritonServer, Digits]) -> No
 def test_profile_through_the_live_server(triton: tuple[TritonServer, Digits]) -> None:
     """The project's profiler drives the adapter's replica handles; Triton's own statistics
     see the same batch sizes."""
-    from inferline._profiler import ProfilerOptions, profile_models
+    from inferline.measure._profiler import ProfilerOptions, profile_models
 
     server, digits = triton
 
@@ -477,10 +477,10 @@ def test_attach_profile_plan_deploy_serve_across_triton_and_the_bundled_runtime(
     from threadpoolctl import threadpool_limits
     from triton_harness import load_digits_split
 
-    from inferline._profiler import ProfilerOptions, profile_models
     from inferline.adapters.local import LocalBackend
     from inferline.core import Pipeline, Profiles, gamma_trace
     from inferline.core._planner import plan_inferline
+    from inferline.measure._profiler import ProfilerOptions, profile_models
     from inferline.queueing import Dispatcher, FixedBatching, PipelineRunner
 
     server, digits = triton
@@ -636,13 +636,15 @@ def test_a_stage_moves_between_model_variants_on_triton(
     stage ``cls``. The plan's variant is loaded and the other deployed unloaded; a new plan
     moves the stage to the other while queries flow, loading it before the stage moves and
     unloading the first after its queue drained. Every query is answered."""
-    from inferline._deploy import Deployment, apply_plan, start_service
     from inferline.core import Pipeline, Plan, Profiles
     from inferline.core._variants import (
         PipelineVariants,
         VariantPlan,
         plan_with_variants_section,
     )
+    from inferline.deploy._apply import apply_plan
+    from inferline.deploy._format import Deployment
+    from inferline.deploy._start import start_service
 
     server, digits = triton
     pipeline = Pipeline("digits", ("pre", "cls"), (("pre", "cls"),))
@@ -730,8 +732,10 @@ def test_a_plan_s_batch_size_reaches_triton(triton: tuple[TritonServer, Digits])
     """PUT /admin/plan's batch sizes: the queue's batch and Triton's ``max_batch_size`` move
     together (before, only the replica count reached Triton, and a larger planned batch was
     split into several requests)."""
-    from inferline._deploy import Deployment, apply_plan, start_service
     from inferline.core import Plan
+    from inferline.deploy._apply import apply_plan
+    from inferline.deploy._format import Deployment
+    from inferline.deploy._start import start_service
 
     server, digits = triton
     dep = Deployment.from_dict(

@@ -10,8 +10,6 @@ import numpy as np
 import pytest
 from live_burst import SHORT_TUNER, burst_offsets, planned_inputs, replay_and_watch
 
-from inferline._deploy import Deployment, start_service
-from inferline._tuning import LiveTuner, start_live_tuner
 from inferline.core import (
     ModelConfig,
     Plan,
@@ -20,6 +18,9 @@ from inferline.core import (
     ValidationError,
 )
 from inferline.demo.simple import sleep_deployment
+from inferline.deploy._format import Deployment
+from inferline.deploy._start import start_service
+from inferline.deploy._tuning import LiveTuner
 
 pytestmark = pytest.mark.integration
 
@@ -42,9 +43,9 @@ def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
     offsets = burst_offsets(PLANNED_QPS, BURST_QPS, 8.0, 5.0)
 
     async def main():
-        svc = await start_service(dep, plan)
+        svc = await start_service(dep, plan, tuner=cfg)
         try:
-            tuner = await start_live_tuner(svc, plan, cfg)
+            tuner = svc.tuner
             results: list[tuple[float, float]] = []
 
             async def one(at: float) -> None:
@@ -102,7 +103,7 @@ def test_inferline_serve_runs_the_tuner(tmp_path):
 
     import httpx
 
-    from inferline._server_proc import ServerProcess
+    from inferline.measure._server_proc import ServerProcess
 
     (tmp_path / "d.json").write_text(json.dumps(sleep_deployment(base_s=BATCH_S)))
     (tmp_path / "p.json").write_text(json.dumps(_plan().to_dict()))
@@ -157,8 +158,8 @@ def test_ladder_decisions_change_batch_sizes_and_a_new_plan_reaches_the_tuner():
     replicas, and ``PUT /admin/plan`` (``apply_plan``) hands the running tuner the new plan."""
     from dataclasses import replace
 
-    from inferline._deploy import apply_plan
     from inferline.core import LadderStep
+    from inferline.deploy._apply import apply_plan
 
     dep = Deployment.from_dict(sleep_deployment(base_s=BATCH_S, slo_ms=SLO_S * 1e3))
     base = _plan()
@@ -167,11 +168,12 @@ def test_ladder_decisions_change_batch_sizes_and_a_new_plan_reaches_the_tuner():
     cfg = TunerConfig(interval_s=0.05, lookahead_s=0.0)
 
     async def main():
-        svc = await start_service(dep, plan)
+        svc = await start_service(dep, plan, tuner=cfg)
         try:
-            live = await start_live_tuner(svc, plan, cfg)
+            live = svc.tuner
+            assert isinstance(live, LiveTuner)
             await live.stop()  # ticks by hand from here (same clock as the service)
-            assert live.policy.uses_ladder and svc.live_tuner is live
+            assert live.policy.uses_ladder
             assert svc.dispatcher.batching("m").max_batch_size == 1
             now = live._clock()
             for i in range(30):  # 30 arrivals in 0.15 s: far above the planned envelope

@@ -14,10 +14,6 @@ import numpy as np
 import pytest
 from live_burst import SHORT_TUNER, burst_offsets, planned_inputs, replay_and_watch
 
-from inferline._admin import make_admin_router
-from inferline._app import create_app
-from inferline._deploy import Deployment, apply_plan, planned_models, start_service
-from inferline._tuning import start_live_tuner
 from inferline.core import (
     ModelConfig,
     Pipeline,
@@ -31,6 +27,12 @@ from inferline.core._variants import (
     plan_with_variants_section,
 )
 from inferline.demo.simple import sleep_deployment
+from inferline.deploy._apply import apply_plan
+from inferline.deploy._format import Deployment
+from inferline.deploy._planned import planned_models
+from inferline.deploy._start import start_service
+from inferline.server._admin import make_admin_router
+from inferline.server._http import create_app
 
 pytestmark = pytest.mark.integration
 
@@ -99,11 +101,11 @@ def test_tuner_switches_to_the_cheaper_variant_on_a_burst_and_back_after_it():
     offsets = burst_offsets(PLANNED_QPS, BURST_QPS, 6.0, 4.0)
 
     async def main():
-        svc = await start_service(dep, plan)
+        svc = await start_service(dep, plan, tuner=SHORT_TUNER)
         try:
             assert _counts(svc) == {"m-slow": 1, "m-fast": 0}
             assert svc.dispatcher.resolve("m") == "m-slow"
-            tuner = await start_live_tuner(svc, plan, SHORT_TUNER)
+            tuner = svc.tuner
             assert tuner.variant_tuner is not None
             results: list[tuple[float, float, int]] = []
 

@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from inferline._server_proc import ServerProcess
+from inferline.measure._server_proc import ServerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from inferline._calibrate import calibrate_profiles, live_service_from_admin
 from inferline.core import BatchProfile, Profiles, ValidationError, WakeProfile
+from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
 from inferline.queueing import RecentService
 
 

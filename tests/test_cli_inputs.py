@@ -249,8 +249,9 @@ def test_attach_refuses_a_url_port_out_of_range(url, capsys):
 def test_profile_refuses_a_hardware_kind_the_backend_lacks(tmp_path, monkeypatch, capsys):
     """``--hardware cpu nope`` dropped 'nope' silently (only all unknown was refused, naming
     the profiler's field): the backend's kinds are known once it runs, before any profiling."""
-    from inferline import _deploy, _workflow
-    from inferline._profiler import profile_models
+    import inferline.deploy._format as _deploy
+    import inferline.measure._workflow as _workflow
+    from inferline.measure._profiler import profile_models
 
     class Backend:
         def inventory(self) -> dict[str, int]:
@@ -282,7 +283,7 @@ def test_demo_out_must_be_a_folder_it_can_write(tmp_path, monkeypatch, capsys):
     for ok in (tmp_path / "new" / "demo", tmp_path):
         assert build_parser().parse_args(["demo", "--out", str(ok)]).out == str(ok)
     # an unwritable parent (os.access: the tests may run as root, who may write anywhere)
-    import inferline._cli_args as cli_args
+    import inferline.cli._args as cli_args
 
     monkeypatch.setattr(cli_args.os, "access", lambda *_: False)
     line = _refused(["demo", "--out", str(tmp_path / "new" / "demo")], capsys)
@@ -321,14 +322,15 @@ def test_replay_inputs_folder_and_deploy_unreachable_url_are_one_line(
 
     import httpx
 
-    from inferline import _cli_serve, _deploy
+    import inferline.cli.deploy as _cli_deploy
+    import inferline.deploy._format as _deploy
 
     def refused(*_a, **_kw):
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
     monkeypatch.setattr(httpx, "put", refused)
     monkeypatch.setattr(_deploy, "load_deployment", lambda _p: _Dep())
-    monkeypatch.setattr(_cli_serve, "load_plan", lambda _p: _plan())
+    monkeypatch.setattr(_cli_deploy, "load_plan", lambda _p: _plan())
     assert main(["deploy", "p.json", "--deployment", "d", "--url", "http://127.0.0.1:1"]) == 2
     err = capsys.readouterr().err
     assert "--url: expected a reachable inferline server, got '[Errno 111]" in err, err
@@ -370,7 +372,7 @@ def test_sensible_edge_values_still_parse():
     for rule in ("window", "scaled", "curve"):  # every rule the policy accepts
         assert p.parse_args([*SIM, "--tuner-up-rate", rule]).tuner_up_rate == rule
     assert p.parse_args([*PROFILE, "-o", "x", "--max-samples", "50"]).max_samples == 50
-    from inferline._cli_serve import wake_idle_s
+    from inferline.cli.profile import wake_idle_s
 
     assert wake_idle_s(p.parse_args([*PROFILE, "-o", "x", "--wake-idle-ms"])) == ()
     a = p.parse_args([*PROFILE, "-o", "x", "--wake-idle-ms", "50", "2", "2"])
@@ -388,7 +390,7 @@ def test_varying_trace_still_writes(tmp_path, capsys):
 
 
 def _one_query_result():
-    from inferline._replay import ReplayResult
+    from inferline.measure._replay import ReplayResult
 
     return ReplayResult(
         scheduled_s=np.array([0.0]),
@@ -400,7 +402,7 @@ def _one_query_result():
 
 
 def test_replay_of_one_query_says_why_there_is_no_rate(capsys):
-    from inferline._cli_serve import print_replay
+    from inferline.measure._tables import print_replay
 
     print_replay(_one_query_result().summary())
     out = capsys.readouterr().out
@@ -411,8 +413,8 @@ def test_replay_of_one_query_says_why_there_is_no_rate(capsys):
 
 def test_replay_writes_strict_json_for_one_query(tmp_path, monkeypatch, capsys):
     """NaN is not JSON: a one-query replay's ``-o`` file has null for the rate."""
-    import inferline._cli_serve as cli_serve
-    import inferline._replay as replay_mod
+    import inferline.cli.replay as cli_replay
+    import inferline.measure._replay as replay_mod
 
     trace = tmp_path / "one.trace"
     trace.write_text("0.0\n")
@@ -420,7 +422,7 @@ def test_replay_writes_strict_json_for_one_query(tmp_path, monkeypatch, capsys):
     inputs.write_text("[1]")
     out = tmp_path / "r.json"
     monkeypatch.setattr(replay_mod, "replay", lambda *a, **kw: None)
-    monkeypatch.setattr(cli_serve, "run", lambda _coro: _one_query_result())
+    monkeypatch.setattr(cli_replay, "run_loop", lambda _coro: _one_query_result())
     argv = ["replay", str(trace), "--url", "http://x", "--app", "a", "--inputs", str(inputs)]
     assert main([*argv, "-o", str(out)]) == 0
     capsys.readouterr()
@@ -443,7 +445,7 @@ def test_serve_help_states_that_the_tuner_is_on_by_default(capsys):
 def test_the_shared_types_name_the_range():
     import argparse
 
-    from inferline._cli_args import count, int_in, output_path, port
+    from inferline.cli._args import count, int_in, output_path, port
 
     assert count("1e3") == 1000 and port("0") == 0
     for parse, text, msg in [
@@ -457,7 +459,7 @@ def test_the_shared_types_name_the_range():
 
 
 def test_outputs_in_the_current_folder_are_fine(tmp_path, monkeypatch):
-    from inferline._cli_args import output_path
+    from inferline.cli._args import output_path
 
     monkeypatch.chdir(tmp_path)
     assert output_path()("plan.json") == "plan.json"

@@ -234,7 +234,7 @@ def test_room_note_names_what_a_tight_plan_risks():
     """The note after the ladder: a plan proven for barely more than its sample gets both
     hints (the room trigger for the tuner, a rate margin for the planner); a plan with room
     gets neither; with a margin, the note says it is on top and does not suggest one."""
-    from inferline._cli_plan import _room_note
+    from inferline.cli.plan import _room_note
     from inferline.core import LadderStep, tuner_inputs
 
     pipe = Pipeline("one", ("m",), (), {})

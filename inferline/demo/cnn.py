@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from inferline.core import ModelSpec
-
-from .models import _as_batch, _features, digits_split
-from .pipeline import digits_deployment
+from inferline.demo.models import _as_batch, _features, digits_split
+from inferline.demo.pipeline import digits_deployment
 
 __all__ = ["CNN", "cnn", "cnn_deployment_dict", "digits_cnn", "train_cnn"]
 

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 
 from inferline.core import ModelSpec
-
-from .models import digits_split
+from inferline.demo.models import digits_split
 
 __all__ = [
     "DEFAULT_THRESHOLD",

@@ -68,7 +68,7 @@ def _say(msg: str) -> None:
 
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
-    from inferline._app import run_loop
+    from inferline.server._run import run_loop
 
     return run_loop(run_demo_async(opts))  # type: ignore[no-any-return]
 
@@ -76,14 +76,13 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
     import httpx
 
-    from inferline._deploy import Deployment
-    from inferline._profiler import ProfilerOptions
-    from inferline._replay import encode_bodies, replay
-    from inferline._server_proc import ServerProcess
-    from inferline._workflow import estimate, hop_overhead_from, profile_deployment
     from inferline.adapters.local import detect_cores
-
-    from .pipeline import deployment_dict, test_inputs
+    from inferline.demo.pipeline import deployment_dict, test_inputs
+    from inferline.deploy._format import Deployment
+    from inferline.measure._profiler import ProfilerOptions
+    from inferline.measure._replay import encode_bodies, replay
+    from inferline.measure._server_proc import ServerProcess
+    from inferline.measure._workflow import estimate, hop_overhead_from, profile_deployment
 
     t_start = time.perf_counter()
     r = opts.resolved()
@@ -119,7 +118,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         f"{ {m: round(s, 3) for m, s in pipeline.scale_factors.items()} }; profiled in "
         f"{time.perf_counter() - t0:.0f} s"
     )
-    from inferline._cli_serve import print_fits
+    from inferline.measure._tables import print_fits
 
     print_fits(result)
 
@@ -225,7 +224,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
 
 
 def _samples(n: int) -> list[Any]:
-    from .pipeline import sample_inputs
+    from inferline.demo.pipeline import sample_inputs
 
     return sample_inputs(n)
 

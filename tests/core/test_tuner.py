@@ -228,7 +228,7 @@ def test_round_trips():
 
 def test_choice_fields_take_exactly_their_types_values():
     """down_rate's type allowed 'curve' (an up_rate only), which the config refuses; flags are
-    derived from these types (inferline._sim_tuning.add_config_flag)."""
+    derived from these types (inferline.cli._tuner_args.add_config_flag)."""
     from typing import Literal, get_args, get_origin, get_type_hints
 
     hints = get_type_hints(TunerConfig)

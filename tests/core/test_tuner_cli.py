@@ -118,7 +118,7 @@ def test_tuner_knobs_are_validated_by_flag(files, capsys):
 def test_tuner_flags_build_the_tuner_config():
     import argparse
 
-    from inferline._sim_tuning import add_ladder_knobs, ladder_knobs
+    from inferline.cli._tuner_args import add_ladder_knobs, ladder_knobs
 
     ap = argparse.ArgumentParser()
     add_ladder_knobs(ap)
@@ -135,7 +135,7 @@ def test_tuner_flags_build_the_tuner_config():
 def test_tuner_down_to_flag_reaches_the_config(capsys):
     import argparse
 
-    from inferline._sim_tuning import add_ladder_knobs, ladder_knobs
+    from inferline.cli._tuner_args import add_ladder_knobs, ladder_knobs
 
     ap = argparse.ArgumentParser()
     add_ladder_knobs(ap)

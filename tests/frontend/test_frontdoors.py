@@ -13,8 +13,10 @@ import httpx
 import numpy as np
 import pytest
 
-from inferline._app import create_app
-from inferline._frontdoors import (
+from inferline.core import ValidationError
+from inferline.server._http import create_app
+from inferline.server._service import App, InputSpec, Service
+from inferline.server.frontdoors import (
     FrontDoor,
     Signature,
     TensorInfo,
@@ -23,8 +25,6 @@ from inferline._frontdoors import (
     make_kserve_router,
     make_tfserving_router,
 )
-from inferline._service import App, InputSpec, Service
-from inferline.core import ValidationError
 
 
 async def double(x: Any, slo: float) -> Any:
@@ -251,7 +251,7 @@ def test_kserve_grpc_needs_the_token_on_every_rpc_and_checks_raw_inputs() -> Non
     grpc = pytest.importorskip("grpc")
     pb = pytest.importorskip("tritonclient.grpc.service_pb2")
     pbg = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
-    from inferline._frontdoors import FrontDoorGrpc
+    from inferline.server.frontdoors import FrontDoorGrpc
 
     _svc, fd = make_service()
 
@@ -405,7 +405,7 @@ def test_kserve_grpc_typed_contents_must_match_the_datatype() -> None:
     grpc = pytest.importorskip("grpc")
     pb = pytest.importorskip("tritonclient.grpc.service_pb2")
     pbg = pytest.importorskip("tritonclient.grpc.service_pb2_grpc")
-    from inferline._frontdoors import FrontDoorGrpc
+    from inferline.server.frontdoors import FrontDoorGrpc
 
     _svc, fd = make_service()
 

@@ -13,8 +13,6 @@ import warnings
 import pytest
 from fastapi import APIRouter
 
-from inferline._app import create_app, status_for
-from inferline._service import App, DefaultAnswer, InputSpec, Service
 from inferline.core import (
     BackendError,
     DeadlineExceededError,
@@ -23,6 +21,8 @@ from inferline.core import (
     ValidationError,
 )
 from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
+from inferline.server._http import create_app, status_for
+from inferline.server._service import App, DefaultAnswer, InputSpec, Service
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferline._deploy import AppSpec, Deployment, QueueSpec, import_object
-from inferline._profile_fit import (
+from inferline.core import NotFoundError, Profiles, ValidationError
+from inferline.demo.pipeline import deployment_dict
+from inferline.demo.simple import sleep_deployment
+from inferline.deploy._format import AppSpec, Deployment, QueueSpec, import_object
+from inferline.measure._profile_fit import (
     BatchFit,
     batch_profile,
     fit_batch_latency,
     profiles_from_samples,
 )
-from inferline._profiler import ProfilerOptions, batch_sizes_up_to
-from inferline._service import InputSpec
-from inferline.core import NotFoundError, Profiles, ValidationError
-from inferline.demo.pipeline import deployment_dict
-from inferline.demo.simple import sleep_deployment
+from inferline.measure._profiler import ProfilerOptions, batch_sizes_up_to
+from inferline.server._service import InputSpec
 
 
 def _samples(fn, sizes=(1, 2, 4, 8, 16, 32), n=200, noise=0.0005, seed=0):
@@ -144,7 +144,7 @@ def test_appspec_and_queue_roundtrip():
 
 
 def test_mean_profile_ignores_a_stall():
-    from inferline._profile_fit import trimmed_mean
+    from inferline.measure._profile_fit import trimmed_mean
 
     xs = [0.001] * 99 + [1.3]  # one machine stall while profiling a 1 ms model
     assert trimmed_mean(np.asarray(xs)) == pytest.approx(0.001)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from _served_app import served
 
-from inferline._app import create_app
-from inferline._replay import _parse_response, encode_bodies, replay_sync
-from inferline._service import App, Service
 from inferline.core import ValidationError
+from inferline.measure._replay import _parse_response, encode_bodies, replay_sync
+from inferline.server._http import create_app
+from inferline.server._service import App, Service
 
 
 async def _slow(x, slo):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from inferline._replay import ReplayResult
-from inferline._workflow import estimate, hop_overhead_from
 from inferline.core import ModelConfig, Pipeline, Profiles, ValidationError
+from inferline.measure._replay import ReplayResult
+from inferline.measure._workflow import estimate, hop_overhead_from
 
 
 def _setup():

@@ -13,8 +13,8 @@ import pytest
 from _served_app import served
 from fastapi import APIRouter, Request
 
-from inferline._app import create_app
-from inferline._service import App, Service
+from inferline.server._http import create_app
+from inferline.server._service import App, Service
 
 TIMEOUT_S = 0.5
 

@@ -8,10 +8,10 @@ import pytest
 from _served_app import served
 from fastapi import APIRouter
 
-from inferline._app import create_app
-from inferline._service import App, Service
 from inferline.core import StorageError
 from inferline.selection import SQLiteStore as SelectionStore
+from inferline.server._http import create_app
+from inferline.server._service import App, Service
 from inferline.velox import SQLiteStore as VeloxStore
 
 

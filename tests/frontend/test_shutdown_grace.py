@@ -11,8 +11,8 @@ import time
 import httpx
 from _served_app import serving
 
-from inferline._app import create_app
-from inferline._service import App, Service
+from inferline.server._http import create_app
+from inferline.server._service import App, Service
 
 
 async def _stuck(x, slo):

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from inferline._deploy import Deployment
-from inferline._velox_app import VeloxSpec
 from inferline.core import ValidationError
+from inferline.deploy._format import Deployment
+from inferline.server._velox_app import VeloxSpec
 
 BLOCK = {
     "store": "v.sqlite",

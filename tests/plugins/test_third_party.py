@@ -75,9 +75,10 @@ def test_plugin_uses_only_the_public_api() -> None:
 
 
 def test_third_party_backend_end_to_end(echo_installed: dict[str, str]) -> None:
-    from inferline._app import create_app
-    from inferline._deploy import AppSpec, Deployment, start_service
-    from inferline._profiler import ProfilerOptions, profile_models
+    from inferline.deploy._format import AppSpec, Deployment
+    from inferline.deploy._start import start_service
+    from inferline.measure._profiler import ProfilerOptions, profile_models
+    from inferline.server._http import create_app
 
     assert echo_installed == {"echo": "inferline_echo.plugin"}
     host = PluginHost()
@@ -131,7 +132,7 @@ def test_third_party_backend_end_to_end(echo_installed: dict[str, str]) -> None:
                 np.testing.assert_allclose(p.output, np.tanh(2 * np.tanh(x)))
             import httpx
 
-            from inferline._admin import make_admin_router
+            from inferline.server._admin import make_admin_router
 
             app = create_app(svc, close_service_on_shutdown=False, routers=[make_admin_router])
             async with httpx.AsyncClient(

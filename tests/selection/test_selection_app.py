@@ -11,13 +11,14 @@ import httpx
 import numpy as np
 import pytest
 
-from inferline._app import create_app
-from inferline._deploy import Deployment, start_service
-from inferline._selection_app import SelectionAppSpec, selection_services
-from inferline._selection_routes import make_selection_router
 from inferline.core import ValidationError
+from inferline.deploy._format import Deployment
+from inferline.deploy._start import start_service
 from inferline.selection import SQLiteStore
 from inferline.selection.digits import digits_data
+from inferline.server._http import create_app
+from inferline.server._selection_app import SelectionAppSpec, selection_services
+from inferline.server._selection_routes import make_selection_router
 
 SRC = "inferline.selection.digits:digits_classifier"
 

@@ -10,9 +10,9 @@ import os
 import numpy as np
 import pytest
 
-from inferline._switching_live import LiveSwitcher, process_nice, set_nice
 from inferline.adapters.local import LocalBackend
 from inferline.core import ModelSpec, Profiles, ValidationError
+from inferline.deploy._switching import LiveSwitcher, process_nice, set_nice
 from inferline.queueing import Dispatcher
 from inferline.selection import (
     SwitchingConfig,

@@ -1,0 +1,99 @@
+"""Options of the commands that run a server (``serve``, ``deploy``, ``attach``): where it
+listens, what it accepts, its token, its tuner."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from inferline.cli._args import (
+    body_bytes,
+    int_in,
+    number_in,
+    output_path,
+    port,
+)
+from inferline.cli._tuner_args import add_ladder_knobs
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "INFERLINE_TOKEN"
+
+
+def token_of(args: argparse.Namespace) -> str | None:
+    return args.token or os.environ.get(TOKEN_ENV) or None
+
+
+def warn_open_host(host: str, token: str | None) -> None:
+    """Binding beyond loopback without a token: say so (serve and attach)."""
+    if host not in ("127.0.0.1", "localhost", "::1") and not token:
+        log.warning(
+            "serving on %s without a bearer token: anyone who can reach it may call it", host
+        )
+
+
+_read_timeout = number_in(0, 3600, "seconds", lo_open=True)
+
+
+def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
+    """Where a server listens and what it accepts (serve, deploy, attach; ``grpc``: attach's
+    gRPC front doors too): one declaration, so the limits and their checks stay the same."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=8000, help="HTTP port (0: any free port)")
+    if grpc:
+        p.add_argument(
+            "--grpc-port",
+            type=int_in(-1, 65535, "a port (-1: none)"),
+            default=0,
+            help="gRPC front doors' port (0: any, -1: none)",
+        )
+    p.add_argument("--token", default=None, help=f"require this bearer token (or ${TOKEN_ENV})")
+    p.add_argument(
+        "--max-body-bytes",
+        type=body_bytes,
+        default=1 << 20,
+        help=("largest HTTP request body and gRPC message" if grpc else "request body limit")
+        + ", bytes (default %(default)s)",
+    )
+    p.add_argument(
+        "--read-timeout-s",
+        type=_read_timeout,
+        default=30.0,
+        help="a request's headers, then its body, must arrive within this; else 408 "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--ready-file",
+        type=output_path(),
+        default=None,
+        help=f"write {{url, {'grpc, ' if grpc else ''}pid}} here once serving",
+    )
+
+
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    add_listen_args(p)
+    p.add_argument(
+        "--tuner",
+        choices=("inferline", "none"),
+        default="inferline",
+        help="scale replicas as traffic changes (needs a plan with tuner inputs; default "
+        "%(default)s: on)",
+    )
+    p.add_argument(
+        "--no-variant-switching",
+        dest="variant_switching",
+        action="store_false",
+        help="with a plan made with --variants: keep every stage on the planned variant (by "
+        "default the tuner may switch a stage to a cheaper variant instead of adding replicas)",
+    )
+    add_ladder_knobs(p)
+
+
+def run_loop(coro: Any) -> Any:
+    """Run ``coro`` on uvloop (the server's loop), importing the server only when a command
+    runs one: ``inferline --help`` and the planning commands stay light."""
+    from inferline.server._run import run_loop as run
+
+    return run(coro)

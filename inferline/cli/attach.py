@@ -1,0 +1,286 @@
+"""``inferline attach URL`` and ``inferline plugins``.
+
+``attach`` connects to a running Triton or TF Serving deployment, discovers the served models,
+profiles them through the live server and prints what it found. With ``--pipeline``,
+``--slo-ms`` and ``--trace`` it also plans and starts serving through inferline (HTTP, plus the
+KServe v2 and TF Serving front doors over HTTP and gRPC) without restarting the backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from inferline.cli._args import count, output_path, slo_ms
+from inferline.cli._estimator_args import rate_margin as _rate_margin
+from inferline.cli._server_args import add_listen_args
+from inferline.core import (
+    PlannerOptions,
+    ValidationError,
+    load_json,
+    load_pipeline,
+    load_plan,
+    load_trace,
+    save,
+)
+
+TOKEN_ENV = "INFERLINE_TOKEN"
+
+
+def _options(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep or not k:
+            raise ValidationError("--option", "KEY=VALUE", p)
+        val: Any = v
+        if v.lstrip("-").isdigit():
+            val = int(v)
+        elif v.lower() in ("true", "false"):
+            val = v.lower() == "true"
+        else:
+            try:
+                val = float(v)
+            except ValueError:
+                val = v
+        out[k] = val
+    return out
+
+
+def _server_url(text: str) -> str:
+    """``attach``'s URL: every host's port, where one is given, in [1, 65535]. Checked here, as
+    every option is: the backend refused it only once built, naming its own ``url`` field."""
+    for host in urlsplit(text).netloc.split(","):  # TF Serving takes several hosts
+        try:
+            port = urlsplit(f"//{host}").port
+        except ValueError:  # not a number or out of range
+            port = 0
+        if port == 0:
+            raise argparse.ArgumentTypeError(
+                f"expected a URL with ports in [1, 65535], got {text!r}"
+            )
+    return text
+
+
+def _print_found(att: Any) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"models at {att.url}")
+    for col in ("model", "state", "adopted", "replicas", "inputs", "outputs"):
+        t.add_column(col)
+    for name, f in sorted(att.found.items()):
+        cfg = att.models.get(name)
+        sig = att.signatures.get(name)
+
+        def desc(ts: Any) -> str:
+            return ", ".join(f"{x.name}:{x.dtype}{list(x.shape)}" for x in ts)
+
+        t.add_row(
+            name,
+            f.get("state", ""),
+            "yes" if cfg else "no",
+            "" if cfg is None else f"{cfg.replicas} x {cfg.hardware}",
+            desc(sig.inputs) if sig else "?",
+            desc(sig.outputs) if sig else "?",
+        )
+    Console(width=max(100, Console().width)).print(t)
+
+
+def _attach(args: argparse.Namespace) -> int:
+    from inferline.deploy._attach import (
+        attach,
+        plan_attachment,
+        serve_attachment,
+        start_attachment_service,
+    )
+    from inferline.deploy._format import import_object
+    from inferline.measure._attached import profile_attachment
+    from inferline.measure._profiler import ProfilerOptions
+    from inferline.measure._tables import print_fits
+    from inferline.server._run import run_loop
+
+    serving = bool(args.pipeline)
+    if serving and not (args.slo_ms and (args.trace or args.plan)):
+        raise ValidationError("--pipeline", "--slo-ms and --trace (or --plan) with it", None)
+    opts = _options(args.option or [])
+    if "models" in opts:  # attach's own flag names the models (and tells discovery of them)
+        raise ValidationError("--option models", "--models M1,M2 instead", opts["models"])
+    models = [m for m in (args.models or "").split(",") if m] or None
+    inputs = None
+    if args.inputs:
+        raw = load_json(args.inputs)
+        if not isinstance(raw, dict):
+            raise ValidationError(
+                args.inputs, "a JSON object {model: [inputs...]}", type(raw).__name__
+            )
+        inputs = raw
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    from inferline.cli._server_args import warn_open_host
+
+    warn_open_host(args.host, token)
+
+    async def main() -> int:
+        att = await attach(args.url, models=models, **opts)
+        svc = None
+        try:
+            _print_found(att)
+            if args.summary_out:
+                Path(args.summary_out).write_text(
+                    json.dumps(att.summary(), indent=2, default=str) + "\n"
+                )
+            prof = None
+            if not args.no_profile and att.models:
+                po = ProfilerOptions(
+                    max_batch_size=args.max_batch,
+                    warmup=1 if args.quick else 5,
+                    min_samples=5 if args.quick else 50,
+                    max_samples=10 if args.quick else 400,
+                    max_seconds_per_point=0.5 if args.quick else 4.0,
+                    wake_samples=5 if args.quick else 20,
+                )
+                prof = await profile_attachment(att, inputs, po, samples=args.samples)
+                print_fits(prof)
+                if args.profiles_out:
+                    save(prof.profiles, args.profiles_out)
+                    print(
+                        f"wrote profiles of {len(prof.profiles.models)} models to {args.profiles_out}"
+                    )
+            if not serving:
+                return 0
+            pipeline = load_pipeline(args.pipeline)
+            if args.plan:
+                plan = load_plan(args.plan)
+            else:
+                if prof is None:
+                    raise ValidationError("--no-profile", "profiles to plan with (or --plan)", None)
+                plan = plan_attachment(
+                    att,
+                    pipeline,
+                    prof.profiles,
+                    load_trace(args.trace),
+                    args.slo_ms / 1e3,
+                    options=PlannerOptions(rate_margin=args.rate_margin),
+                )
+                if args.plan_out:
+                    save(plan, args.plan_out)
+            for m, cfg in plan.models.items():
+                print(f"plan: {m}: {cfg.replicas} x {cfg.hardware}, max batch {cfg.max_batch_size}")
+            print(
+                f"plan: cost ${plan.cost_per_hour:.3f}/h, estimated P{plan.percentile:g} {plan.estimated_latency_s * 1e3:.1f} ms"
+            )
+            fn = import_object(args.pipeline_fn, "--pipeline-fn") if args.pipeline_fn else None
+            svc, door = await start_attachment_service(
+                att, plan, pipeline, pipeline_fn=fn, app=args.app, slo_s=args.slo_ms / 1e3
+            )
+            if args.dry_run:
+                return 0
+
+            def ready(info: dict[str, Any]) -> None:
+                info["pid"] = os.getpid()
+                if args.ready_file:
+                    tmp = Path(args.ready_file).with_suffix(".tmp")
+                    tmp.write_text(json.dumps(info))
+                    os.replace(tmp, args.ready_file)
+                print(
+                    f"inferline: serving {info['apps']} and models {info['models']} of {args.url} "
+                    f"at {info['url']} (KServe v2 /v2, TF Serving /v1; gRPC {info['grpc']})",
+                    flush=True,
+                )
+
+            await serve_attachment(
+                svc,
+                door,
+                host=args.host,
+                port=args.port,
+                grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+                token=token,
+                max_body_bytes=args.max_body_bytes,
+                ready=ready,
+                read_timeout_s=args.read_timeout_s,
+            )
+            return 0
+        finally:
+            if svc is not None:
+                await svc.close()
+            else:
+                await att.backend.close()
+
+    return int(run_loop(main()))
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    a = sub.add_parser(
+        "attach",
+        help="attach to a running Triton/TF Serving server: discover, profile, plan, serve",
+        description=__doc__,
+    )
+    a.add_argument(
+        "url",
+        type=_server_url,
+        help="e.g. tfserving://host:8501, tfserving+grpc://host:8500, triton://host:8000",
+    )
+    a.add_argument(
+        "--models", default=None, help="comma-separated models to adopt (default: all ready)"
+    )
+    a.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="backend option (repeatable), e.g. grpc_port=8500",
+    )
+    a.add_argument("--inputs", default=None, help="JSON {model: [sample inputs]} for profiling")
+    a.add_argument(
+        "--samples", type=count, default=32, help="synthetic inputs per model when no --inputs"
+    )
+    a.add_argument("--max-batch", type=count, default=16, help="largest profiled batch size")
+    a.add_argument("--quick", action="store_true", help="few samples per point")
+    a.add_argument("--no-profile", action="store_true", help="only discover")
+    # outputs, ports and the SLO are checked here: attach connects, profiles and starts the
+    # service before it writes, plans or binds
+    a.add_argument(
+        "--profiles-out",
+        type=output_path(),
+        default=None,
+        help="write the measured profiles JSON here",
+    )
+    a.add_argument(
+        "--summary-out", type=output_path(), default=None, help="write what was found as JSON"
+    )
+    a.add_argument(
+        "--pipeline", default=None, help="pipeline DAG JSON over the served models: plan and serve"
+    )
+    a.add_argument(
+        "--pipeline-fn",
+        default=None,
+        help="module:function pipeline to serve (default: run the DAG)",
+    )
+    a.add_argument("--app", default="pipeline", help="app name of the served pipeline")
+    a.add_argument(
+        "--slo-ms",
+        type=slo_ms,
+        default=None,
+        help="latency SLO, ms, for planning and the served app (required with --pipeline)",
+    )
+    a.add_argument("--trace", default=None, help="sample arrival trace for planning")
+    a.add_argument(
+        "--rate-margin",
+        type=_rate_margin,
+        default=0.0,
+        metavar="M",
+        help="plan with 1+M times the trace's rate as throughput slack (as `inferline plan`)",
+    )
+    a.add_argument("--plan", default=None, help="use this plan instead of planning")
+    a.add_argument(
+        "--plan-out",
+        type=output_path(),
+        default=None,
+        help="write the plan made from --trace here",
+    )
+    a.add_argument("--dry-run", action="store_true", help="plan and apply, do not serve")
+    add_listen_args(a, grpc=True)
+    a.set_defaults(func=_attach)

@@ -1,0 +1,57 @@
+"""Deployment control: the deployment format, starting a service from a deployment and a plan,
+applying plans, serving over HTTP (``serve``), attaching to a running Triton or TF Serving
+server, the live tuner and live model switching.
+"""
+
+from inferline.deploy._apply import apply_deployment_plan, apply_plan
+from inferline.deploy._attach import (
+    Attachment,
+    AttachmentTarget,
+    apply_attachment_plan,
+    attach,
+    dag_pipeline,
+    plan_attachment,
+    serve_attachment,
+    start_attachment_service,
+)
+from inferline.deploy._format import (
+    DEPLOYMENT_FORMAT,
+    AppSpec,
+    Deployment,
+    QueueSpec,
+    import_object,
+    load_deployment,
+)
+from inferline.deploy._planned import drain, planned_models
+from inferline.deploy._serve import serve
+from inferline.deploy._start import DeploymentTarget, start_service
+from inferline.deploy._switching import LiveSwitcher, SwitchEvent
+from inferline.deploy._tuning import AppliedDecision, LiveTuner
+
+__all__ = [
+    "DEPLOYMENT_FORMAT",
+    "AppSpec",
+    "AppliedDecision",
+    "Attachment",
+    "AttachmentTarget",
+    "Deployment",
+    "DeploymentTarget",
+    "LiveSwitcher",
+    "LiveTuner",
+    "QueueSpec",
+    "SwitchEvent",
+    "apply_attachment_plan",
+    "apply_deployment_plan",
+    "apply_plan",
+    "attach",
+    "dag_pipeline",
+    "drain",
+    "import_object",
+    "load_deployment",
+    "plan_attachment",
+    "planned_models",
+    "serve",
+    "serve_attachment",
+    "start_attachment_service",
+    "start_service",
+]

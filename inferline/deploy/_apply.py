@@ -1,0 +1,147 @@
+"""Applying a plan to a running service started from a deployment (``PUT /admin/plan``, ``inferline deploy --url``): replica counts and batch sizes in place, hardware changes by redeploying, variant stages moved once their replicas serve."""
+
+from __future__ import annotations
+
+import logging
+
+from inferline.core import (
+    InferlineError,
+    ModelConfig,
+    Plan,
+    ValidationError,
+)
+from inferline.deploy._format import Deployment
+from inferline.deploy._planned import (
+    check_stages_served,
+    configs_for,
+    drain,
+    oversubscription,
+    planned_models,
+    stage_routes,
+)
+from inferline.server._service import Service
+
+__all__ = ["apply_deployment_plan", "apply_plan"]
+
+log = logging.getLogger(__name__)
+
+
+async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
+    """Move a running service to ``plan`` through its plan target: the models of the
+    deployment it was started from (``apply_deployment_plan``), or those of an attached
+    server. Answers what was done per model."""
+    if svc.plan_target is None:
+        raise ValidationError("service", "a service started from a deployment or attachment", None)
+    return await svc.plan_target.apply(svc, plan)
+
+
+async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> dict[str, str]:
+    """Move a running service started from ``dep`` to ``plan``: replica counts and batch sizes change in place; a
+    model whose hardware changes is redeployed (its queue keeps its queries meanwhile). With
+    model variants, a stage moves to another variant only once that variant's replicas serve,
+    and the variant it leaves drains its queue before its replicas go (nothing queued is
+    lost)."""
+    from inferline.queueing import FixedBatching
+
+    if svc.backend is None or svc.dispatcher is None:
+        raise ValidationError("service", "a service started from a deployment", None)
+    check_stages_served(plan)
+    configs = configs_for(dep, plan)
+    planned = planned_models(plan)
+    # without a plan the service runs the deployment's defaults (one CPU replica, batch 1)
+    olds = configs_for(dep, svc.plan)
+    done: dict[str, str] = {}
+    routes = stage_routes(plan)
+    stages = set(plan.models) | set(svc.plan.models if svc.plan is not None else {})
+
+    def active(name: str) -> int:
+        """Replicas serving now: a live tuner may have moved the service off the old plan."""
+        try:
+            return len(svc.backend.replicas(name))
+        except InferlineError:
+            return olds[name].replicas
+
+    # hardware the backend does not have is refused before anything changes (applying it
+    # would remove the model's replicas and fail to start new ones)
+    inventory = svc.backend.inventory()
+    for name, cfg in configs.items():
+        if name in planned and cfg.hardware not in inventory:
+            raise ValidationError(
+                f"models.{name}.hardware",
+                f"hardware this backend has ({', '.join(sorted(inventory))})",
+                cfg.hardware,
+            )
+    # models that shrink do so last: after the others have grown and the stages moved
+    leaving = {n for n, c in configs.items() if n in planned and c.replicas < active(n)}
+
+    # a backend that can change a model's batch size and hardware in place (Triton: one
+    # reload with the new model configuration) does so; before, only the replica count
+    # reached Triton, and a larger planned batch was split into several requests
+    reconfigure = getattr(svc.backend, "reconfigure", None)
+
+    async def one(name: str, cfg: ModelConfig) -> None:
+        old = olds[name]
+        try:
+            if reconfigure is not None:
+                await reconfigure(name, cfg)
+                done[name] = f"{cfg.replicas} replicas" + (
+                    f" on {cfg.hardware}" if old.hardware != cfg.hardware else ""
+                )
+            elif old.hardware != cfg.hardware:
+                await svc.backend.remove(name)
+                try:
+                    await svc.backend.deploy(dep.model(name), cfg)
+                except InferlineError:
+                    # back on the old hardware, so that the model keeps serving
+                    await svc.backend.deploy(dep.model(name), old)
+                    raise
+                done[name] = f"redeployed on {cfg.hardware}"
+            else:
+                await svc.backend.scale(name, cfg.replicas)
+                done[name] = f"{cfg.replicas} replicas"
+            svc.dispatcher.set_batching(name, FixedBatching(cfg.max_batch_size))
+            done[name] += f", max batch {cfg.max_batch_size}"
+            if svc.plugins is not None:
+                svc.plugins.notify_config(
+                    name, old, cfg, backend=dep.backend, reason="plan applied"
+                )
+        except InferlineError as e:
+            done[name] = f"failed: {e}"
+            log.error("applying plan to %r failed: %s", name, e)
+
+    for name, cfg in configs.items():
+        if name in planned and name not in leaving:
+            await one(name, cfg)
+    for stage in stages:
+        target = routes.get(stage, stage)
+        if svc.dispatcher.resolve(stage) != target:
+            if target != stage and done.get(target, "").startswith("failed"):
+                done[stage] = f"still served by {svc.dispatcher.resolve(stage)}"
+                continue
+            svc.dispatcher.route(stage, target if target != stage else None)
+            done[stage] = f"served by {target}"
+    for name in sorted(leaving):
+        if configs[name].replicas == 0:  # nothing would serve what it still has queued
+            await drain(svc.dispatcher, name)
+        await one(name, configs[name])
+    note = oversubscription(dep, svc.backend, configs)
+    if note is not None:
+        done["inventory"] = note
+        log.warning("%s", note)
+    failed = {n for n, what in done.items() if n in configs and what.startswith("failed")}
+    # what is in force: a model the plan could not move keeps its old configuration
+    svc.plan = (
+        plan.with_models({n: (olds[n] if n in failed else c) for n, c in plan.models.items()})
+        if failed
+        else plan
+    )
+    if svc.tuner is not None:
+        if plan.tuner is not None:
+            svc.tuner.replan(plan)
+            if not svc.tuner.running:
+                svc.tuner.start()
+            done["tuner"] = "follows the new plan"
+        elif svc.tuner.running:
+            await svc.tuner.stop()
+            done["tuner"] = "stopped: the new plan has no tuner inputs"
+    return done

@@ -1,0 +1,476 @@
+"""Attaching inferline to a running Triton or TF Serving deployment, as plain functions.
+
+The steps ``inferline attach`` runs, for operations scripts (``docs/operations-script.md``)::
+
+    att = await attach("tfserving://10.0.0.5:8501", models=["resnet"])   # discover + adopt
+    prof = await profile_attachment(att)                  # through the live server
+    plan = plan_attachment(att, pipeline, prof.profiles, trace, slo_s=0.2)
+    svc, door = await start_attachment_service(att, plan, pipeline)    # queue + front doors
+    ...                                                   # serve (serve_attachment does HTTP)
+    await svc.close()                                     # leaves the server's models loaded
+
+Nothing restarts the backend: models are adopted as they are (``adopt``), profiled on the
+replicas they already have, and the plan is applied in place (replica counts through the
+adapter, batch sizes in inferline's queue). Each configuration change is reported to the
+plugins' ``inferline_on_config_change`` observers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from inferline.core import (
+    InferlineError,
+    ModelConfig,
+    Pipeline,
+    Plan,
+    PlannerOptions,
+    ValidationError,
+    plan_inferline,
+)
+from inferline.deploy._planned import (
+    check_stages_served,
+)
+from inferline.server._service import App, Service
+from inferline.server.frontdoors import FrontDoor, FrontDoorGrpc, Signature, TensorInfo
+
+__all__ = [
+    "Attachment",
+    "AttachmentTarget",
+    "apply_attachment_plan",
+    "attach",
+    "dag_pipeline",
+    "plan_attachment",
+    "serve_attachment",
+    "start_attachment_service",
+]
+
+log = logging.getLogger(__name__)
+
+_TF = {
+    "DT_FLOAT": "float32",
+    "DT_DOUBLE": "float64",
+    "DT_INT32": "int32",
+    "DT_INT64": "int64",
+    "DT_UINT8": "uint8",
+    "DT_INT8": "int8",
+    "DT_INT16": "int16",
+    "DT_BOOL": "bool",
+    "DT_HALF": "float16",
+    "DT_STRING": "object",
+}
+_KS = {
+    "FP32": "float32",
+    "FP64": "float64",
+    "FP16": "float16",
+    "INT32": "int32",
+    "INT64": "int64",
+    "INT8": "int8",
+    "INT16": "int16",
+    "UINT8": "uint8",
+    "BOOL": "bool",
+    "BYTES": "object",
+}
+
+
+@dataclass
+class Attachment:
+    """A backend attached to a running server, and what was found there."""
+
+    url: str
+    backend: Any
+    host: Any
+    models: dict[str, ModelConfig] = field(default_factory=dict)  # adopted: name -> config
+    signatures: dict[str, Signature] = field(default_factory=dict)
+    found: dict[str, dict[str, Any]] = field(default_factory=dict)  # every model discovered
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "found": self.found,
+            "adopted": {k: v.to_dict() for k, v in self.models.items()},
+            "signatures": {k: v.to_dict() for k, v in self.signatures.items()},
+        }
+
+
+@dataclass(frozen=True)
+class AttachmentTarget:
+    """The plan target of a service over an attached server: the attached models move in
+    place (``apply_attachment_plan``)."""
+
+    attachment: Attachment
+
+    async def apply(self, service: Service, plan: Plan) -> dict[str, str]:
+        return await apply_attachment_plan(service, self.attachment, plan)
+
+
+def _normalize(name: str, info: Any) -> tuple[dict[str, Any], Signature | None]:
+    """A discovered model (Triton's ``TritonModelInfo``, TF Serving's dict, or any other
+    adapter's ``{"ready": bool, ...}``) as a summary and a signature."""
+    if isinstance(info, Mapping) and "ready" in info and "servers" not in info:
+        ready = info["ready"]
+        if not isinstance(ready, bool):
+            raise ValidationError(f"discover()[{name!r}].ready", "true or false", ready)
+        return {
+            "name": name,
+            "ready": ready,
+            "state": str(info.get("state", "READY" if ready else "UNAVAILABLE")),
+            "max_batch_size": info.get("max_batch_size"),
+        }, None
+    if isinstance(info, Mapping) and "servers" in info:  # TF Serving
+        states = sorted({s["state"] for st in info["servers"].values() for s in st})
+        sig = None
+        sigs = info.get("signatures") or {}
+        sd = sigs.get("serving_default") or (next(iter(sigs.values())) if sigs else None)
+        if sd:
+
+            def t(alias: str, d: Mapping[str, Any]) -> TensorInfo:
+                shape = d.get("shape") or [-1]
+                return TensorInfo(
+                    alias, _TF.get(d.get("dtype", ""), "float32"), tuple(int(s) for s in shape[1:])
+                )
+
+            sig = Signature(
+                tuple(t(a, d) for a, d in sorted(sd["inputs"].items())),
+                tuple(t(a, d) for a, d in sorted(sd["outputs"].items())),
+            )
+        ready = "AVAILABLE" in states
+        return {
+            "name": name,
+            "ready": ready,
+            "state": ",".join(states),
+            "servers": sorted(info["servers"]),
+            "base_path": info.get("base_path"),
+        }, sig
+    # Triton
+    io = getattr(info, "io", None)
+    sig = None
+    if io is not None:
+        sig = Signature(
+            tuple(
+                TensorInfo(s.name, _KS.get(s.datatype, "float32"), tuple(s.dims)) for s in io.inputs
+            ),
+            tuple(
+                TensorInfo(s.name, _KS.get(s.datatype, "float32"), tuple(s.dims))
+                for s in io.outputs
+            ),
+        )
+    state = str(getattr(info, "state", ""))
+    return {
+        "name": name,
+        "ready": state == "READY",
+        "state": state,
+        "instances": getattr(info, "instances", None),
+        "max_batch_size": getattr(info, "max_batch_size", None),
+    }, sig
+
+
+async def attach(
+    url: str,
+    *,
+    models: Sequence[str] | None = None,
+    host: Any = None,
+    **options: Any,
+) -> Attachment:
+    """Connect to the server at ``url`` (any backend whose adapter offers ``discover()`` and
+    ``adopt()``), discover its models and adopt the ready ones (or just ``models``)."""
+    if host is None:
+        from inferline.adapters import PluginHost
+
+        host = PluginHost.default()
+    backend = host.backend_for(url, **options)
+    if not callable(getattr(backend, "discover", None)) or not callable(
+        getattr(backend, "adopt", None)
+    ):
+        raise ValidationError("backend", "an adapter with discover() and adopt() (attachable)", url)
+    att = Attachment(url, backend, host)
+    if models and hasattr(backend, "extra_models"):
+        # a server that cannot list its models (TF Serving without a config file) is asked
+        # about the named ones
+        backend.extra_models = tuple(dict.fromkeys([*backend.extra_models, *models]))
+    try:
+        found = await backend.discover()
+        sigs = {}
+        for name, info in found.items():
+            att.found[name], sig = _normalize(name, info)
+            if sig is not None:
+                sigs[name] = sig
+        wanted = list(models) if models else [n for n, f in att.found.items() if f["ready"]]
+        if not wanted:
+            # an empty attachment would serve nothing and profile nothing, and exit 0
+            cannot_list = hasattr(backend, "extra_models")
+            raise ValidationError(
+                "models",
+                "the models to attach (--models M1,M2): "
+                + (
+                    "this server cannot list its models (TF Serving without a model config)"
+                    if cannot_list and not found
+                    else "the server has no ready model"
+                ),
+                {n: f["ready"] for n, f in att.found.items()} or url,
+            )
+        unknown = [m for m in wanted if m not in att.found or not att.found[m]["ready"]]
+        if unknown:
+            from inferline.core import NotFoundError
+
+            raise NotFoundError(
+                "ready model", unknown, sorted(n for n, f in att.found.items() if f["ready"])
+            )
+        for name in wanted:
+            cfg = await backend.adopt(name)
+            att.models[name] = cfg
+            if name in sigs:
+                att.signatures[name] = sigs[name]
+            host.notify_config(name, None, cfg, backend=url, reason="attach")
+    except BaseException:
+        await backend.close()
+        raise
+    return att
+
+
+def plan_attachment(
+    att: Attachment,
+    pipeline: Pipeline,
+    profiles: Any,
+    trace: np.ndarray,
+    slo_s: float,
+    **kw: Any,
+) -> Plan:
+    """InferLine's planner over the attached models, with the plugins' hardware catalog, within
+    the backend's inventory (unless it oversubscribes): a plan the server cannot place would
+    fail when applied, and one placed by oversubscribing would not meet its estimate."""
+    missing = [m for m in pipeline.models if m not in att.models]
+    if missing:
+        raise ValidationError("pipeline.models", f"attached models {sorted(att.models)}", missing)
+    catalog = kw.setdefault("catalog", att.host.hardware_catalog())
+    options = kw.get("options") or PlannerOptions()
+    has = getattr(att.backend, "inventory", None)  # attach-only plugins may not say
+    if has is not None and not options.inventory and not getattr(att.backend, "oversubscribe", 0):
+        units = getattr(att.backend, "replica_units", dict)()
+        inventory = {h: n for h, n in has().items() if h in catalog}
+        options = kw["options"] = replace(options, inventory=inventory, replica_units=units)
+    sharing = getattr(att.backend, "core_sharing", None)
+    est = options.estimator
+    if sharing is not None and not est.shared_units and not est.pinned_cores:
+        # the estimate shares cores the way the backend places replicas (an oversubscribed
+        # bundled runtime: replicas pinned to the same core slow each other)
+        found = {k: {h: n for h, n in v.items() if h in catalog} for k, v in sharing().items()}
+        kw["options"] = replace(options, estimator=replace(est, **found))
+    return plan_inferline(pipeline, profiles, np.asarray(trace, dtype=float), slo_s, **kw)
+
+
+def dag_pipeline(pipeline: Pipeline) -> Callable[[Any, Any], Awaitable[Any]]:
+    """A pipeline function for a DAG: roots get the query, a model with one parent gets its
+    output (several parents: the list of their outputs); answers the sink's output (a dict by
+    model when there are several sinks). Every model is visited (scale factors describe
+    traffic for planning; conditional control flow needs a pipeline function of your own)."""
+    parents: dict[str, list[str]] = {m: [] for m in pipeline.models}
+    for a, b in pipeline.edges:
+        parents[b].append(a)
+    children = {a for a, _ in pipeline.edges}
+    sinks = [m for m in pipeline.models if m not in children]
+
+    async def run(x: Any, ctx: Any) -> Any:
+        futs: dict[str, asyncio.Future[Any]] = {}
+
+        async def visit(m: str) -> Any:
+            ps = parents[m]
+            if not ps:
+                arg = x
+            else:
+                outs = [await futs[p] for p in ps]
+                arg = outs[0] if len(outs) == 1 else outs
+            return await ctx.predict(m, arg)
+
+        for m in pipeline.models:  # DAG order: Pipeline validates it is acyclic
+            futs[m] = asyncio.ensure_future(visit(m))
+        try:
+            results = {m: await futs[m] for m in sinks}
+        finally:
+            for f in futs.values():
+                f.cancel()
+        return results[sinks[0]] if len(sinks) == 1 else results
+
+    return run
+
+
+def check_pipeline_io(pipeline: Pipeline, signatures: Mapping[str, Signature]) -> None:
+    """Refuse a pipeline edge whose model output cannot be the next model's input: bytes into
+    a numeric input or the other way round, or a different number of elements where both
+    are fixed. Before, such a pipeline started and every query failed with a 422. Only the
+    one-output -> one-input case is checked (several tensors travel as a dict by name)."""
+    for i, (a, b) in enumerate(pipeline.edges):
+        sa, sb = signatures.get(a), signatures.get(b)
+        if sa is None or sb is None or len(sa.outputs) != 1 or len(sb.inputs) != 1:
+            continue
+        out, inp = sa.outputs[0], sb.inputs[0]
+        text_out, text_in = out.dtype == "object", inp.dtype == "object"
+        n_out = math.prod(out.shape) if all(d >= 0 for d in out.shape) else None
+        n_in = math.prod(inp.shape) if all(d >= 0 for d in inp.shape) else None
+        if text_out != text_in or (n_out is not None and n_in is not None and n_out != n_in):
+            raise ValidationError(
+                f"pipeline.edges[{i}] ({a} -> {b})",
+                f"{b}'s input {inp.name} ({inp.dtype} {list(inp.shape)})",
+                f"{a}'s output {out.name} ({out.dtype} {list(out.shape)})",
+            )
+
+
+async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> dict[str, str]:
+    """Move the attached models to ``plan`` in place: replica counts through the adapter,
+    batch sizes in the queue. Hardware changes are not made (the server's placement is the
+    operator's); each change is reported to the plugins' observers."""
+    from inferline.queueing import FixedBatching
+
+    check_stages_served(plan)
+    done: dict[str, str] = {}
+    in_force = dict(plan.models)
+    reconfigure = getattr(att.backend, "reconfigure", None)
+    for name, cfg in plan.models.items():
+        if name not in att.models:
+            continue
+        old = att.models[name]
+        notes = []
+        if cfg.hardware != old.hardware:
+            notes.append(f"stays on {old.hardware} (plan says {cfg.hardware})")
+        replicas = old.replicas
+        try:
+            # the server's model must take the planned batch in one request (else the
+            # queue's batch is split); a smaller one fits, and the operator's setting stays
+            server_max = int((await att.backend.stats(name)).get("max_batch_size", 0) or 0)
+            if reconfigure is not None and cfg.max_batch_size > server_max > 0:
+                await reconfigure(name, ModelConfig(old.hardware, cfg.max_batch_size, cfg.replicas))
+                notes.append(f"server max batch {server_max} -> {cfg.max_batch_size}")
+                replicas = cfg.replicas
+            elif cfg.replicas != old.replicas:
+                await att.backend.scale(name, cfg.replicas)
+                replicas = cfg.replicas
+            if replicas != old.replicas:
+                notes.append(f"{replicas} replicas")
+        except InferlineError as e:
+            notes.insert(0, f"failed: kept {old.replicas} replicas ({type(e).__name__}: {e})")
+            log.warning("could not apply the plan to %r: %s", name, e)
+        if svc.dispatcher is not None:
+            svc.dispatcher.set_batching(name, FixedBatching(cfg.max_batch_size))
+        notes.append(f"max batch {cfg.max_batch_size}")
+        new = ModelConfig(old.hardware, cfg.max_batch_size, replicas)
+        att.models[name] = new
+        in_force[name] = new
+        att.host.notify_config(name, old, new, backend=att.url, reason="plan applied")
+        done[name] = ", ".join(notes)
+    svc.plan = plan.with_models(in_force)
+    return done
+
+
+async def start_attachment_service(
+    att: Attachment,
+    plan: Plan | None = None,
+    pipeline: Pipeline | None = None,
+    *,
+    pipeline_fn: Callable[[Any, Any], Awaitable[Any]] | None = None,
+    app: str = "pipeline",
+    slo_s: float | None = None,
+    max_queue: int = 1000,
+) -> tuple[Service, FrontDoor]:
+    """The interposed queue over the attached models (one puller per live replica), the
+    plan applied, and an app running the pipeline; plus the front door for protocol routes."""
+    from inferline.queueing import Dispatcher, FixedBatching
+
+    if pipeline is not None:  # before anything starts
+        check_pipeline_io(pipeline, att.signatures)
+    d = Dispatcher()
+    for name, cfg in att.models.items():
+        b = (
+            plan.models[name].max_batch_size
+            if plan is not None and name in plan.models
+            else cfg.max_batch_size
+        )
+        d.add_model(name, batching=FixedBatching(b), max_queue=max_queue)
+    d.attach(att.backend)
+    svc = Service(
+        dispatcher=d,
+        backend=att.backend,
+        models=list(att.models),
+        plugins=att.host,
+        plan_target=AttachmentTarget(att),
+    )
+    svc.metrics.watch(d)
+    sigs = dict(att.signatures)
+    try:
+        if plan is not None:
+            for name, what in (await apply_attachment_plan(svc, att, plan)).items():
+                log.info("%s: %s", name, what)
+        fn = pipeline_fn or (dag_pipeline(pipeline) if pipeline is not None else None)
+        if fn is not None:
+            slo = slo_s if slo_s is not None else (plan.slo_s if plan is not None else 1.0)
+            svc.add_app(App.from_pipeline(app, fn, d, slo, models=tuple(att.models)))
+            if pipeline is not None:
+                roots = [m for m in pipeline.models if not any(b == m for _, b in pipeline.edges)]
+                sinks = [m for m in pipeline.models if not any(a == m for a, _ in pipeline.edges)]
+                if len(roots) == 1 and len(sinks) == 1 and roots[0] in sigs and sinks[0] in sigs:
+                    sigs[app] = Signature(sigs[roots[0]].inputs, sigs[sinks[0]].outputs)
+    except BaseException:
+        await svc.close()
+        raise
+    return svc, FrontDoor(svc, sigs, model_slo_s=slo_s or (plan.slo_s if plan is not None else 1.0))
+
+
+async def serve_attachment(
+    svc: Service,
+    door: FrontDoor,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    grpc_port: int | None = 0,
+    token: str | None = None,
+    max_body_bytes: int = 1 << 20,
+    ready: Callable[[dict[str, Any]], None] | None = None,
+    stop: asyncio.Event | None = None,
+    read_timeout_s: float = 30.0,
+) -> None:
+    """Serve ``svc`` over HTTP (inferline's routes plus the KServe v2 and TF Serving front
+    doors) and, unless ``grpc_port`` is None, gRPC front doors; until ``stop`` is set."""
+    from inferline.server._admin import make_admin_router
+    from inferline.server._http import create_app
+    from inferline.server._run import bind_socket, serve_app
+    from inferline.server.frontdoors import make_kserve_router, make_tfserving_router
+
+    sock = bind_socket(host, port)
+    bound = sock.getsockname()[1]
+    g = None
+    if grpc_port is not None:
+        g = FrontDoorGrpc(
+            door, host=host, port=grpc_port, token=token, max_message_bytes=max_body_bytes
+        )
+        await g.start()
+    app = create_app(
+        svc,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        routers=[make_admin_router, make_kserve_router(door), make_tfserving_router(door)],
+    )
+    shown = host if ":" not in host else f"[{host}]"
+    info = {
+        "url": f"http://{shown}:{bound}",
+        "grpc": None if g is None else f"{shown}:{g.port}",
+        "grpc_services": [] if g is None else g.services,
+        "apps": sorted(svc.apps),
+        "models": sorted(svc.models),
+    }
+    try:
+        await serve_app(
+            app,
+            sock,
+            ready=None if ready is None else lambda: ready(info),
+            stop=stop,
+            read_timeout_s=read_timeout_s,
+        )
+    finally:
+        if g is not None:
+            await g.stop()

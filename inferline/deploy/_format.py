@@ -1,0 +1,307 @@
+"""Deployment descriptions (format ``inferline.deployment/1``) and wiring them into a Service.
+
+A deployment says what to serve and where; a plan (``inferline.plan/1``) says how much of it::
+
+    {"format": "inferline.deployment/1", "name": "digits",
+     "backend": "local://?oversubscribe=1",
+     "models": [{"name": "mlp", "source": "inferline.demo.models:mlp", "params": {}}],
+     "apps": {"digits": {"pipeline": "inferline.demo.pipeline:digits", "slo_ms": 50,
+                         "default_output": null, "input": {"dtype": "float32", "shape": [64]}}},
+     "sample_inputs": "inferline.demo.pipeline:sample_inputs",
+     "queue": {"max_queue": 1000, "expire_late": false, "max_retries": 1},
+     "routers": [],
+     "velox": {"store": "velox.sqlite", "models": [...]}}
+
+``pipeline`` is an import path ``package.module:function`` of an ``async def f(x, ctx)``;
+with ``pipeline_params`` it is a factory called with them that returns that function.
+``sample_inputs`` names a function returning a list of sample queries (profiling, tracing).
+``routers`` (optional) name factories ``service -> fastapi.APIRouter`` that ``inferline serve``
+mounts next to the built-in routes (e.g. the protocol front doors); ``velox`` (optional) serves
+personalized models on the deployment's models (see ``inferline.server._velox_app``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferline.core import (
+    ModelSpec,
+    NotFoundError,
+    ValidationError,
+    load_json,
+)
+from inferline.core._validate import (
+    as_float,
+    as_int,
+    as_list,
+    as_mapping,
+    as_str,
+    check_format,
+    no_extra_keys,
+    req,
+)
+from inferline.server._service import InputSpec
+
+__all__ = [
+    "DEPLOYMENT_FORMAT",
+    "AppSpec",
+    "Deployment",
+    "QueueSpec",
+    "import_object",
+    "load_deployment",
+]
+
+log = logging.getLogger(__name__)
+
+DEPLOYMENT_FORMAT = "inferline.deployment/1"
+_UNSET = object()
+
+
+def import_object(path: str, field: str = "import path") -> Any:
+    """``package.module:attr`` -> the object (dots after the colon walk attributes)."""
+    mod, sep, attr = str(path).partition(":")
+    if not sep or not mod or not attr:
+        raise ValidationError(field, "'package.module:name'", path)
+    try:
+        obj: Any = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValidationError(field, "an importable module", f"{mod} ({e})") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise NotFoundError(f"attribute of {mod}", part) from None
+    return obj
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """An application: pipeline import path, SLO, default output and input checks."""
+
+    name: str
+    pipeline: str
+    slo_s: float
+    default_output: Any = _UNSET
+    pipeline_params: Mapping[str, Any] = field(default_factory=dict)
+    input: InputSpec | None = None
+    respond_by_slo: bool = False
+    description: str = ""
+    # A selection policy over several models (``inferline.server._selection_app``); no pipeline then.
+    selection: Any = None
+
+    @property
+    def has_default(self) -> bool:
+        return self.default_output is not _UNSET
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"pipeline": self.pipeline, "slo_ms": self.slo_s * 1e3}
+        if not self.pipeline:
+            del d["pipeline"]
+        if self.selection is not None:
+            d["selection"] = self.selection.to_dict()
+        if self.pipeline_params:
+            d["pipeline_params"] = dict(self.pipeline_params)
+        if self.has_default:
+            d["default_output"] = self.default_output
+        if self.input is not None:
+            d["input"] = self.input.to_dict()
+        if self.respond_by_slo:
+            d["respond_by_slo"] = True
+        if self.description:
+            d["description"] = self.description
+        return d
+
+    @classmethod
+    def from_dict(cls, name: str, d: Any, where: str) -> AppSpec:
+        m = as_mapping(d, where)
+        no_extra_keys(
+            m,
+            {
+                "pipeline",
+                "slo_ms",
+                "pipeline_params",
+                "default_output",
+                "input",
+                "respond_by_slo",
+                "description",
+                "selection",
+            },
+            where,
+        )
+        selection = None
+        if m.get("selection") is not None:
+            from inferline.server._selection_app import SelectionAppSpec
+
+            selection = SelectionAppSpec.from_dict(m["selection"], f"{where}.selection")
+        return cls(
+            name=name,
+            pipeline=""
+            if selection is not None and "pipeline" not in m
+            else as_str(req(m, "pipeline", where), f"{where}.pipeline"),
+            selection=selection,
+            slo_s=as_float(req(m, "slo_ms", where), f"{where}.slo_ms", positive=True) / 1e3,
+            default_output=m["default_output"] if "default_output" in m else _UNSET,
+            pipeline_params=dict(
+                as_mapping(m.get("pipeline_params", {}), f"{where}.pipeline_params")
+            ),
+            input=InputSpec.from_dict(m["input"], f"{where}.input") if m.get("input") else None,
+            respond_by_slo=bool(m.get("respond_by_slo", False)),
+            description=str(m.get("description", "")),
+        )
+
+    def pipeline_fn(self) -> Callable[..., Any]:
+        obj = import_object(self.pipeline, f"apps.{self.name}.pipeline")
+        if self.pipeline_params:
+            obj = obj(**dict(self.pipeline_params))
+        if not callable(obj):
+            raise ValidationError(f"apps.{self.name}.pipeline", "an async function (x, ctx)", obj)
+        return obj  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """Queue settings applied to every model."""
+
+    max_queue: int = 1000
+    expire_late: bool = False
+    max_retries: int = 1
+    cache_entries: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_queue": self.max_queue,
+            "expire_late": self.expire_late,
+            "max_retries": self.max_retries,
+            "cache_entries": self.cache_entries,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "queue") -> QueueSpec:
+        m = as_mapping(d, where)
+        no_extra_keys(m, {"max_queue", "expire_late", "max_retries", "cache_entries"}, where)
+        return cls(
+            max_queue=as_int(m.get("max_queue", 1000), f"{where}.max_queue", minimum=1),
+            expire_late=bool(m.get("expire_late", False)),
+            max_retries=as_int(m.get("max_retries", 1), f"{where}.max_retries", minimum=0),
+            cache_entries=as_int(m.get("cache_entries", 0), f"{where}.cache_entries", minimum=0),
+        )
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What to serve: a backend, its models, the apps over them (format ``inferline.deployment/1``)."""
+
+    name: str
+    models: tuple[ModelSpec, ...]
+    apps: tuple[AppSpec, ...]
+    backend: str = "local://"
+    sample_inputs: str = ""
+    queue: QueueSpec = QueueSpec()
+    # Import paths of ``service -> fastapi.APIRouter`` factories mounted by ``inferline serve``.
+    routers: tuple[str, ...] = ()
+    # Velox personalization served next to the apps (``inferline.server._velox_app.VeloxSpec``).
+    velox: Any = None
+
+    def __post_init__(self) -> None:
+        as_str(self.name, "name")
+        if not self.models:
+            raise ValidationError("models", "at least one model", [])
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValidationError("models", "unique model names", names)
+        apps = [a.name for a in self.apps]
+        if len(set(apps)) != len(apps):
+            raise ValidationError("apps", "unique app names", apps)
+
+    def model(self, name: str) -> ModelSpec:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise NotFoundError("model", name, [m.name for m in self.models])
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "format": DEPLOYMENT_FORMAT,
+            "name": self.name,
+            "backend": self.backend,
+            "models": [m.to_dict() for m in self.models],
+            "apps": {a.name: a.to_dict() for a in self.apps},
+            "queue": self.queue.to_dict(),
+        }
+        if self.sample_inputs:
+            d["sample_inputs"] = self.sample_inputs
+        if self.routers:
+            d["routers"] = list(self.routers)
+        if self.velox is not None:
+            d["velox"] = self.velox.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Deployment:
+        m = check_format(d, DEPLOYMENT_FORMAT)
+        no_extra_keys(
+            m,
+            {
+                "format",
+                "name",
+                "backend",
+                "models",
+                "apps",
+                "sample_inputs",
+                "queue",
+                "routers",
+                "velox",
+            },
+            "",
+        )
+        models = tuple(
+            ModelSpec.from_dict(x, f"models[{i}]")
+            for i, x in enumerate(as_list(req(m, "models", ""), "models"))
+        )
+        apps = tuple(
+            AppSpec.from_dict(as_str(k, "apps"), v, f"apps.{k}")
+            for k, v in as_mapping(m.get("apps", {}), "apps").items()
+        )
+        return cls(
+            name=as_str(req(m, "name", ""), "name"),
+            models=models,
+            apps=apps,
+            backend=as_str(m.get("backend", "local://"), "backend"),
+            sample_inputs=str(m.get("sample_inputs", "")),
+            queue=QueueSpec.from_dict(m.get("queue", {})),
+            routers=tuple(
+                as_str(r, f"routers[{i}]")
+                for i, r in enumerate(as_list(m.get("routers", []), "routers"))
+            ),
+            velox=_velox_spec(m.get("velox")),
+        )
+
+    def load_sample_inputs(self) -> list[Any]:
+        if not self.sample_inputs:
+            raise ValidationError("sample_inputs", "an import path of a function", "")
+        obj = import_object(self.sample_inputs, "sample_inputs")
+        xs = obj() if callable(obj) else obj
+        xs = list(xs)
+        if not xs:
+            raise ValidationError("sample_inputs", "a non-empty list of inputs", xs)
+        return xs
+
+
+def _velox_spec(d: Any) -> Any:
+    if d is None:
+        return None
+    from inferline.server._velox_app import VeloxSpec
+
+    return VeloxSpec.from_dict(d)
+
+
+def load_deployment(path: str) -> Deployment:
+    d = load_json(path)
+    try:
+        return Deployment.from_dict(d)
+    except ValidationError as e:
+        raise ValidationError(f"{path}: {e.field}", e.expected, e.got) from None

@@ -1,0 +1,104 @@
+"""Operator endpoints of a running server (``/admin/...``), mounted by ``inferline serve``.
+
+``GET /admin/plan`` the plan in force; ``PUT /admin/plan`` apply a new plan (replica counts
+and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends; 502
+``PlanPartlyApplied`` with the per-model results when a model could not be moved, which then
+keeps its old configuration in ``GET /admin/plan``);
+``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
+activation delays; with model variants, every variant's ``serves_stages``: the stages it serves
+now, empty when idle). They sit behind the same bearer token as every other endpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from inferline.core import InferlineError, Plan, ValidationError
+from inferline.core._http_errors import decode_json
+from inferline.server._service import Service
+
+__all__ = ["AdminRoutes", "make_admin_router"]
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(json.dumps(body, default=str).encode(), status, media_type="application/json")
+
+
+class AdminRoutes:
+    """The ``/admin`` routes of one ``Service``; plans go to its ``plan_target``."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+
+    def router(self) -> APIRouter:
+        r = APIRouter(prefix="/admin", tags=["admin"])
+        r.add_api_route("/plan", self.get_plan, methods=["GET"], summary="The plan in force")
+        r.add_api_route(
+            "/plan",
+            self.put_plan,
+            methods=["PUT"],
+            summary="Apply a plan (inferline.plan/1) to the running deployment",
+        )
+        r.add_api_route(
+            "/models",
+            self.models,
+            methods=["GET"],
+            summary="Queue and backend statistics per model",
+        )
+        return r
+
+    async def get_plan(self) -> Response:
+        plan = self.service.plan
+        return _json(None if plan is None else plan.to_dict())
+
+    async def put_plan(self, request: Request) -> Response:
+        body = decode_json(await request.body(), "a JSON plan (inferline.plan/1)")
+        plan = Plan.from_dict(body)
+        target = self.service.plan_target
+        if target is None:
+            raise ValidationError(
+                "server", "a server started from a deployment or an attachment", "neither"
+            )
+        result = await target.apply(self.service, plan)
+        failed = sorted(n for n, what in result.items() if what.startswith("failed"))
+        if failed:  # a 200 here made scripts believe the whole plan was in force
+            return _json(
+                {
+                    "error": "PlanPartlyApplied",
+                    "detail": f"the plan did not reach {', '.join(failed)}; "
+                    "GET /admin/plan shows what is in force",
+                    "applied": result,
+                },
+                502,
+            )
+        return _json({"applied": result})
+
+    async def models(self) -> Response:
+        service = self.service
+        out: dict[str, Any] = {}
+        variants = service.variant_stages()
+        for m in service.models:
+            entry: dict[str, Any] = {}
+            if service.dispatcher is not None:
+                try:
+                    entry["queue"] = service.dispatcher.stats(m).to_dict()
+                except InferlineError as e:
+                    entry["queue"] = {"error": str(e)}
+            if service.backend is not None:
+                try:
+                    entry["backend"] = dict(await service.backend.stats(m))
+                except InferlineError as e:
+                    entry["backend"] = {"error": str(e)}
+            if m in variants:  # model variants: the pipeline stages this model serves now
+                entry["serves_stages"] = variants[m]
+            out[m] = entry
+        return _json(out)
+
+
+def make_admin_router(service: Service) -> APIRouter:
+    """The ``/admin`` router of ``service`` (a factory for ``create_app(routers=...)``)."""
+    return AdminRoutes(service).router()

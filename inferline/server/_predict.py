@@ -1,0 +1,134 @@
+"""The predict route's work, without FastAPI: parse a body (one ``json.loads``, no pydantic on the hot path), check inputs, run them through the ``Service``, render the answer. The ASGI guard and the documented FastAPI route both call ``handle_predict``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from typing import Any
+
+from inferline.core import InferlineError, ValidationError
+from inferline.core._http_errors import (
+    decode_json,
+    error_body,
+    status_for,
+)
+from inferline.server._service import Prediction, Service, json_default
+
+__all__ = ["MAX_SLO_MS", "handle_predict"]
+
+log = logging.getLogger(__name__)
+
+MAX_SLO_MS = 3_600_000.0
+
+
+def _parse_request(
+    service: Service, app_name: str, raw: bytes
+) -> tuple[Any, list[Any], float, bool]:
+    """Returns ``(app, inputs, slo_s, is_batch)``."""
+    app = service.app(app_name)
+    if not raw:
+        raise ValidationError("body", 'a JSON object like {"input": ...}', "an empty body")
+    body = decode_json(raw, 'a JSON object like {"input": ...}')
+    if not isinstance(body, dict):
+        raise ValidationError("body", 'a JSON object like {"input": ...}', type(body).__name__)
+    # Only JSON objects can carry tagged values ({"dtype", "b64"}, {"bytes_b64"}); a body
+    # whose only "{" is its own opening needs no decoding pass over the input.
+    plain = raw.count(b"{") == 1
+    # A scan of the bytes (fast) spares the walk for booleans and strings over every input
+    # list: with no true/false and no quotes but the keys', the inputs hold only numbers.
+    non_numbers = b"true" in raw or b"false" in raw or raw.count(b'"') > 2 * len(body)
+    extra = set(body) - {"input", "input_batch", "latency_slo_ms"}
+    if extra:
+        raise ValidationError("body", "only keys input, input_batch, latency_slo_ms", sorted(extra))
+    slo_s = app.slo_s
+    if "latency_slo_ms" in body and body["latency_slo_ms"] is not None:
+        v = body["latency_slo_ms"]
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, int | float)
+            or not math.isfinite(v)
+            or not 0 < v <= MAX_SLO_MS
+        ):
+            raise ValidationError("latency_slo_ms", f"a number in (0, {MAX_SLO_MS:.0f}]", v)
+        slo_s = float(v) / 1e3
+    has_one = "input" in body
+    has_batch = "input_batch" in body
+    if has_one == has_batch:
+        raise ValidationError("body", "exactly one of 'input' or 'input_batch'", sorted(body))
+    if has_one:
+        x = service.check_input(app, body["input"], "input", plain=plain, non_numbers=non_numbers)
+        return app, [x], slo_s, False
+    batch = body["input_batch"]
+    if not isinstance(batch, list) or not batch:
+        raise ValidationError("input_batch", "a non-empty JSON array of inputs", _brief(batch))
+    if len(batch) > app.max_batch_inputs:
+        raise ValidationError(
+            "input_batch", f"at most {app.max_batch_inputs} inputs", f"{len(batch)} inputs"
+        )
+    inputs = [
+        service.check_input(app, x, f"input_batch[{i}]", plain=plain, non_numbers=non_numbers)
+        for i, x in enumerate(batch)
+    ]
+    return app, inputs, slo_s, True
+
+
+def _brief(v: Any) -> Any:
+    r = repr(v)
+    return v if len(r) <= 60 else r[:57] + "..."
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":"), allow_nan=False, default=json_default).encode()
+
+
+class _OutputNotJSON(Exception):
+    pass
+
+
+def _dumps_output(app_name: str, body: Any) -> bytes:
+    try:
+        return _dumps(body)
+    except (ValueError, TypeError, InferlineError) as e:
+        raise _OutputNotJSON(f"the output of app {app_name!r} has no JSON form: {e}") from None
+
+
+async def handle_predict(
+    service: Service, app_name: str, raw: bytes
+) -> tuple[int, bytes, dict[str, str] | None]:
+    """One predict request, start to end: ``(status, JSON body, extra headers)``. Never raises
+    for a bad request or a failed query: those become 4xx/5xx answers."""
+    if service.closing:
+        return 503, _dumps({"detail": "server is shutting down", "error": "Unavailable"}), None
+    try:
+        try:
+            app_, inputs, slo_s, is_batch = _parse_request(service, app_name, raw)
+        except InferlineError:
+            service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
+            raise
+        if not is_batch:
+            pred = await service.predict(app_.name, inputs[0], slo_s)
+            return 200, _dumps_output(app_name, pred.to_body()), None
+        results = await asyncio.gather(
+            *(service.predict(app_.name, x, slo_s) for x in inputs), return_exceptions=True
+        )
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, InferlineError):
+                raise r
+        return 200, _dumps_output(app_name, {"results": [_batch_item(r) for r in results]}), None
+    except _OutputNotJSON as e:
+        log.error("%s", e)
+        return 500, _dumps({"detail": str(e), "error": "OutputError"}), None
+    except InferlineError as e:
+        status = status_for(e)
+        return status, _dumps(error_body(e)), {"Retry-After": "1"} if status == 503 else None
+    except Exception as e:  # a bug in a pipeline: answer it, log it, keep serving
+        log.exception("app %r failed", app_name)
+        return 500, _dumps({"detail": f"{type(e).__name__}: {e}", "error": "InternalError"}), None
+
+
+def _batch_item(r: Prediction | BaseException) -> dict[str, Any]:
+    if isinstance(r, Prediction):
+        return r.to_body()
+    return {**error_body(r), "status": status_for(r)}

@@ -1,0 +1,209 @@
+"""Applications that serve a selection policy over several models (ensembles, Clipper §3.5).
+
+A deployment app with a ``selection`` block instead of (or besides) a ``pipeline``::
+
+    "apps": {"digits-vote": {
+        "slo_ms": 100, "default_output": -1, "input": {"dtype": "float32", "shape": [64]},
+        "selection": {"policy": "exp4", "models": ["nb", "tree", "logreg"],
+                      "params": {"eta": 0.3}, "confidence_threshold": 0.6,
+                      "per_user": true, "store": "selection.sqlite", "seed": 0}}}
+
+runs every query through a ``SelectionService``: the policy (resolved through the plugin host,
+so third-party policies work the same) picks the models, their calls go through the interposed
+queue with the query's deadline, and at the deadline the predictions that arrived are combined
+(stragglers lower the confidence). The app's output is an object::
+
+    {"output": 3, "confidence": 0.67, "models_contributed": 2, "models_selected": 3,
+     "default": false, "selection_query_id": "...", "user": null}
+
+``store``: ``null``/``"memory"`` (in-process LRU), a SQLite path (durable), or a ``redis://``
+URL. Feedback (``POST /apps/{app}/feedback``) and per-user queries (``POST /apps/{app}/select``)
+are served by ``inferline.server._selection_routes``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferline.core import ValidationError
+from inferline.core._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys
+from inferline.selection import SelectionConfig, SelectionService, make_policy, open_store
+
+__all__ = [
+    "SelectionAppSpec",
+    "current_user",
+    "make_selection_app",
+    "selection_services",
+]
+
+# The user a query is made for: set by the /select route around ``Service.predict`` so the app's
+# handler (which only sees the input and the SLO) can pick that user's policy state.
+current_user: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "inferline_selection_user", default=None
+)
+
+_KEYS = {
+    "policy",
+    "models",
+    "params",
+    "confidence_threshold",
+    "per_user",
+    "store",
+    "seed",
+    "log_capacity",
+}
+
+
+@dataclass(frozen=True)
+class SelectionAppSpec:
+    """The ``selection`` block of a deployment app."""
+
+    policy: str
+    models: tuple[str, ...]
+    params: Mapping[str, Any] = field(default_factory=dict)
+    confidence_threshold: float = 0.0
+    per_user: bool = False
+    store: str | None = None
+    seed: int = 0
+    log_capacity: int = 100_000
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"policy": self.policy, "models": list(self.models)}
+        if self.params:
+            d["params"] = dict(self.params)
+        d.update(
+            confidence_threshold=self.confidence_threshold,
+            per_user=self.per_user,
+            store=self.store,
+            seed=self.seed,
+            log_capacity=self.log_capacity,
+        )
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "selection") -> SelectionAppSpec:
+        m = as_mapping(d, where)
+        no_extra_keys(m, _KEYS, where)
+        if "policy" not in m:
+            raise ValidationError(f"{where}.policy", "a selection policy name", None)
+        if "models" not in m:
+            raise ValidationError(f"{where}.models", "a list of model names", None)
+        models = tuple(
+            as_str(x, f"{where}.models[{i}]")
+            for i, x in enumerate(as_list(m["models"], f"{where}.models"))
+        )
+        if not models or len(set(models)) != len(models):
+            raise ValidationError(f"{where}.models", "a non-empty list of distinct names", models)
+        store = m.get("store")
+        if store is not None:
+            store = as_str(store, f"{where}.store")
+        thr = as_float(m.get("confidence_threshold", 0.0), f"{where}.confidence_threshold")
+        if not 0.0 <= thr <= 1.0:
+            raise ValidationError(f"{where}.confidence_threshold", "a number in [0, 1]", thr)
+        return cls(
+            policy=as_str(m["policy"], f"{where}.policy"),
+            models=models,
+            params=dict(as_mapping(m.get("params", {}), f"{where}.params")),
+            confidence_threshold=thr,
+            per_user=bool(m.get("per_user", False)),
+            store=store,
+            seed=as_int(m.get("seed", 0), f"{where}.seed"),
+            log_capacity=as_int(m.get("log_capacity", 100_000), f"{where}.log_capacity", minimum=1),
+        )
+
+
+def selection_services(service: Any) -> dict[str, SelectionService]:
+    """The selection services of ``service``'s apps, by app name (created on first use)."""
+    reg: dict[str, SelectionService] | None = getattr(service, "selection_services", None)
+    if reg is None:
+        reg = {}
+        service.selection_services = reg
+    return reg
+
+
+def build_policy(name: str, spec: SelectionAppSpec, host: Any) -> Any:
+    """``spec``'s policy, resolved in ``host``'s registry (built-ins and plugins); its errors
+    name the deployment field (``apps.<name>.selection.policy`` / ``.params``).
+    ``start_service`` calls this before it starts any replica."""
+    where = f"apps.{name}.selection"
+    try:
+        return make_policy(
+            {"policy": spec.policy, "models": list(spec.models), **dict(spec.params)},
+            rng=random.Random(spec.seed),
+            factories=host.selection_policies(),
+        )
+    except ValidationError as e:
+        field = e.field if e.field in ("policy", "models") else "params"
+        raise ValidationError(f"{where}.{field}", e.expected, e.got) from None
+
+
+def make_selection_app(
+    service: Any,
+    name: str,
+    spec: SelectionAppSpec,
+    dispatcher: Any,
+    slo_s: float,
+    *,
+    known_models: Any = None,
+    cache: Any = None,
+    host: Any = None,
+    **app_kw: Any,
+) -> Any:
+    """An ``App`` that runs ``spec``'s policy over its models through ``dispatcher``; its
+    ``SelectionService`` is registered in ``selection_services(service)`` under ``name``.
+    ``app_kw`` go to ``App`` (``default_output``, ``input_spec``, ...); the app's default output
+    is also what a low-confidence answer falls back to."""
+    from inferline.adapters import PluginHost
+    from inferline.server._service import App, DefaultAnswer
+
+    if known_models is not None:
+        unknown = sorted(set(spec.models) - set(known_models))
+        if unknown:
+            raise ValidationError(
+                f"apps.{name}.selection.models",
+                f"models of the deployment {sorted(known_models)!r}",
+                unknown,
+            )
+    host = host if host is not None else PluginHost.default()
+    policy = build_policy(name, spec, host)
+    sel = SelectionService(
+        name,
+        policy,
+        None,
+        config=SelectionConfig(
+            confidence_threshold=spec.confidence_threshold,
+            default_output=app_kw.get("default_output"),
+            per_user=spec.per_user,
+            log_capacity=spec.log_capacity,
+        ),
+        store=open_store(spec.store),
+        clock=dispatcher.clock,
+    )
+    selection_services(service)[name] = sel
+
+    async def pipeline(x: Any, ctx: Any) -> dict[str, Any] | DefaultAnswer:
+        user = current_user.get()
+        p = await sel.predict(x, deadline=ctx.deadline, user=user, call=ctx.predict)
+        out = p.to_dict()
+        out["selection_query_id"] = out.pop("query_id")
+        out["user"] = user
+        if p.default:  # said at the top of the response and counted in /metrics, too
+            return DefaultAnswer(out, p.default_explanation or "selection default", "selection")
+        return out
+
+    async def close_store() -> None:
+        sel.store.close()
+
+    service.on_close(close_store)
+    return App.from_pipeline(
+        name,
+        pipeline,
+        dispatcher,
+        slo_s,
+        cache=cache,
+        **{**app_kw, "models": tuple(spec.models)},
+    )

@@ -1,0 +1,53 @@
+"""Protocol-compatible front doors: inferline also speaks KServe v2 and TF Serving's Predict.
+
+Existing Triton or TF Serving clients point at inferline instead of the server and keep
+working: every row of a request's batch becomes one query of inferline's queue (an app's
+pipeline, or a model of the dispatcher directly), so the EDF queue and the plan decide how
+it is batched and where it runs; the answers are stacked back into the protocol's tensors.
+
+* KServe v2 over HTTP (``make_kserve_router``): ``GET /v2``, ``/v2/health/live|ready``,
+  ``GET /v2/models/{m}``, ``/v2/models/{m}/ready``, ``POST /v2/models/{m}/infer`` (JSON
+  ``data`` or the binary tensor extension tritonclient uses by default);
+* TF Serving REST (``make_tfserving_router``): ``GET /v1/models/{m}`` (status),
+  ``GET /v1/models/{m}/metadata``, ``POST /v1/models/{m}[/versions/{v}]:predict`` (row
+  ``instances`` or columnar ``inputs``);
+* gRPC (``FrontDoorGrpc``): KServe's ``inference.GRPCInferenceService`` (tritonclient's
+  generated definitions) and TF Serving's ``PredictionService``/``ModelService`` (when the
+  ``tensorflow-serving-api`` stubs are installed) on one port.
+
+The HTTP routes are ordinary routers for ``create_app(routers=...)``, so they sit behind the
+frontend's bearer-token and body-size guard. The gRPC server checks the same token
+(``authorization: Bearer ...`` metadata), caps messages at the body limit and binds
+127.0.0.1 unless told otherwise.
+
+A served name's tensors are described by a ``Signature`` (names, dtypes, per-query shapes);
+``inferline attach`` passes the ones it discovered so the names match the original server.
+Without one, an app's ``InputSpec`` gives the input, and outputs are named ``output`` (or by
+the keys of a dict output).
+"""
+
+from inferline.server.frontdoors._door import (
+    KSERVE_DTYPES,
+    TF_DTYPES,
+    FrontDoor,
+    Signature,
+    TensorInfo,
+)
+from inferline.server.frontdoors._grpc import FrontDoorGrpc
+from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
+from inferline.server.frontdoors._kserve_http import make_kserve_router
+from inferline.server.frontdoors._tfserving_rest import make_tfserving_router
+
+__all__ = [
+    "KSERVE_DTYPES",
+    "TF_DTYPES",
+    "FrontDoor",
+    "FrontDoorGrpc",
+    "Signature",
+    "TensorInfo",
+    "header_length",
+    "kserve_decode",
+    "kserve_encode",
+    "make_kserve_router",
+    "make_tfserving_router",
+]

@@ -1,0 +1,118 @@
+"""KServe v2 over gRPC (``inference.GRPCInferenceService``, tritonclient's generated definitions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from inferline.core import InferlineError, ValidationError
+from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo, dtype_name
+from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
+from inferline.server.frontdoors._kserve_codec import (
+    bytes_serialize,
+    grpc_contents,
+    tensor_from_kserve,
+)
+
+
+class KServeHandlers:
+    """The KServe v2 RPCs inferline serves: health, metadata and ``ModelInfer`` over a
+    ``FrontDoor`` (``pb``: tritonclient's generated messages). Every RPC checks the token."""
+
+    def __init__(self, door: FrontDoor, auth: TokenCheck, pb: Any) -> None:
+        self.door = door
+        self.auth = auth
+        self.pb = pb
+
+    def _tmeta(self, t: TensorInfo) -> Any:
+        return self.pb.ModelMetadataResponse.TensorMetadata(
+            name=t.name, datatype=KSERVE_OF.get(t.dtype, "FP32"), shape=[-1, *t.shape]
+        )
+
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        await self.auth.require(context)
+        return self.pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        await self.auth.require(context)
+        return self.pb.ServerReadyResponse(ready=self.door.ready())
+
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        await self.auth.require(context)
+        return self.pb.ModelReadyResponse(ready=self.door.ready(request.name))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        await self.auth.require(context)
+        from inferline import __version__
+
+        return self.pb.ServerMetadataResponse(
+            name="inferline", version=__version__, extensions=["binary_tensor_data"]
+        )
+
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        await self.auth.require(context)
+        try:
+            sig = self.door.signature(request.name)
+        except InferlineError as e:
+            await grpc_fail(context, e)
+        return self.pb.ModelMetadataResponse(
+            name=request.name,
+            versions=["1"],
+            platform="inferline",
+            inputs=[self._tmeta(t) for t in sig.inputs],
+            outputs=[self._tmeta(t) for t in sig.outputs],
+        )
+
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        await self.auth.require(context)
+        try:
+            tensors = {}
+            raws = list(request.raw_input_contents)
+            if raws and len(raws) != len(request.inputs):
+                raise ValidationError(
+                    "raw_input_contents",
+                    f"one entry per input ({len(request.inputs)})",
+                    f"{len(raws)} entries",
+                )
+            for i, t in enumerate(request.inputs):
+                d = {"name": t.name, "datatype": t.datatype, "shape": [int(s) for s in t.shape]}
+                if raws:
+                    tensors[t.name] = tensor_from_kserve(d, raws[i], f"inputs[{i}]")
+                else:
+                    vals = grpc_contents(t, f"inputs[{i}]")
+                    tensors[t.name] = tensor_from_kserve({**d, "data": vals}, None, f"inputs[{i}]")
+            self.door.check_datatypes(request.model_name, tensors)
+            wanted = [o.name for o in request.outputs]
+            outs = self.door.stack(
+                request.model_name,
+                await self.door.run(
+                    request.model_name, self.door.queries(request.model_name, tensors)
+                ),
+                wanted,
+            )
+            resp = self.pb.ModelInferResponse(
+                model_name=request.model_name, model_version="1", id=request.id
+            )
+            for k, a in outs.items():
+                dt = KSERVE_OF.get(dtype_name(a))
+                if dt is None:
+                    raise ValidationError(
+                        f"outputs.{k}", "a numeric, bool or bytes tensor", str(a.dtype)
+                    )
+                resp.outputs.add(name=k, datatype=dt, shape=list(a.shape))
+                resp.raw_output_contents.append(
+                    bytes_serialize(a)
+                    if dt == "BYTES"
+                    else np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"))).tobytes()
+                )
+            return resp
+        except InferlineError as e:
+            await grpc_fail(context, e)
+
+
+def kserve_servicer(door: FrontDoor, auth: TokenCheck, pb: Any, pbg: Any) -> Any:
+    """A ``GRPCInferenceServiceServicer``: :class:`KServeHandlers`, and UNIMPLEMENTED for the
+    rest (model control, shared memory, ...)."""
+    cls = with_unimplemented(KServeHandlers, pbg.GRPCInferenceServiceServicer, auth, "KServe")
+    return cls(door, auth, pb)

@@ -1,0 +1,112 @@
+"""KServe v2 over HTTP: health, metadata and inference routes (what tritonclient and perf_analyzer call)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from inferline.core import InferlineError
+from inferline.server._http import error_body, status_for
+from inferline.server._service import Service
+from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo
+from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
+
+
+def _kserve_error(e: BaseException) -> Response:
+    status = status_for(e) if isinstance(e, InferlineError) else 500
+    if status == 422:
+        status = 400  # KServe clients expect 400 for a bad request
+    return Response(
+        json.dumps({**error_body(e), "error": str(e)}),
+        status_code=status,
+        media_type="application/json",
+    )
+
+
+class KServeRoutes:
+    """KServe v2 HTTP routes over a ``FrontDoor``: one method per route."""
+
+    def __init__(self, door: FrontDoor) -> None:
+        self.door = door
+
+    def router(self) -> APIRouter:
+        r = APIRouter(tags=["KServe v2"])
+        r.add_api_route("/v2", self.server_metadata, methods=["GET"])
+        r.add_api_route("/v2/health/live", self.live, methods=["GET"])
+        r.add_api_route("/v2/health/ready", self.ready, methods=["GET"])
+        r.add_api_route("/v2/models/{model}", self.model_metadata, methods=["GET"])
+        r.add_api_route(
+            "/v2/models/{model}/versions/{version}", self.model_metadata, methods=["GET"]
+        )
+        r.add_api_route("/v2/models/{model}/ready", self.model_ready, methods=["GET"])
+        r.add_api_route(
+            "/v2/models/{model}/versions/{version}/ready", self.model_ready, methods=["GET"]
+        )
+        r.add_api_route("/v2/models/{model}/infer", self.infer, methods=["POST"])
+        r.add_api_route("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"])
+        return r
+
+    async def server_metadata(self) -> dict[str, Any]:
+        from inferline import __version__
+
+        return {"name": "inferline", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+    async def live(self) -> Response:
+        return Response(status_code=200)
+
+    async def ready(self) -> Response:
+        return Response(status_code=200 if self.door.ready() else 503)
+
+    async def model_metadata(self, model: str, version: str = "1") -> Response:
+        try:
+            sig = self.door.signature(model)
+        except InferlineError as e:
+            return _kserve_error(e)
+
+        def meta(t: TensorInfo) -> dict[str, Any]:
+            return {
+                "name": t.name,
+                "datatype": KSERVE_OF.get(t.dtype, "FP32"),
+                "shape": [-1, *t.shape],
+            }
+
+        body = {
+            "name": model,
+            "versions": ["1"],
+            "platform": "inferline",
+            "inputs": [meta(t) for t in sig.inputs],
+            "outputs": [meta(t) for t in sig.outputs],
+        }
+        return Response(json.dumps(body), media_type="application/json")
+
+    async def model_ready(self, model: str, version: str = "1") -> Response:
+        if model not in self.door.names():
+            return Response(status_code=400)
+        return Response(status_code=200 if self.door.ready(model) else 503)
+
+    async def infer(self, model: str, request: Request, version: str = "1") -> Response:
+        hl = request.headers.get("inference-header-content-length")
+        try:
+            raw = await request.body()
+            req, tensors = kserve_decode(raw, header_length(hl, len(raw)))
+            self.door.check_datatypes(model, tensors)
+            outs = await self.door.run(model, self.door.queries(model, tensors))
+            wanted = [
+                o["name"] for o in req.get("outputs") or [] if isinstance(o, dict) and "name" in o
+            ]
+            body, header_len = kserve_encode(model, req, self.door.stack(model, outs, wanted))
+        except InferlineError as e:
+            return _kserve_error(e)
+        headers = (
+            {"Inference-Header-Content-Length": str(header_len)} if header_len is not None else None
+        )
+        media = "application/octet-stream" if header_len is not None else "application/json"
+        return Response(body, media_type=media, headers=headers)
+
+
+def make_kserve_router(door: FrontDoor | Service) -> APIRouter:
+    """KServe v2 HTTP routes over ``door`` (a ``FrontDoor``, or a ``Service`` to wrap)."""
+    return KServeRoutes(door if isinstance(door, FrontDoor) else FrontDoor(door)).router()
