@@ -7,6 +7,14 @@ from typing import Any
 
 from inferline.cli._args import name_counts, number_in
 
+__all__ = [
+    "add_hop_overhead",
+    "add_inventory_arguments",
+    "check_inventory_args",
+    "cores_model",
+    "rate_margin",
+]
+
 rate_margin = number_in(0, 10, "a margin")  # 0.05: plan for 5% above the rate
 _hop_ms = number_in(0, 10_000, "milliseconds")
 

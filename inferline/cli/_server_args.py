@@ -17,6 +17,15 @@ from inferline.cli._args import (
 )
 from inferline.cli._tuner_args import add_ladder_knobs
 
+__all__ = [
+    "TOKEN_ENV",
+    "add_listen_args",
+    "add_server_args",
+    "run_loop",
+    "token_of",
+    "warn_open_host",
+]
+
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "INFERLINE_TOKEN"

@@ -28,6 +28,8 @@ from inferline.core import (
     save,
 )
 
+__all__ = ["TOKEN_ENV", "register"]
+
 TOKEN_ENV = "INFERLINE_TOKEN"
 
 

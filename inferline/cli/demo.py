@@ -13,6 +13,8 @@ from inferline.cli._args import (
     too_many_arrivals,
 )
 
+__all__ = ["register"]
+
 
 def _demo(args: argparse.Namespace) -> int:
     from inferline.demo.runner import DemoOptions, run_demo

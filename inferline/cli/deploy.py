@@ -16,6 +16,8 @@ from inferline.core import (
     load_plan,
 )
 
+__all__ = ["register"]
+
 log = logging.getLogger(__name__)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+__all__ = ["register"]
+
 
 def _plugins(args: argparse.Namespace) -> int:
     from rich.console import Console

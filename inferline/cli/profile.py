@@ -18,6 +18,8 @@ from inferline.core import (
     save,
 )
 
+__all__ = ["add_profiler_arguments", "register", "wake_idle_s"]
+
 # batches a point takes at least (--quick: 20): --max-samples below it was refused by the
 # profiler's options, naming their fields, not the flag
 _MIN_SAMPLES = 50

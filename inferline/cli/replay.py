@@ -23,6 +23,8 @@ from inferline.core import (
 )
 from inferline.core._validate import read_text
 
+__all__ = ["register"]
+
 # how much faster than recorded a trace is replayed; how long a request may take to arrive
 _speed = number_in(0, 1e6, "a factor", lo_open=True)
 

@@ -14,6 +14,8 @@ from inferline.core import (
     load_plan,
 )
 
+__all__ = ["register", "serve_with"]
+
 log = logging.getLogger(__name__)
 
 

@@ -42,6 +42,14 @@ from inferline.core import (
     stage_profiles,
 )
 
+__all__ = [
+    "SimulateContext",
+    "add_simulate_arguments",
+    "after_simulation",
+    "make_controller",
+    "register",
+]
+
 log = logging.getLogger(__name__)
 
 

@@ -20,6 +20,8 @@ from inferline.core import (
     varying_trace,
 )
 
+__all__ = ["register"]
+
 
 def _gamma(args: argparse.Namespace) -> int:
     trace = gamma_trace(args.rate, args.cv, args.duration_s, np.random.default_rng(args.seed))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+__all__ = ["finite_or_none", "print_fits", "print_replay"]
+
 
 def print_fits(result: Any, console: Any = None) -> None:
     """The latency-vs-batch-size fits as a table (one row per model and hardware)."""

@@ -13,6 +13,17 @@ import numpy as np
 from inferline.core import NotFoundError, ValidationError
 from inferline.server._service import Service
 
+__all__ = [
+    "KSERVE_DTYPES",
+    "KSERVE_OF",
+    "TF_DTYPES",
+    "TF_OF",
+    "FrontDoor",
+    "Signature",
+    "TensorInfo",
+    "dtype_name",
+]
+
 KSERVE_DTYPES = {
     "BOOL": "bool",
     "UINT8": "uint8",

@@ -14,6 +14,15 @@ from inferline.core import ValidationError
 from inferline.server._http import decode_json
 from inferline.server.frontdoors._door import KSERVE_DTYPES, KSERVE_OF, dtype_name
 
+__all__ = [
+    "bytes_serialize",
+    "grpc_contents",
+    "header_length",
+    "kserve_decode",
+    "kserve_encode",
+    "tensor_from_kserve",
+]
+
 
 def _bytes_elements(raw: bytes, n: int, field: str) -> np.ndarray:
     out, pos = [], 0

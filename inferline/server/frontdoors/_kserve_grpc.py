@@ -15,6 +15,8 @@ from inferline.server.frontdoors._kserve_codec import (
     tensor_from_kserve,
 )
 
+__all__ = ["KServeHandlers", "kserve_servicer"]
+
 
 class KServeHandlers:
     """The KServe v2 RPCs inferline serves: health, metadata and ``ModelInfer`` over a

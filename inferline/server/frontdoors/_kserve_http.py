@@ -14,6 +14,8 @@ from inferline.server._service import Service
 from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 
+__all__ = ["KServeRoutes", "make_kserve_router"]
+
 
 def _kserve_error(e: BaseException) -> Response:
     status = status_for(e) if isinstance(e, InferlineError) else 500

@@ -9,6 +9,8 @@ from inferline.core import InferlineError
 from inferline.server.frontdoors._door import TF_OF, FrontDoor
 from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
 
+__all__ = ["ModelStatusHandlers", "PredictionHandlers", "tfserving_servicers"]
+
 _DT_ENUMS = {
     "DT_FLOAT": 1,
     "DT_DOUBLE": 2,

@@ -15,6 +15,8 @@ from inferline.server._http import decode_json, status_for
 from inferline.server._service import Service
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, TensorInfo
 
+__all__ = ["TFServingRoutes", "make_tfserving_router", "parse_path"]
+
 
 def _tf_json(a: np.ndarray) -> Any:
     if a.dtype.kind in "OSU":
