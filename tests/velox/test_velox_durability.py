@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     import asyncio, sys
     sys.path.insert(0, {tests!r})
     from _velox_helpers import make_model
-    from inferline.velox import SQLiteStore, VeloxConfig, VeloxService
+    from inferline.velox import SQLiteStore, VeloxConfig, VeloxService, WrongPartitionError
 
     async def main():
         svc = VeloxService(SQLiteStore({db!r}))
@@ -31,8 +31,13 @@ CHILD = textwrap.dedent(
         i = 0
         while True:
             uid = f"user{{i % 7}}"
-            if svc.runtime("m").owns(uid):
+            # Every user is tried: the service itself must refuse the ones it does not own.
+            try:
                 res = await svc.observe("m", uid, i % 40, float(i % 5))
+            except WrongPartitionError:
+                assert not svc.runtime("m").owns(uid), uid
+            else:
+                assert svc.runtime("m").owns(uid), uid
                 print(res.seq, uid, i % 40, float(i % 5), flush=True)
             i += 1
 
@@ -56,12 +61,17 @@ def _parse(line: str) -> tuple[int, str, int, float]:
     return int(seq), uid, int(x), float(y)
 
 
-def _kill_after(procs: list[subprocess.Popen[str]], n: int) -> list[tuple[int, str, int, float]]:
+def _kill_after(
+    procs: list[subprocess.Popen[str]], n: int, by_proc: dict[int, list[str]] | None = None
+) -> list[tuple[int, str, int, float]]:
     """Wait for ``n`` acknowledgements from each process, SIGKILL them all, then collect every
-    acknowledgement they printed (including those still in the pipe at the kill)."""
+    acknowledgement they printed (including those still in the pipe at the kill).
+
+    ``by_proc``, when given, receives the uids each process (by index) acknowledged."""
     acks = []
+    by_proc = {} if by_proc is None else by_proc
     deadline = time.monotonic() + 60
-    for p in procs:
+    for k, p in enumerate(procs):
         assert p.stdout is not None
         got = 0
         while got < n and time.monotonic() < deadline:
@@ -69,15 +79,18 @@ def _kill_after(procs: list[subprocess.Popen[str]], n: int) -> list[tuple[int, s
             if not line:
                 break
             acks.append(_parse(line))
+            by_proc.setdefault(k, []).append(acks[-1][1])
             got += 1
         assert got == n, "child stopped acknowledging"
     for p in procs:
         p.send_signal(signal.SIGKILL)
-    for p in procs:
+    for k, p in enumerate(procs):
         assert p.stdout is not None
         rest = p.stdout.read()  # EOF once the process is dead
         # complete lines only: the kill can cut the last one short ('301 user6 20 ')
-        acks.extend(_parse(line) for line in rest.split("\n")[:-1] if len(line.split()) == 4)
+        tail = [_parse(line) for line in rest.split("\n")[:-1] if len(line.split()) == 4]
+        acks.extend(tail)
+        by_proc.setdefault(k, []).extend(a[1] for a in tail)
         p.wait()
         assert p.returncode == -signal.SIGKILL
     return acks
@@ -134,16 +147,24 @@ def test_two_partitioned_processes_write_one_store_then_both_are_killed(tmp_path
         _spawn(db, "partitions=2, owned_partitions=(0,)"),
         _spawn(db, "partitions=2, owned_partitions=(1,)"),
     ]
-    acks = _kill_after(procs, 150)
+    by_proc: dict[int, list[str]] = {}
+    acks = _kill_after(procs, 150, by_proc)
     store = SQLiteStore(db)
     logged = {o.seq: (o.uid, o.x, o.y) for o in store.observations("m")}
     assert all(logged[seq] == (uid, x, y) for seq, uid, x, y in acks)
     assert len(logged) - len(acks) in (0, 1, 2)
-    # Each user was written by one process only.
-    owners: dict[str, set[int]] = {}
+    # Each user was written by one process only, the one owning its partition. Both children
+    # try every user. Injected bug caught: ownership disabled (owns() always True and
+    # check_owner() a no-op) -> both write all 7 users and the assert below fails; only one of
+    # the two disabled -> the child's own assert kills it ("child stopped acknowledging"). The
+    # old check recomputed partition_of() over the log, which passed whoever wrote it.
     from inferline.velox import partition_of
 
-    for uid, _, _ in logged.values():
-        owners.setdefault(uid, set()).add(partition_of(uid, 2))
-    assert all(len(p) == 1 for p in owners.values()) and len(owners) == 7
+    writers: dict[str, set[int]] = {}
+    for k, uids in by_proc.items():
+        for uid in uids:
+            writers.setdefault(uid, set()).add(k)
+    assert {uid for uid, _, _ in logged.values()} == set(writers)
+    assert len(writers) == 7, writers
+    assert all(ks == {partition_of(uid, 2)} for uid, ks in writers.items()), writers
     store.close()
