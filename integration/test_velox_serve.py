@@ -100,9 +100,34 @@ def test_table_model_top_k_and_errors(server: ServerProcess) -> None:
                 c.post("/velox/movies/observe", json={"uid": "u", "x": item, "y": y}).status_code
                 == 200
             )
-        r = c.post("/velox/movies/top_k", json={"uid": "u", "items": list(range(10)), "k": 3})
+        # The ranking must agree with the model's own scores (predict), not just have k rows.
+        # Injected bug caught: top_k returning its k items in reverse (ascending) order.
+        items = list(range(10))
+        own = {}
+        for i in items:
+            r = c.post("/velox/movies/predict", json={"uid": "u", "x": i})
+            assert r.status_code == 200, r.text
+            own[i] = r.json()["score"]
+        expect = sorted(items, key=lambda i: -own[i])[:3]  # stable: ties by position
+        r = c.post("/velox/movies/top_k", json={"uid": "u", "items": items, "k": 3, "alpha": 0})
         assert r.status_code == 200, r.text
-        assert len(r.json()["items"]) == 3
+        got = r.json()["items"]
+        assert [g["item"] for g in got] == expect, (got, own)
+        for g in got:
+            assert g["score"] == pytest.approx(own[g["item"]], abs=1e-9) and g["bonus"] == 0.0
+        # With the default exploration (alpha = 1): ordered by score + bonus, scores still the
+        # model's, and the top 3 are the head of the full ranking.
+        r = c.post("/velox/movies/top_k", json={"uid": "u", "items": items, "k": 10})
+        assert r.status_code == 200, r.text
+        full = r.json()["items"]
+        assert sorted(g["item"] for g in full) == items
+        ucb = [g["score"] + g["bonus"] for g in full]
+        assert ucb == sorted(ucb, reverse=True), full
+        assert all(g["score"] == pytest.approx(own[g["item"]], abs=1e-9) for g in full)
+        assert all(g["bonus"] > 0 for g in full)
+        r = c.post("/velox/movies/top_k", json={"uid": "u", "items": items, "k": 3})
+        assert r.status_code == 200, r.text
+        assert [g["item"] for g in r.json()["items"]] == [g["item"] for g in full[:3]]
         r = c.post("/velox/movies/predict", json={"uid": "u", "x": 999})
         assert r.status_code == 404 and "999" in r.text
         r = c.post("/velox/nope/predict", json={"uid": "u", "x": 1})
