@@ -2,7 +2,7 @@
 
 The live tuner scales through the backend, which refuses a scale-up it has no room for
 (``CapacityError``); the tuner then starts as many replicas as fit and retries the whole
-target later, unless a newer decision replaced it (``inferline/_tuning.py``). A simulated
+target later, unless a newer decision replaced it (``inferline/deploy/_tuning.py``). A simulated
 tuner has no backend to refuse it, so without this wrapper ``simulate --tuner`` would scale
 past the cores and GPUs the deployment has and report a latency no deployment can reach.
 """

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from inferline._attach import attach
 from inferline.adapters import PluginHost, hookimpl
 from inferline.core import ModelConfig, NotFoundError, ValidationError
+from inferline.deploy._attach import attach
 
 
 class MiniServer:
@@ -95,9 +95,9 @@ def test_attach_cli_refuses_bad_flags_in_one_line(tmp_path: Any, capsys: Any) ->
 def test_a_pipeline_whose_models_do_not_fit_together_is_refused() -> None:
     """One model's output must be able to be the next one's input: before, such a pipeline
     was served and every query failed with a 422."""
-    from inferline._attach import check_pipeline_io
-    from inferline._frontdoors import Signature, TensorInfo
     from inferline.core import Pipeline, ValidationError
+    from inferline.deploy._attach import check_pipeline_io
+    from inferline.server.frontdoors import Signature, TensorInfo
 
     def sig(inp: tuple[str, tuple[int, ...]], out: tuple[str, tuple[int, ...]]) -> Signature:
         return Signature((TensorInfo("in", *inp),), (TensorInfo("out", *out),))
@@ -119,8 +119,8 @@ def test_a_plan_for_an_attached_server_fits_its_inventory(host: PluginHost) -> N
     error names the inventory, instead of a plan that fails when applied."""
     import numpy as np
 
-    from inferline._attach import plan_attachment
     from inferline.core import InfeasibleError, Pipeline, Profiles, gamma_trace
+    from inferline.deploy._attach import plan_attachment
 
     att = asyncio.run(attach("mini://h:1", host=host))
     pipe = Pipeline.linear("p", ["a"])

@@ -9,9 +9,12 @@ import logging
 
 import pytest
 
-from inferline._deploy import Deployment, apply_plan, oversubscription, start_service
 from inferline.core import ModelConfig, Plan
 from inferline.demo.simple import noop_deployment
+from inferline.deploy._apply import apply_plan
+from inferline.deploy._format import Deployment
+from inferline.deploy._planned import oversubscription
+from inferline.deploy._start import start_service
 
 
 class _Inventory:
@@ -54,7 +57,7 @@ def test_apply_plan_says_when_the_plan_oversubscribes_the_machine(
         finally:
             await svc.close()
 
-    with caplog.at_level(logging.WARNING, logger="inferline._deploy"):
+    with caplog.at_level(logging.WARNING, logger="inferline.deploy._format"):
         fits, over, cores = asyncio.run(main())
     assert "inventory" not in fits
     assert f"cpu: {cores + 1} of {cores}" in over["inventory"]
