@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import platform
 import random
 import shlex
@@ -163,12 +164,16 @@ async def sec_failure(args: argparse.Namespace, out: Path) -> tuple[str, dict[st
     n = 20_000  # the policies replay fast; --quick shortens only the live prefix
     span = (n // 4, n // 2)
     res = model_failure(preds["clean"], yte, n_queries=n, fail_span=span, seed=args.seed)
-    live = await _live_prefix(specs, preds["clean"], yte, res.fail_model, span, n, args)
+    live = await live_failure(specs, preds["clean"], yte, res.fail_model, args)
     fin = res.final()
     rows = [(k, fin[k]) for k in sorted(fin, key=fin.get)]
+    ls = live["span"]
     text = _table(
         f"1. Model failure: {n} queries, {res.fail_model} fails in [{span[0]}, {span[1]}) "
-        f"(live SelectionService prefix of {live['n']} queries: {live['agree']:.1%} same answers)",
+        f"(live SelectionService run of {live['n']} queries, failure in [{ls[0]}, {ls[1]}): "
+        f"{live['agree']:.1%} same answers as the replay, {live['injected']} wrong answers "
+        f"injected, {res.fail_model}'s Exp4 weight {live['fail_weight_start']:.2f} -> "
+        f"{live['fail_weight_end']:.2f})",
         ("policy / model", "cumulative error"),
         rows,
     )
@@ -197,20 +202,29 @@ async def sec_failure(args: argparse.Namespace, out: Path) -> tuple[str, dict[st
     return text + "\n\n" + text2, {"failure": fin, "live": live, "confidence": conf}
 
 
-async def _live_prefix(
+def live_span(n: int) -> tuple[int, int]:
+    """The failure span of a live run of ``n`` queries: the same quarter-to-half of the stream
+    as the offline replay's, scaled to the run (a fixed 5,000 start never fires in 200)."""
+    return (n // 4, n // 2)
+
+
+async def live_failure(
     specs: Sequence[ModelSpec],
     preds: dict[str, np.ndarray],
     y: np.ndarray,
     fail: str,
-    span: tuple[int, int],
-    n_stream: int,
     args: argparse.Namespace,
 ) -> dict[str, Any]:
-    """The first queries of the stream through SelectionService + the runtime (Exp4), with the
-    failure injected at the model call; compared with the offline replay's answers."""
-    n = 200 if args.quick else 1000
-    # the same draws as model_failure: the query stream, then the failed model's wrong labels
-    q = np.random.default_rng(args.seed).integers(0, len(y), n_stream)
+    """A stream through SelectionService + the runtime (Exp4), with ``fail`` answering wrong
+    labels in :func:`live_span` of it (injected at the model call); compared with an offline
+    replay of the same stream. ``args.live_queries`` sets the length (default 200 with
+    ``--quick``, else 1000). Reports how many wrong answers were injected and ``fail``'s Exp4
+    weight at the start and the end of the failure, so a run shows the policy reacted."""
+    n = getattr(args, "live_queries", None) or (200 if args.quick else 1000)
+    span = live_span(n)
+    # the same draws as model_failure(n_queries=n, fail_span=span): the query stream, then the
+    # failed model's wrong labels
+    q = np.random.default_rng(args.seed).integers(0, len(y), n)
     extra = np.random.default_rng(args.seed + 1).integers(1, 10, span[1] - span[0])
     wrong = (y[q[span[0] : span[1]]] + extra) % 10
     _, _, xte, _ = digits_data()
@@ -220,19 +234,27 @@ async def _live_prefix(
         await _deploy(backend, specs, batch=1)
         handles = {s.name: backend.replicas(s.name)[0] for s in specs}
         step = {"i": 0}
+        injected = 0
+        weights: dict[int, float] = {}
 
         async def call(m: str, x: Any) -> int:
-            out = (await handles[m].predict_batch([x]))[0]
+            nonlocal injected
+            real = int((await handles[m].predict_batch([x]))[0])
+            out = real
             i = step["i"]
             if m == fail and span[0] <= i < span[1]:
                 out = int(wrong[i - span[0]])
-            return int(out)
+            injected += out != real
+            return out
 
         pol = Exp4(list(preds), rng=random.Random(args.seed))
         sel = SelectionService("failure", pol, call)
         offline = pol.init()
         for i in range(n):
             step["i"] = i
+            if i in span:
+                st = sel.state()
+                weights[i] = float(st.weights()[list(st.models).index(fail)])
             p = await sel.predict(xte[q[i]], query_id=str(i))
             sel.feedback(int(y[q[i]]), query_id=str(i))
             ref = {m: int(preds[m][q[i]]) for m in preds}
@@ -242,7 +264,14 @@ async def _live_prefix(
             offline = pol.observe(offline, None, int(y[q[i]]), ref)
     finally:
         await backend.close()
-    return {"n": n, "agree": agree / n}
+    return {
+        "n": n,
+        "span": span,
+        "agree": agree / n,
+        "injected": injected,
+        "fail_weight_start": weights.get(span[0], math.nan),
+        "fail_weight_end": weights.get(span[1], math.nan),
+    }
 
 
 # ---------------------------------------------------------------- 3
@@ -688,6 +717,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         default=None,
         help="training updates of the Rafiki agent (default 500; 150 with --quick)",
+    )
+    p.add_argument(
+        "--live-queries",
+        type=int,
+        default=None,
+        help="length of the live failure run; the failure spans its 2nd quarter "
+        "(default 1000; 200 with --quick)",
     )
     p.add_argument(
         "--out", default="out/selection", help="folder for the plots (default %(default)s)"
