@@ -4,39 +4,25 @@ Semantics (DESIGN.md "Estimator semantics", so that plans transfer):
 
 - Every model has one queue shared by all its replicas, ordered by deadline (earliest first);
   ties keep pipeline-arrival order, then submission order.
-- Each replica handle gets one puller task. A free puller asks the model's batching policy;
-  with ``FixedBatching`` it takes ``min(max_batch_size, queued)`` at once. A puller has at most
-  one batch in flight, so the dispatcher never has more batches in flight to a backend than
-  replicas and the backend's own queue stays empty.
-- "At one instant, arrivals and completions are applied before an idle replica takes a batch":
-  an asyncio program has no instants, so the dispatcher ends an instant when the event loop
-  runs out of runnable work. A puller about to cut a batch (woken by an arrival, or just done
-  with one) waits at a shared barrier: a callback that re-schedules itself while the loop's
-  ready queue holds other work and releases every waiting puller once it is the last runnable
-  thing (at most ``coalesce_rounds`` loop iterations, so a busy loop never starves a replica).
-  By then a burst submitted by one ``gather``, the continuations of a finished upstream batch
-  (however many task hops the pipeline code takes to reach its next ``predict``) and tasks
-  woken by timers due at the same time are all enqueued. On a virtual-time loop this is
-  exactly the estimator's instant (tests compare per-query latencies bit for bit). Loops
-  without a visible ready queue (uvloop) get ``min(coalesce_rounds, 2)`` plain yields instead.
-- Pullers block on futures, never poll: an arrival wakes the idle pullers of its model; a
-  policy that asks to wait (delayed batching, Rafiki) also arms one timer.
+- Each replica handle gets one puller (``_puller``): a free puller takes a batch as its
+  model's batching policy says, and has at most one batch in flight.
+- "At one instant, arrivals and completions are applied before an idle replica takes a
+  batch": a puller about to cut a batch waits at a barrier (``_instant``) that ends the
+  instant once no query is between two model calls and the queue saw no activity for a loop
+  iteration (at most ``coalesce_rounds`` iterations). The barrier counts hand-offs instead of
+  reading the event loop's internals, so it works the same on asyncio's loop, on uvloop and
+  on the tests' virtual-time loop (where latencies equal the estimator's bit for bit).
 
-Failures: a ``ReplicaError`` from ``predict_batch`` (or a ``CancelledError`` from the call
-itself, e.g. its channel closed under it, while the puller is not being stopped) puts the
-batch's queries back in the queue (they keep their deadlines and order) up to ``max_retries`` times, then fails them with that
-error. A puller whose handle reports ``alive == False`` after an error exits (the backend's
-subscription brings the restarted replica); one whose replica is still alive pauses
-``retry_cooldown_s`` so that another replica gets the retried queries first. An error value in
-the output list fails just its query. Every accepted query ends in a result or an exception:
-``close()`` answers queued and in-flight queries with ``BackendError``.
+This module is the submitting and configuring side: queues, routes, replica sets (a backend's
+subscription or ``set_replicas``), admission (``max_queue``), statistics and ``close()``.
+Every accepted query ends in a result or an exception: ``close()`` answers queued and
+in-flight queries with ``BackendError``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import heapq
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -46,37 +32,20 @@ import numpy as np
 
 from inferline.core.errors import (
     BackendError,
-    DeadlineExceededError,
     InferlineError,
     NotFoundError,
     OverloadedError,
-    ReplicaError,
     ValidationError,
 )
 from inferline.core.protocols import Backend, ReplicaHandle
 
 from ._batching import BatchingPolicy, FixedBatching
-from ._mqueue import (
-    _DEADLINE,
-    _ENQ,
-    _FUT,
-    _RETRIES,
-    _X,
-    _closed_error,
-    _ModelQueue,
-    _Puller,
-)
-from ._stats import ArrivalEvent, BatchEvent, ModelStats, RecentService
+from ._instant import _Handoff, _Instant
+from ._mqueue import _FUT, _closed_error, _compact, _deliver, _ModelQueue, _wake
+from ._puller import Listener, _PullerPool
+from ._stats import ArrivalEvent, ModelStats, RecentService
 
 __all__ = ["Dispatcher", "Listener"]
-
-log = logging.getLogger(__name__)
-
-Listener = Callable[[ArrivalEvent | BatchEvent], None]
-
-
-def _idle_since(p: _Puller) -> float:
-    return p.idle_since
 
 
 class Dispatcher:
@@ -85,6 +54,11 @@ class Dispatcher:
     ``clock`` gives the time for deadlines, arrivals and policy decisions (the same units as
     the deadlines callers pass). It must advance at the event loop's rate, because policy
     waits are armed as loop timers of ``wait_until - clock()`` seconds.
+
+    ``coalesce_rounds`` bounds one instant in event-loop iterations (``_instant``): 0 lets a
+    puller cut its batch as soon as it is free, without waiting for the instant's other
+    arrivals and completions. ``retry_cooldown_s`` is the pause of a puller whose replica
+    failed a batch and is still alive.
     """
 
     def __init__(
@@ -99,20 +73,15 @@ class Dispatcher:
         if coalesce_rounds < 0:
             raise ValidationError("coalesce_rounds", "an int >= 0", coalesce_rounds)
         self._clock = clock
-        self._coalesce = coalesce_rounds
-        self._forming: list[asyncio.Future[None]] = []  # pullers waiting for the instant's end
-        self._barrier_armed = False
-        self._barrier_rounds = 0
-        self._cooldown = float(retry_cooldown_s)
+        self._instant = _Instant(coalesce_rounds)
+        self._listeners: list[Listener] = []
+        self._pool = _PullerPool(clock, self._instant, float(retry_cooldown_s), self._listeners)
         self._queues: dict[str, _ModelQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._listeners: list[Listener] = []
         self._backends: list[Backend] = []
         self._known: dict[str, list[ReplicaHandle]] = {}  # handles of models not added yet
         self._routes: dict[str, str] = {}  # stage -> the model whose queue serves it
         self._seq = 0
-        self._closed = False
 
     @property
     def clock(self) -> Callable[[], float]:
@@ -223,7 +192,7 @@ class Dispatcher:
         q = self._queues.get(model)
         if q is None:
             self._known[model] = handles
-        elif not self._closed:
+        elif not self._pool.closed:
             self._sync(q, handles)
 
     @staticmethod
@@ -240,7 +209,7 @@ class Dispatcher:
     # -- pullers ------------------------------------------------------------------------
     def _sync(self, q: _ModelQueue, handles: list[ReplicaHandle]) -> None:
         q.handles = handles
-        if self._closed:
+        if self._pool.closed:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -250,272 +219,20 @@ class Dispatcher:
         self._bind_loop(loop)
         q.needs_start = False
         wanted = {h.id: h for h in handles}
+        pool = self._pool
         for rid, p in list(q.pullers.items()):
             if wanted.get(rid) is not p.handle or p.task is None or p.task.done():
-                self._retire(p)
+                pool.retire(p)
                 del q.pullers[rid]
         for rid, h in wanted.items():
             if rid not in q.pullers:
-                p = _Puller(h, self._clock())
-                p.task = loop.create_task(self._pull(q, p), name=f"inferline-pull-{q.name}-{rid}")
-                self._tasks.add(p.task)
-                p.task.add_done_callback(self._tasks.discard)
-                q.pullers[rid] = p
-
-    @staticmethod
-    def _retire(p: _Puller) -> None:
-        p.stopping = True
-        if p.waiter is not None and not p.waiter.done():
-            p.waiter.set_result(None)
+                q.pullers[rid] = pool.start(q, h, loop)
 
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
             self._loop = loop
         elif self._loop is not loop:
             raise BackendError("dispatcher", "used from a second event loop")
-
-    @staticmethod
-    def _wake(q: _ModelQueue) -> None:
-        # Warmest first (most recently idle; the later-idled of a tie): the first woken takes
-        # the batch, so replicas that just served keep serving and the others stay idle; a
-        # replica idle for long runs its next batch slower (the profiles' wake-up extra). The
-        # estimator's idle stack picks the same replica.
-        for p in sorted(reversed(q.idle), key=_idle_since, reverse=True):
-            w = p.waiter
-            if w is not None and not w.done():
-                w.set_result(None)
-        q.idle.clear()
-
-    @staticmethod
-    def _wake_one(p: _Puller) -> None:
-        p.timer = None
-        w = p.waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def _idle_wait(self, q: _ModelQueue, p: _Puller, until: float | None) -> None:
-        assert self._loop is not None
-        w = self._loop.create_future()
-        p.waiter = w
-        q.idle.append(p)
-        if until is not None:
-            p.timer = self._loop.call_later(max(0.0, until - self._clock()), self._wake_one, p)
-        try:
-            await w
-        finally:
-            p.waiter = None
-            if p.timer is not None:
-                p.timer.cancel()
-                p.timer = None
-            if p in q.idle:
-                q.idle.remove(p)
-
-    async def _end_of_instant(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        if getattr(loop, "_ready", None) is None:
-            for _ in range(min(self._coalesce, 2)):
-                await asyncio.sleep(0)
-            return
-        w = loop.create_future()
-        self._forming.append(w)
-        if not self._barrier_armed:
-            self._barrier_armed = True
-            self._barrier_rounds = 0
-            loop.call_soon(self._barrier)
-        await w
-
-    def _barrier(self) -> None:
-        loop = self._loop
-        assert loop is not None
-        # ``_ready`` holds what is still to run in this iteration plus what was scheduled
-        # during it: empty means this callback is the last runnable thing of the instant.
-        if loop._ready and self._barrier_rounds < self._coalesce:  # type: ignore[attr-defined]
-            self._barrier_rounds += 1
-            loop.call_soon(self._barrier)
-            return
-        self._barrier_armed = False
-        waiters, self._forming = self._forming, []
-        for w in waiters:
-            if not w.done():
-                w.set_result(None)
-
-    @staticmethod
-    def _compact(q: _ModelQueue) -> int:
-        """Drop the entries already answered elsewhere (a query that got its default or whose
-        client left cancels its future, and leaves the entry until a puller reaches it), so
-        that they do not count against ``max_queue``; returns the live count. O(n), only when
-        the queue looks full."""
-        heap = q.heap
-        live = [e for e in heap if not e[_FUT].done()]
-        if len(live) < len(heap):
-            q.cancelled += len(heap) - len(live)
-            heapq.heapify(live)
-            heap[:] = live  # in place: pullers hold this list
-        return len(heap)
-
-    def _purge_head(self, q: _ModelQueue, now: float) -> None:
-        heap = q.heap
-        while heap:
-            head = heap[0]
-            if head[_FUT].done():
-                heapq.heappop(heap)
-                q.cancelled += 1
-            elif q.expire_late and head[_DEADLINE] < now:
-                heapq.heappop(heap)
-                self._expire(q, head, now)
-            else:
-                return
-
-    @staticmethod
-    def _expire(q: _ModelQueue, item: tuple[Any, ...], now: float) -> None:
-        q.expired += 1
-        q.failed += 1
-        item[_FUT].set_exception(DeadlineExceededError(q.name, now - item[_DEADLINE]))
-
-    async def _pull(self, q: _ModelQueue, p: _Puller) -> None:
-        heap = q.heap
-        pop = heapq.heappop
-        try:
-            while not (p.stopping or self._closed):
-                if not heap:
-                    await self._idle_wait(q, p, None)
-                    continue
-                if self._coalesce:
-                    await self._end_of_instant()
-                if p.stopping or self._closed:
-                    return
-                now = self._clock()
-                self._purge_head(q, now)
-                if not heap:
-                    continue
-                head = heap[0]
-                d = q.policy.decide(now, len(heap), head[_DEADLINE], head[_ENQ])
-                if d.take <= 0:
-                    await self._idle_wait(q, p, d.wait_until)
-                    continue
-                batch: list[tuple[Any, ...]] = []
-                while heap and len(batch) < d.take:
-                    item = pop(heap)
-                    if item[_FUT].done():
-                        q.cancelled += 1
-                    elif q.expire_late and item[_DEADLINE] < now:
-                        self._expire(q, item, now)
-                    else:
-                        batch.append(item)
-                if batch:
-                    await self._run_batch(q, p, batch, now)
-        finally:
-            if p.batch is not None:  # cancelled mid-batch (close): answer, never drop
-                q.in_flight -= len(p.batch)
-                q.in_flight_batches -= 1
-                for item in p.batch:
-                    fut = item[_FUT]
-                    if not fut.done():
-                        fut.set_exception(_closed_error(q.name))
-                        q.failed += 1
-                p.batch = None
-
-    async def _run_batch(
-        self, q: _ModelQueue, p: _Puller, batch: list[tuple[Any, ...]], now: float
-    ) -> None:
-        n = len(batch)
-        p.batch = batch
-        q.in_flight += n
-        q.in_flight_batches += 1
-        clock = self._clock
-        t0 = clock()
-        error: BaseException | None = None
-        outs: Any = None
-        try:
-            outs = await p.handle.predict_batch([item[_X] for item in batch])
-        except InferlineError as e:
-            error = e
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is None or task.cancelling():
-                raise  # this puller is being stopped
-            # the handle's own call was cancelled under it (a gRPC channel closed while the
-            # batch was out): a replica failure, retried like one, not the puller's end
-            error = ReplicaError(f"replica {p.handle.id}", p.handle.id, "batch call cancelled")
-        except Exception as e:  # a handle that breaks the protocol: answer, don't crash
-            log.exception("replica %s of %r raised a non-inferline error", p.handle.id, q.name)
-            error = BackendError(f"replica {p.handle.id}", f"{type(e).__name__}: {e}")
-        t1 = clock()
-        p.idle_since = t1
-        p.batch = None
-        q.in_flight -= n
-        q.in_flight_batches -= 1
-        service = t1 - t0
-        if error is None and (not isinstance(outs, list | tuple) or len(outs) != n):
-            error = BackendError(
-                f"replica {p.handle.id}",
-                f"returned {len(outs) if isinstance(outs, list | tuple) else type(outs).__name__}"
-                f" outputs for a batch of {n}",
-            )
-        delays: list[float] = []
-        if error is None:
-            q.batches += 1
-            q.batch_sizes[n] = q.batch_sizes.get(n, 0) + 1
-            q.service_sum += service
-            q.recent_service.append((n, service))
-            if service > q.service_max:
-                q.service_max = service
-            for item, out in zip(batch, outs, strict=True):
-                delay = t0 - item[_ENQ]
-                delays.append(delay)
-                q.queue_delay_sum += delay
-                if delay > q.queue_delay_max:
-                    q.queue_delay_max = delay
-                fut = item[_FUT]
-                if fut.done():
-                    q.cancelled += 1
-                elif isinstance(out, Exception):
-                    fut.set_exception(out)
-                    q.failed += 1
-                else:
-                    fut.set_result(out)
-                    q.completed += 1
-            q.policy = q.policy.observe(n, service)
-        else:
-            q.failed_batches += 1
-            self._fail_or_retry(q, batch, error)
-        if self._listeners:
-            self._emit(
-                BatchEvent(q.name, p.handle.id, n, t0, service, tuple(delays), error is None)
-            )
-        if isinstance(error, ReplicaError):
-            if not p.handle.alive:
-                log.info("replica %s of %r is down; its puller exits", p.handle.id, q.name)
-                p.stopping = True
-            elif self._cooldown > 0:
-                await asyncio.sleep(self._cooldown)
-
-    def _fail_or_retry(
-        self, q: _ModelQueue, batch: list[tuple[Any, ...]], error: BaseException
-    ) -> None:
-        retry = isinstance(error, ReplicaError) and not self._closed
-        requeued = False
-        for item in batch:
-            fut = item[_FUT]
-            if fut.done():
-                q.cancelled += 1
-            elif retry and item[_RETRIES] < q.max_retries:
-                heapq.heappush(q.heap, (*item[:_RETRIES], item[_RETRIES] + 1))
-                q.retried += 1
-                requeued = True
-            else:
-                fut.set_exception(error)
-                q.failed += 1
-        if requeued and q.idle:
-            self._wake(q)
-
-    def _emit(self, event: ArrivalEvent | BatchEvent) -> None:
-        for cb in self._listeners:
-            try:
-                cb(event)
-            except Exception:
-                log.exception("dispatcher listener %r failed", cb)
 
     # -- submitting ---------------------------------------------------------------------
     def _enqueue(
@@ -525,8 +242,9 @@ class Dispatcher:
         deadline: float,
         arrival: float | None,
         query_id: int | None = None,
+        handoff: _Handoff | None = None,
     ) -> asyncio.Future[Any]:
-        if self._closed:
+        if self._pool.closed:
             raise _closed_error(q.name)
         loop = self._loop
         if loop is None:
@@ -537,13 +255,10 @@ class Dispatcher:
         if not deadline <= math.inf:  # NaN or not a number would corrupt the heap order
             raise ValidationError("deadline", "a number (clock time)", deadline)
         now = self._clock()
-        if (
-            len(q.heap) + q.in_flight >= q.max_queue
-            and self._compact(q) + q.in_flight >= q.max_queue
-        ):
+        if len(q.heap) + q.in_flight >= q.max_queue and _compact(q) + q.in_flight >= q.max_queue:
             q.rejected += 1
             if self._listeners:
-                self._emit(ArrivalEvent(q.name, now, False, len(q.heap)))
+                self._pool.emit(ArrivalEvent(q.name, now, False, len(q.heap)))
             raise OverloadedError(q.name, q.max_queue)
         fut = loop.create_future()
         self._seq += 1
@@ -558,14 +273,16 @@ class Dispatcher:
                 x,
                 fut,
                 now,
+                handoff,
                 0,
             ),
         )
         q.submitted += 1
+        self._instant.activity += 1  # an arrival: part of the current instant
         if q.idle:
-            self._wake(q)
+            _wake(q)
         if self._listeners:
-            self._emit(ArrivalEvent(q.name, now, True, len(q.heap)))
+            self._pool.emit(ArrivalEvent(q.name, now, True, len(q.heap)))
         return fut
 
     async def submit(
@@ -584,10 +301,27 @@ class Dispatcher:
         submission), so queries that arrived together keep their order at every model as in
         the estimator. Raises ``OverloadedError`` at once when the queue is full, ``NotFoundError`` for
         an unknown model. Cancelling the caller removes the query (it is skipped)."""
+        return await self._submit(model, x, deadline, arrival, query_id, None)
+
+    def _submit(
+        self,
+        model: str,
+        x: Any,
+        deadline: float,
+        arrival: float | None,
+        query_id: int | None,
+        handoff: _Handoff | None,
+    ) -> asyncio.Future[Any]:
+        """``submit`` for ``PipelineRunner``: queue at once and return the future; the
+        query's ``handoff`` learns when the dispatcher answers it."""
         q = self._queues.get(self._routes.get(model, model))
         if q is None:
             raise NotFoundError("model", model, list(self._queues))
-        return await self._enqueue(q, x, deadline, arrival, query_id)
+        return self._enqueue(q, x, deadline, arrival, query_id, handoff)
+
+    def _handoff(self) -> _Handoff:
+        """A new query's hand-off (``PipelineRunner`` opens one per query it runs)."""
+        return _Handoff(self._instant)
 
     async def submit_many(
         self, model: str, xs: Sequence[Any], *, deadline: float, arrival: float | None = None
@@ -598,7 +332,7 @@ class Dispatcher:
         q = self._queue(self._routes.get(model, model))
         if (
             len(q.heap) + q.in_flight + len(xs) > q.max_queue
-            and self._compact(q) + q.in_flight + len(xs) > q.max_queue
+            and _compact(q) + q.in_flight + len(xs) > q.max_queue
         ):
             q.rejected += len(xs)
             raise OverloadedError(q.name, q.max_queue)
@@ -641,7 +375,7 @@ class Dispatcher:
     async def close(self) -> None:
         """Stop all pullers. Queued queries and batches still in flight are answered with
         ``BackendError`` (never dropped). Idempotent."""
-        self._closed = True
+        self._pool.closed = True
         for q in self._queues.values():
             items = list(q.heap)
             q.heap.clear()  # in place: pullers hold this list
@@ -651,8 +385,9 @@ class Dispatcher:
                     q.cancelled += 1
                 else:
                     fut.set_exception(_closed_error(q.name))
+                    _deliver(item)
                     q.failed += 1
-        tasks = list(self._tasks)
+        tasks = list(self._pool.tasks)
         for t in tasks:
             t.cancel()
         if tasks:

@@ -1,23 +1,31 @@
-"""The dispatcher's per-model state: queued-query layout, pullers and counters."""
+"""The dispatcher's per-model state: queued-query layout, pullers and counters, and what both
+the submitting and the pulling side do to it (wake idle pullers, compact the heap, tell a
+query's hand-off that its call was answered)."""
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import math
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferline.core.errors import BackendError
 from inferline.core.protocols import ReplicaHandle
 
 from ._batching import BatchingPolicy
 
+if TYPE_CHECKING:
+    from ._instant import _Handoff
+
 __all__: list[str] = []  # private to the package
 
 # A queued query is a tuple so the heap compares plain floats/ints; ``seq`` is unique, so the
 # comparison never reaches the payload. Fields: deadline, arrival, rank (the caller's query id,
-# else seq: same-arrival ties keep query order), seq, input, future, enqueue time, retries.
-_DEADLINE, _ARRIVAL, _RANK, _SEQ, _X, _FUT, _ENQ, _RETRIES = range(8)
+# else seq: same-arrival ties keep query order), seq, input, future, enqueue time, the calling
+# query's hand-off (``_instant._Handoff``, or None outside a PipelineRunner), retries (last, so
+# a retry copies the rest and bumps it).
+_DEADLINE, _ARRIVAL, _RANK, _SEQ, _X, _FUT, _ENQ, _HAND, _RETRIES = range(9)
 RECENT_BATCHES = 1024  # service times kept for ModelStats' recent quantiles
 
 
@@ -99,3 +107,41 @@ class _ModelQueue:
 
 def _closed_error(model: str) -> BackendError:
     return BackendError("dispatcher", f"closed before model {model!r} answered the query")
+
+
+def _idle_since(p: _Puller) -> float:
+    return p.idle_since
+
+
+def _wake(q: _ModelQueue) -> None:
+    """Wake the model's idle pullers (new work arrived or was put back)."""
+    # Warmest first (most recently idle; the later-idled of a tie): the first woken takes
+    # the batch, so replicas that just served keep serving and the others stay idle; a
+    # replica idle for long runs its next batch slower (the profiles' wake-up extra). The
+    # estimator's idle stack picks the same replica.
+    for p in sorted(reversed(q.idle), key=_idle_since, reverse=True):
+        w = p.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+    q.idle.clear()
+
+
+def _compact(q: _ModelQueue) -> int:
+    """Drop the entries already answered elsewhere (a query that got its default or whose
+    client left cancels its future, and leaves the entry until a puller reaches it), so
+    that they do not count against ``max_queue``; returns the live count. O(n), only when
+    the queue looks full."""
+    heap = q.heap
+    live = [e for e in heap if not e[_FUT].done()]
+    if len(live) < len(heap):
+        q.cancelled += len(heap) - len(live)
+        heapq.heapify(live)
+        heap[:] = live  # in place: pullers hold this list
+    return len(heap)
+
+
+def _deliver(item: tuple[Any, ...]) -> None:
+    """Tell the calling query's hand-off that ``item``'s future was just answered."""
+    h: _Handoff | None = item[_HAND]
+    if h is not None:
+        h.delivered()

@@ -1,0 +1,295 @@
+"""The replica side of the dispatcher: one puller task per replica handle.
+
+- A free puller asks its model's batching policy; with ``FixedBatching`` it takes
+  ``min(max_batch_size, queued)`` at once. A puller has at most one batch in flight, so the
+  dispatcher never has more batches in flight to a backend than replicas and the backend's
+  own queue stays empty.
+- A puller about to cut a batch (woken by an arrival, or just done with one) first waits for
+  the end of the instant (``_instant``), so that the instant's arrivals and completions are all
+  queued before any replica takes a batch.
+- Pullers block on futures, never poll: an arrival wakes the idle pullers of its model; a
+  policy that asks to wait (delayed batching, Rafiki) also arms one timer.
+
+Failures: a ``ReplicaError`` from ``predict_batch`` (or a ``CancelledError`` from the call
+itself, e.g. its channel closed under it, while the puller is not being stopped) puts the
+batch's queries back in the queue (they keep their deadlines and order) up to
+``max_retries`` times, then fails them with that error. A puller whose handle reports
+``alive == False`` after an error exits (the backend's subscription brings the restarted
+replica); one whose replica is still alive pauses ``retry_cooldown_s`` so that another replica
+gets the retried queries first. An error value in the output list fails just its query. A
+puller cancelled mid-batch (``close()``) answers the batch's queries with ``BackendError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from inferline.core.errors import (
+    BackendError,
+    DeadlineExceededError,
+    InferlineError,
+    ReplicaError,
+)
+from inferline.core.protocols import ReplicaHandle
+
+from ._instant import _Instant
+from ._mqueue import (
+    _DEADLINE,
+    _ENQ,
+    _FUT,
+    _HAND,
+    _RETRIES,
+    _X,
+    _closed_error,
+    _deliver,
+    _ModelQueue,
+    _Puller,
+    _wake,
+)
+from ._stats import ArrivalEvent, BatchEvent
+
+__all__: list[str] = []  # private to the package
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[ArrivalEvent | BatchEvent], None]
+
+
+class _PullerPool:
+    """The pullers of one dispatcher and what they share: the clock, the same-instant
+    barrier, the retry cooldown, the listeners and the dispatcher's ``closed`` flag (set by
+    ``Dispatcher.close``: pullers stop at their next step and failed batches are no longer
+    retried)."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        instant: _Instant,
+        cooldown_s: float,
+        listeners: list[Listener],
+    ) -> None:
+        self.clock = clock
+        self.instant = instant
+        self.cooldown_s = cooldown_s
+        self.listeners = listeners  # the dispatcher's list, shared
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(
+        self, q: _ModelQueue, handle: ReplicaHandle, loop: asyncio.AbstractEventLoop
+    ) -> _Puller:
+        """A new puller for ``handle`` on ``loop``, running."""
+        p = _Puller(handle, self.clock())
+        p.task = loop.create_task(
+            self._pull(q, p, loop), name=f"inferline-pull-{q.name}-{handle.id}"
+        )
+        self.tasks.add(p.task)
+        p.task.add_done_callback(self.tasks.discard)
+        return p
+
+    @staticmethod
+    def retire(p: _Puller) -> None:
+        """Let ``p`` finish its in-flight batch and exit."""
+        p.stopping = True
+        if p.waiter is not None and not p.waiter.done():
+            p.waiter.set_result(None)
+
+    def emit(self, event: ArrivalEvent | BatchEvent) -> None:
+        for cb in self.listeners:
+            try:
+                cb(event)
+            except Exception:
+                log.exception("dispatcher listener %r failed", cb)
+
+    # -- waiting ------------------------------------------------------------------------
+    @staticmethod
+    def _wake_one(p: _Puller) -> None:
+        p.timer = None
+        w = p.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _idle_wait(
+        self, q: _ModelQueue, p: _Puller, until: float | None, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        w = loop.create_future()
+        p.waiter = w
+        q.idle.append(p)
+        if until is not None:
+            p.timer = loop.call_later(max(0.0, until - self.clock()), self._wake_one, p)
+        try:
+            await w
+        finally:
+            p.waiter = None
+            if p.timer is not None:
+                p.timer.cancel()
+                p.timer = None
+            if p in q.idle:
+                q.idle.remove(p)
+
+    # -- cutting batches ----------------------------------------------------------------
+    def _purge_head(self, q: _ModelQueue, now: float) -> None:
+        heap = q.heap
+        while heap:
+            head = heap[0]
+            if head[_FUT].done():
+                heapq.heappop(heap)
+                q.cancelled += 1
+            elif q.expire_late and head[_DEADLINE] < now:
+                heapq.heappop(heap)
+                self._expire(q, head, now)
+            else:
+                return
+
+    def _expire(self, q: _ModelQueue, item: tuple[Any, ...], now: float) -> None:
+        q.expired += 1
+        q.failed += 1
+        item[_FUT].set_exception(DeadlineExceededError(q.name, now - item[_DEADLINE]))
+        _deliver(item)
+        self.instant.activity += 1
+
+    async def _pull(self, q: _ModelQueue, p: _Puller, loop: asyncio.AbstractEventLoop) -> None:
+        heap = q.heap
+        pop = heapq.heappop
+        instant = self.instant
+        try:
+            while not (p.stopping or self.closed):
+                if not heap:
+                    await self._idle_wait(q, p, None, loop)
+                    continue
+                await instant.wait(loop)
+                if p.stopping or self.closed:
+                    return
+                now = self.clock()
+                self._purge_head(q, now)
+                if not heap:
+                    continue
+                head = heap[0]
+                d = q.policy.decide(now, len(heap), head[_DEADLINE], head[_ENQ])
+                if d.take <= 0:
+                    await self._idle_wait(q, p, d.wait_until, loop)
+                    continue
+                batch: list[tuple[Any, ...]] = []
+                while heap and len(batch) < d.take:
+                    item = pop(heap)
+                    if item[_FUT].done():
+                        q.cancelled += 1
+                    elif q.expire_late and item[_DEADLINE] < now:
+                        self._expire(q, item, now)
+                    else:
+                        batch.append(item)
+                if batch:
+                    await self._run_batch(q, p, batch)
+        finally:
+            if p.batch is not None:  # cancelled mid-batch (close): answer, never drop
+                q.in_flight -= len(p.batch)
+                q.in_flight_batches -= 1
+                for item in p.batch:
+                    fut = item[_FUT]
+                    if not fut.done():
+                        fut.set_exception(_closed_error(q.name))
+                        _deliver(item)
+                        q.failed += 1
+                p.batch = None
+
+    # -- running batches ----------------------------------------------------------------
+    async def _run_batch(self, q: _ModelQueue, p: _Puller, batch: list[tuple[Any, ...]]) -> None:
+        n = len(batch)
+        p.batch = batch
+        q.in_flight += n
+        q.in_flight_batches += 1
+        clock = self.clock
+        t0 = clock()
+        error: BaseException | None = None
+        outs: Any = None
+        try:
+            outs = await p.handle.predict_batch([item[_X] for item in batch])
+        except InferlineError as e:
+            error = e
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # this puller is being stopped
+            # the handle's own call was cancelled under it (a gRPC channel closed while the
+            # batch was out): a replica failure, retried like one, not the puller's end
+            error = ReplicaError(f"replica {p.handle.id}", p.handle.id, "batch call cancelled")
+        except Exception as e:  # a handle that breaks the protocol: answer, don't crash
+            log.exception("replica %s of %r raised a non-inferline error", p.handle.id, q.name)
+            error = BackendError(f"replica {p.handle.id}", f"{type(e).__name__}: {e}")
+        t1 = clock()
+        p.idle_since = t1
+        p.batch = None
+        q.in_flight -= n
+        q.in_flight_batches -= 1
+        service = t1 - t0
+        if error is None and (not isinstance(outs, list | tuple) or len(outs) != n):
+            error = BackendError(
+                f"replica {p.handle.id}",
+                f"returned {len(outs) if isinstance(outs, list | tuple) else type(outs).__name__}"
+                f" outputs for a batch of {n}",
+            )
+        delays: list[float] = []
+        if error is None:
+            q.batches += 1
+            q.batch_sizes[n] = q.batch_sizes.get(n, 0) + 1
+            q.service_sum += service
+            q.recent_service.append((n, service))
+            if service > q.service_max:
+                q.service_max = service
+            for item, out in zip(batch, outs, strict=True):
+                delay = t0 - item[_ENQ]
+                delays.append(delay)
+                q.queue_delay_sum += delay
+                if delay > q.queue_delay_max:
+                    q.queue_delay_max = delay
+                fut = item[_FUT]
+                if fut.done():
+                    q.cancelled += 1
+                    continue
+                if isinstance(out, Exception):
+                    fut.set_exception(out)
+                    q.failed += 1
+                else:
+                    fut.set_result(out)
+                    q.completed += 1
+                h = item[_HAND]  # ``_deliver``, inline on the hot path
+                if h is not None:
+                    h.delivered()
+            q.policy = q.policy.observe(n, service)
+        else:
+            q.failed_batches += 1
+            self._fail_or_retry(q, batch, error)
+        self.instant.activity += 1  # a completion: its hand-offs belong to this instant
+        if self.listeners:
+            self.emit(BatchEvent(q.name, p.handle.id, n, t0, service, tuple(delays), error is None))
+        if isinstance(error, ReplicaError):
+            if not p.handle.alive:
+                log.info("replica %s of %r is down; its puller exits", p.handle.id, q.name)
+                p.stopping = True
+            elif self.cooldown_s > 0:
+                await asyncio.sleep(self.cooldown_s)
+
+    def _fail_or_retry(
+        self, q: _ModelQueue, batch: list[tuple[Any, ...]], error: BaseException
+    ) -> None:
+        retry = isinstance(error, ReplicaError) and not self.closed
+        requeued = False
+        for item in batch:
+            fut = item[_FUT]
+            if fut.done():
+                q.cancelled += 1
+            elif retry and item[_RETRIES] < q.max_retries:
+                heapq.heappush(q.heap, (*item[:_RETRIES], item[_RETRIES] + 1))
+                q.retried += 1
+                requeued = True
+            else:
+                fut.set_exception(error)
+                _deliver(item)
+                q.failed += 1
+        if requeued and q.idle:
+            _wake(q)
