@@ -11,7 +11,7 @@ from inferline.adapters import DISABLED_ENV, PluginHost, hookimpl
 from inferline.adapters.local import LocalBackend
 from inferline.core import DEFAULT_CATALOG, Hardware, NotFoundError, ValidationError
 
-BUILTINS = ["local", "tfserving", "triton"]  # the built-in adapters' entry points
+BUILTINS = ["local", "ray", "tfserving", "triton"]  # the built-in adapters' entry points
 
 
 class FakeBackendPlugin:
@@ -51,7 +51,7 @@ def test_entry_point_registers_local(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_disabled_plugins_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(DISABLED_ENV, "other, local, triton, tfserving")
+    monkeypatch.setenv(DISABLED_ENV, "other, local, triton, tfserving, ray")
     host = PluginHost.default()
     assert host.schemes() == [] and "local" not in host.plugin_names()
     with pytest.raises(NotFoundError) as ei:
