@@ -99,6 +99,24 @@ def _jsonable(x: Any) -> bool:
 sleep = Sleep  # the factory a deployment names (``examples:sleep``) is the class itself
 
 
+class Work:
+    """A fixed amount of CPU work per item (``rounds`` of integer arithmetic), unlike
+    ``Sleep(spin=True)``, which spins until a wall-clock deadline: a replica that shares its
+    core with another busy one takes longer, as real CPU-bound models do. Answers ``n``."""
+
+    def __init__(self, rounds: int = 20_000) -> None:
+        self.rounds = int(rounds)
+
+    def predict_batch(self, inputs: list[Any]) -> list[Any]:
+        acc = 0
+        for _ in range(self.rounds * len(inputs)):
+            acc = (acc * 31 + 7) % 1_000_003
+        return [{"n": len(inputs), "acc": acc} for _ in inputs]
+
+
+work = Work
+
+
 class _Failing:
     """Raises for any batch that contains the input ``"fail"``; else echoes."""
 
