@@ -87,7 +87,9 @@ def test_serve_deploy_replay(tmp_path):
         assert "P99 latency" in r.stdout
         s = json.loads(out.read_text())["summary"]
         assert s["answered"] == s["queries"] == s["ok"] > 100
-        assert s["slo_miss_rate"] < 0.5 and s["slo_ms"] == 5000
+        # 80 q/s on two replicas of a 5 ms model: nothing comes near 5 s (a 50% allowance here
+        # let a replay that mismeasured latencies pass)
+        assert s["slo_miss_rate"] == 0.0 and s["slo_ms"] == 5000
         r = _cli("replay", str(trace), "--url", srv.url, "--app", "app", "--deployment", str(dep))
         assert r.returncode == 1  # no token: every query refused (401), reported as errors
         assert "401" in r.stdout

@@ -521,9 +521,16 @@ def test_plan_and_simulate_share_cores_when_told(files, capsys):
         p99[extra] = json.loads(capsys.readouterr().out)["latency_p99_s"]
     # pre's replicas take two threads each of one core: each runs at half speed at most
     assert p99[shared] > p99[()] + 0.004
-    pre = load_plan(files["plan"]).models["pre"]
-    if pre.replicas > 1:  # pinned to one core, they share it
-        assert p99[("--pinned-cores", "cpu=1")] > p99[()]
+    # two replicas of pre pinned to one core share it: slower than on a core each (the plan
+    # above has one replica of pre, so this was guarded by a condition it never met)
+    plan = load_plan(files["plan"])
+    two_pre = plan.with_models({**plan.models, "pre": replace(plan.models["pre"], replicas=2)})
+    save(two_pre, files["plan"])
+    pinned = {}
+    for extra in ((), ("--pinned-cores", "cpu=1")):
+        assert main(_sim_args(files, "--json", *extra)) == 0
+        pinned[extra] = json.loads(capsys.readouterr().out)["latency_p99_s"]
+    assert pinned[("--pinned-cores", "cpu=1")] > pinned[()]
     # planned for two shared cores (one 2-thread replica of pre runs at full speed)
     files["plan"].unlink()
     two = ("--shared-cores", "cpu=2", "--cpu-threads", "pre=2")
