@@ -412,13 +412,37 @@ def test_urls_and_plugin_registration(triton: tuple[TritonServer, Digits]) -> No
 
 def test_profile_through_the_live_server(triton: tuple[TritonServer, Digits]) -> None:
     """The project's profiler drives the adapter's replica handles; Triton's own statistics
-    see the same batch sizes."""
+    see the same batch sizes (read from Triton's statistics API before the profiler unloads
+    the model: an adapter that split batches, or sent each query alone, fails here)."""
+    import tritonclient.http as httpclient
+
     from inferline.measure._profiler import ProfilerOptions, profile_models
 
     server, digits = triton
+    triton_batches: dict[int, int] = {}
+
+    def read_stats(name: str) -> None:
+        c = httpclient.InferenceServerClient(server.http_url.split("://")[-1])
+        try:
+            st = c.get_inference_statistics(model_name=name)
+        finally:
+            c.close()
+        for m in st["model_stats"]:
+            for bs in m.get("batch_stats", ()):
+                n = int(bs["compute_infer"]["count"])
+                triton_batches[int(bs["batch_size"])] = (
+                    triton_batches.get(int(bs["batch_size"]), 0) + n
+                )
 
     async def main() -> None:
         b = TritonBackend(server.http_url, cpu_cores=1)
+        remove = b.remove
+
+        async def read_then_remove(name: str) -> None:
+            await asyncio.to_thread(read_stats, "digits_knn")  # the name on the server
+            await remove(name)
+
+        b.remove = read_then_remove  # type: ignore[method-assign]
         try:
             pre = TritonBackend(server.http_url)
             await pre.adopt("digits_pre")
@@ -443,6 +467,10 @@ def test_profile_through_the_live_server(triton: tuple[TritonServer, Digits]) ->
             await b.close()
 
     run(main())
+    # every profiled batch size reached Triton whole, at least min_samples times
+    assert {1, 2, 4, 8} <= set(triton_batches), triton_batches
+    for bs in (1, 2, 4, 8):
+        assert triton_batches[bs] >= 10, triton_batches
 
 
 def test_handles_are_one_per_instance_and_typed(triton: tuple[TritonServer, Digits]) -> None:
