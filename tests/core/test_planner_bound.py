@@ -133,6 +133,7 @@ def test_threshold_matches_numpy_percentile():
     lat = np.zeros(1000)
     lat[: bound.threshold] = 1.0
     assert np.percentile(lat, 99) > 0.1
-    lat[: bound.threshold - 2] = 1.0
-    lat[bound.threshold - 2 :] = 0.0
+    # T-1 misses (was T-2, which a threshold one too high also passed)
+    lat[: bound.threshold - 1] = 1.0
+    lat[bound.threshold - 1 :] = 0.0
     assert np.percentile(lat, 99) <= 0.1
