@@ -40,6 +40,7 @@ from inferline.core.errors import (
 from inferline.core.protocols import Backend, ReplicaHandle
 
 from ._batching import BatchingPolicy, FixedBatching
+from ._expiry import DEFAULT_EXPIRE_GRACE_S, _check_grace, _Expiry
 from ._instant import _Handoff, _Instant
 from ._mqueue import _FUT, _closed_error, _compact, _deliver, _ModelQueue, _wake
 from ._puller import Listener, _PullerPool
@@ -58,7 +59,8 @@ class Dispatcher:
     ``coalesce_rounds`` bounds one instant in event-loop iterations (``_instant``): 0 lets a
     puller cut its batch as soon as it is free, without waiting for the instant's other
     arrivals and completions. ``retry_cooldown_s`` is the pause of a puller whose replica
-    failed a batch and is still alive.
+    failed a batch and is still alive. ``expire_grace_s`` is the default grace of models
+    added with ``expire_late`` (``add_model``).
     """
 
     def __init__(
@@ -67,15 +69,20 @@ class Dispatcher:
         *,
         coalesce_rounds: int = 16,
         retry_cooldown_s: float = 0.005,
+        expire_grace_s: float = DEFAULT_EXPIRE_GRACE_S,
     ) -> None:
         if isinstance(coalesce_rounds, bool) or not isinstance(coalesce_rounds, int):
             raise ValidationError("coalesce_rounds", "an int >= 0", coalesce_rounds)
         if coalesce_rounds < 0:
             raise ValidationError("coalesce_rounds", "an int >= 0", coalesce_rounds)
         self._clock = clock
+        self._expire_grace_s = _check_grace(expire_grace_s)
         self._instant = _Instant(coalesce_rounds)
         self._listeners: list[Listener] = []
-        self._pool = _PullerPool(clock, self._instant, float(retry_cooldown_s), self._listeners)
+        self._expiry = _Expiry(clock, self._instant)
+        self._pool = _PullerPool(
+            clock, self._instant, float(retry_cooldown_s), self._listeners, self._expiry
+        )
         self._queues: dict[str, _ModelQueue] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._backends: list[Backend] = []
@@ -100,9 +107,14 @@ class Dispatcher:
         max_queue: int = 10_000,
         expire_late: bool = False,
         max_retries: int = 1,
+        expire_grace_s: float | None = None,
     ) -> None:
         """Create ``model``'s queue. ``max_queue`` bounds the queries accepted and not yet
-        answered (queued plus in flight), so retried queries never overflow it."""
+        answered (queued plus in flight), so retried queries never overflow it.
+
+        ``expire_late``: a query still queued at its deadline plus ``expire_grace_s``
+        (default: the dispatcher's, 50 ms) is answered then with ``DeadlineExceededError``,
+        by a timer (``_expiry``), and a replica never takes a query whose deadline passed."""
         if not isinstance(model, str) or not model:
             raise ValidationError("model", "a non-empty str", model)
         if model in self._queues:
@@ -111,9 +123,10 @@ class Dispatcher:
             raise ValidationError("max_queue", "an int >= 1", max_queue)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValidationError("max_retries", "an int >= 0", max_retries)
+        grace = self._expire_grace_s if expire_grace_s is None else _check_grace(expire_grace_s)
         policy = batching if batching is not None else FixedBatching(1)
         self._check_policy(policy)
-        q = _ModelQueue(model, policy, max_queue, bool(expire_late), max_retries)
+        q = _ModelQueue(model, policy, max_queue, bool(expire_late), max_retries, grace)
         self._queues[model] = q
         handles = self._known.pop(model, None)
         if handles is None:
@@ -231,6 +244,7 @@ class Dispatcher:
     def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is None:
             self._loop = loop
+            self._expiry.loop = loop
         elif self._loop is not loop:
             raise BackendError("dispatcher", "used from a second event loop")
 
@@ -278,6 +292,8 @@ class Dispatcher:
             ),
         )
         q.submitted += 1
+        if q.expire_late and deadline < q.expiry_deadline:
+            self._expiry.arm(q)  # the earliest deadline now: its timer
         self._instant.activity += 1  # an arrival: part of the current instant
         if q.idle:
             _wake(q)
@@ -377,6 +393,7 @@ class Dispatcher:
         ``BackendError`` (never dropped). Idempotent."""
         self._pool.closed = True
         for q in self._queues.values():
+            self._expiry.disarm(q)
             items = list(q.heap)
             q.heap.clear()  # in place: pullers hold this list
             for item in items:

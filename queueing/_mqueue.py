@@ -48,8 +48,11 @@ class _ModelQueue:
         "batches",
         "cancelled",
         "completed",
+        "expire_grace_s",
         "expire_late",
         "expired",
+        "expiry_deadline",
+        "expiry_timer",
         "failed",
         "failed_batches",
         "handles",
@@ -80,11 +83,18 @@ class _ModelQueue:
         max_queue: int,
         expire_late: bool,
         max_retries: int,
+        expire_grace_s: float = 0.05,
     ) -> None:
         self.name = name
         self.policy = policy
         self.max_queue = max_queue
         self.expire_late = expire_late
+        self.expire_grace_s = expire_grace_s
+        # the expiry timer (``_expiry``): armed for the earliest queued deadline plus the
+        # grace while ``expire_late`` is on; ``expiry_deadline`` is the deadline it is armed
+        # for (inf: none armed)
+        self.expiry_timer: asyncio.TimerHandle | None = None
+        self.expiry_deadline = math.inf
         self.max_retries = max_retries
         self.heap: list[tuple[Any, ...]] = []
         self.pullers: dict[str, _Puller] = {}

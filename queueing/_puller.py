@@ -30,12 +30,12 @@ from typing import Any
 
 from inferline.core.errors import (
     BackendError,
-    DeadlineExceededError,
     InferlineError,
     ReplicaError,
 )
 from inferline.core.protocols import ReplicaHandle
 
+from ._expiry import _Expiry
 from ._instant import _Instant
 from ._mqueue import (
     _DEADLINE,
@@ -61,7 +61,8 @@ Listener = Callable[[ArrivalEvent | BatchEvent], None]
 
 class _PullerPool:
     """The pullers of one dispatcher and what they share: the clock, the same-instant
-    barrier, the retry cooldown, the listeners and the dispatcher's ``closed`` flag (set by
+    barrier, the retry cooldown, the listeners, the expiry timers and the dispatcher's
+    ``closed`` flag (set by
     ``Dispatcher.close``: pullers stop at their next step and failed batches are no longer
     retried)."""
 
@@ -71,9 +72,11 @@ class _PullerPool:
         instant: _Instant,
         cooldown_s: float,
         listeners: list[Listener],
+        expiry: _Expiry,
     ) -> None:
         self.clock = clock
         self.instant = instant
+        self.expiry = expiry
         self.cooldown_s = cooldown_s
         self.listeners = listeners  # the dispatcher's list, shared
         self.tasks: set[asyncio.Task[None]] = set()
@@ -142,16 +145,9 @@ class _PullerPool:
                 q.cancelled += 1
             elif q.expire_late and head[_DEADLINE] < now:
                 heapq.heappop(heap)
-                self._expire(q, head, now)
+                self.expiry.expire(q, head, now)
             else:
                 return
-
-    def _expire(self, q: _ModelQueue, item: tuple[Any, ...], now: float) -> None:
-        q.expired += 1
-        q.failed += 1
-        item[_FUT].set_exception(DeadlineExceededError(q.name, now - item[_DEADLINE]))
-        _deliver(item)
-        self.instant.activity += 1
 
     async def _pull(self, q: _ModelQueue, p: _Puller, loop: asyncio.AbstractEventLoop) -> None:
         heap = q.heap
@@ -167,6 +163,8 @@ class _PullerPool:
                     return
                 now = self.clock()
                 self._purge_head(q, now)
+                if q.expire_late:
+                    self.expiry.arm(q)  # the head may have moved on
                 if not heap:
                     continue
                 head = heap[0]
@@ -180,9 +178,11 @@ class _PullerPool:
                     if item[_FUT].done():
                         q.cancelled += 1
                     elif q.expire_late and item[_DEADLINE] < now:
-                        self._expire(q, item, now)
+                        self.expiry.expire(q, item, now)
                     else:
                         batch.append(item)
+                if q.expire_late:
+                    self.expiry.arm(q)  # the head moved on
                 if batch:
                     await self._run_batch(q, p, batch)
         finally:
@@ -291,5 +291,8 @@ class _PullerPool:
                 fut.set_exception(error)
                 _deliver(item)
                 q.failed += 1
-        if requeued and q.idle:
-            _wake(q)
+        if requeued:
+            if q.expire_late:
+                self.expiry.arm(q)  # a retried query may now be the earliest deadline
+            if q.idle:
+                _wake(q)
