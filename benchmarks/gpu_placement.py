@@ -44,7 +44,7 @@ from inferline.core import (
     PlannerOptions,
     save,
 )
-from inferline.core._planning import over_inventory
+from inferline.core.planning import over_inventory
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.pipeline import sample_inputs
 from inferline.deploy._format import Deployment

@@ -41,6 +41,7 @@ from inferline.core import (
     PipelineVariants,
     Profiles,
     VariantController,
+    VariantPlan,
     gamma_trace,
     plan_with_variants,
     plan_with_variants_section,
@@ -49,7 +50,6 @@ from inferline.core import (
     varying_trace,
     with_ladder,
 )
-from inferline.core._variants import VariantPlan
 
 SLO_S = 0.3
 RATE = 60.0

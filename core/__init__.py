@@ -1,19 +1,14 @@
 """Backend-agnostic brain of inferline: formats, workloads, profiles, estimator, planner, tuner.
 
-Pure: no sockets, no processes, no wall clock.
+Pure: no sockets, no processes, no wall clock. The formats and workloads are the modules at
+the top (``_hardware``, ``_pipeline``, ``_profiles``, ``_plan``, ``_variants``, ``_trace``,
+``_envelope``, ``_io``, ``_wire``); the three engines are subpackages: ``estimator/`` (the
+discrete-event latency estimator), ``planning/`` (InferLine's search, its miss bound, the
+tuner's ladder, the coarse-grained baselines, planning with variants) and ``tuner/`` (the
+InferLine tuner, variant switching, the AutoScale baseline). Dependencies point one way:
+formats <- estimator <- planning <- tuner.
 """
 
-from ._autoscale import (
-    AutoScaleConfig,
-    AutoScaleController,
-    AutoScaleDecision,
-    AutoScalePolicy,
-    AutoScaleState,
-    packing_factor,
-    pipeline_unit,
-)
-from ._baselines import STRATEGIES, coarse_grained_configs, make_plan, plan_cg_mean, plan_cg_peak
-from ._capacity import InventoryCap
 from ._envelope import (
     MAX_ENVELOPE_WINDOW_S,
     OnlineEnvelope,
@@ -21,21 +16,8 @@ from ._envelope import (
     envelope_windows,
     trace_envelope,
 )
-from ._estimator import (
-    MAX_SHARERS_PER_UNIT,
-    Controller,
-    EstimatorOptions,
-    ModelSimStats,
-    SimResult,
-    StageSwitch,
-    SystemState,
-    draw_visits,
-    simulate,
-    simulate_plan,
-)
 from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatalog
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
-from ._ladder import LADDER_FACTORS, capacity_factor, pin_hardware, plan_ladder, with_ladder
 from ._pipeline import PIPELINE_FORMAT, Pipeline
 from ._plan import (
     PLAN_FORMAT,
@@ -45,15 +27,6 @@ from ._plan import (
     PlanVariants,
     TunerInputs,
     TunerModel,
-)
-from ._planner import Planner, plan_inferline
-from ._planning import (
-    PlannerOptions,
-    PlannerStats,
-    PlanProgress,
-    fastest_hardware,
-    tuner_inputs,
-    usable_hardware,
 )
 from ._profiles import PROFILES_FORMAT, BatchProfile, Profiles, WakeProfile
 from ._trace import (
@@ -70,26 +43,12 @@ from ._trace import (
     split_trace,
     varying_trace,
 )
-from ._tuner import (
-    InferLineController,
-    Tuner,
-    TunerConfig,
-    TunerDecision,
-    TunerPolicy,
-    TunerState,
-)
-from ._variant_controller import VariantController
 from ._variants import (
     VARIANTS_FORMAT,
     PipelineVariants,
     StageVariants,
-    VariantDecision,
-    VariantPlan,
     VariantSpec,
-    VariantTuner,
     pipeline_accuracy,
-    plan_with_variants,
-    plan_with_variants_section,
     stage_profiles,
 )
 from ._wire import (
@@ -114,7 +73,61 @@ from .errors import (
     StorageError,
     ValidationError,
 )
+from .estimator import (
+    MAX_SHARERS_PER_UNIT,
+    Controller,
+    EstimatorOptions,
+    ModelSimStats,
+    SimResult,
+    StageSwitch,
+    SystemState,
+    draw_visits,
+    simulate,
+    simulate_plan,
+)
+from .planning import (
+    LADDER_FACTORS,
+    STRATEGIES,
+    Planner,
+    PlannerOptions,
+    PlannerStats,
+    PlanProgress,
+    VariantPlan,
+    capacity_factor,
+    coarse_grained_configs,
+    fastest_hardware,
+    make_plan,
+    pin_hardware,
+    plan_cg_mean,
+    plan_cg_peak,
+    plan_inferline,
+    plan_ladder,
+    plan_with_variants,
+    plan_with_variants_section,
+    tuner_inputs,
+    usable_hardware,
+    with_ladder,
+)
 from .protocols import Backend, ModelSpec, ReplicaHandle
+from .tuner import (
+    AutoScaleConfig,
+    AutoScaleController,
+    AutoScaleDecision,
+    AutoScalePolicy,
+    AutoScaleState,
+    InferLineController,
+    InventoryCap,
+    Tuner,
+    TunerConfig,
+    TunerDecision,
+    TunerPolicy,
+    TunerState,
+    VariantController,
+    VariantDecision,
+    VariantTuner,
+    packing_factor,
+    pipeline_unit,
+)
 
 __all__ = [
     "DEFAULT_CATALOG",

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._hardware import HardwareCatalog
+from ._pipeline import Pipeline
+from ._profiles import Profiles
 from ._validate import (
     as_float,
     as_int,
@@ -17,6 +19,7 @@ from ._validate import (
     no_extra_keys,
     req,
 )
+from ._variants import PipelineVariants
 from .errors import NotFoundError, ValidationError
 
 __all__ = [
@@ -193,9 +196,9 @@ class PlanVariants:
     """Which variant serves each variant stage of a plan made with variants, and what a live
     tuner needs to switch them later: the variants document (``inferline.variants/1``), the
     pipeline graph (``inferline.pipeline/1``) and the profiles (``inferline.profiles/1``) of
-    every stage and variant on the planned hardware. Kept as documents (``core._variants``,
-    which imports this module, parses them; ``Plan.from_dict`` checks them), so the plan file
-    alone is enough for ``inferline serve``."""
+    every stage and variant on the planned hardware. Kept as documents (``Plan.from_dict``
+    checks that they parse, with ``core/_variants.py`` and the pipeline and profile formats),
+    so the plan file alone is enough for ``inferline serve``."""
 
     choice: Mapping[str, str]  # stage -> the variant (a model name) serving it
     accuracy: float
@@ -245,9 +248,6 @@ class PlanVariants:
 def _check_variants(v: PlanVariants, models: Mapping[str, ModelConfig]) -> None:
     """The documents parse, describe this plan's stages, and profile every variant on its
     stage's planned hardware (what the tuner prices a switch with)."""
-    from ._pipeline import Pipeline
-    from ._profiles import Profiles
-    from ._variants import PipelineVariants
 
     def refused(what: str, e: ValidationError | NotFoundError) -> ValidationError:
         if isinstance(e, ValidationError):

@@ -26,7 +26,7 @@ from inferline.core import (
     gamma_trace,
     plan_inferline,
 )
-from inferline.core._planning import inventory_use
+from inferline.core.planning import inventory_use
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.models import preprocess
 from inferline.demo.pipeline import sample_inputs

@@ -506,8 +506,7 @@ def test_attach_profile_plan_deploy_serve_across_triton_and_the_bundled_runtime(
     from triton_harness import load_digits_split
 
     from inferline.adapters.local import LocalBackend
-    from inferline.core import Pipeline, Profiles, gamma_trace
-    from inferline.core._planner import plan_inferline
+    from inferline.core import Pipeline, Profiles, gamma_trace, plan_inferline
     from inferline.measure._profiler import ProfilerOptions, profile_models
     from inferline.queueing import Dispatcher, FixedBatching, PipelineRunner
 
@@ -664,9 +663,11 @@ def test_a_stage_moves_between_model_variants_on_triton(
     stage ``cls``. The plan's variant is loaded and the other deployed unloaded; a new plan
     moves the stage to the other while queries flow, loading it before the stage moves and
     unloading the first after its queue drained. Every query is answered."""
-    from inferline.core import Pipeline, Plan, Profiles
-    from inferline.core._variants import (
+    from inferline.core import (
+        Pipeline,
         PipelineVariants,
+        Plan,
+        Profiles,
         VariantPlan,
         plan_with_variants_section,
     )

@@ -17,12 +17,10 @@ from live_burst import SHORT_TUNER, burst_offsets, planned_inputs, replay_and_wa
 from inferline.core import (
     ModelConfig,
     Pipeline,
+    PipelineVariants,
     Plan,
     Profiles,
     ValidationError,
-)
-from inferline.core._variants import (
-    PipelineVariants,
     VariantPlan,
     plan_with_variants_section,
 )

@@ -21,9 +21,9 @@ from inferline.core import (
     plan_inferline,
     simulate,
 )
-from inferline.core._estimator import SPREAD_Z_CLIP, spread_floor, spread_params
-from inferline.core._planner_core import PlannerCore
 from inferline.core._profiles import BatchProfile
+from inferline.core.estimator import SPREAD_Z_CLIP, spread_floor, spread_params
+from inferline.core.planning import PlannerCore
 
 ONE = Pipeline("one", ("a",), ())
 CFG = {"a": ModelConfig("cpu", 1, 1)}

@@ -16,10 +16,10 @@ from inferline.core import (
     Profiles,
     ValidationError,
     WakeProfile,
+    pin_hardware,
     simulate,
+    stage_profiles,
 )
-from inferline.core._ladder import pin_hardware
-from inferline.core._variants import stage_profiles
 
 # +1 ms after 10 ms idle, +3 ms after 50 ms or more; linear in between and from 0 at no idle
 WAKE = WakeProfile((0.010, 0.050), (0.001, 0.003))

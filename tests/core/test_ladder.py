@@ -504,7 +504,7 @@ def test_after_the_stabilization_delay_a_rise_alone_moves_nothing_up():
 
 
 def test_a_burst_is_not_a_rise_but_a_ramp_is():
-    from inferline.core._tuner import _rise
+    from inferline.core.tuner._ladder_rule import _rise
 
     ticks = [round(0.1 * i, 10) for i in range(101)]  # 10 s of 5 s-window counts
     ramp = tuple((t, 500.0 + 30.0 * t) for t in ticks)  # the 5 s rate rises 6 q/s per s

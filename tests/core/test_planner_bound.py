@@ -15,9 +15,9 @@ from inferline.core import (
     gamma_trace,
     simulate,
 )
-from inferline.core._estimator import spread_floor
-from inferline.core._planbound import MissBound
 from inferline.core._profiles import BatchProfile
+from inferline.core.estimator import spread_floor
+from inferline.core.planning import MissBound
 
 PIPE = Pipeline(
     "diamond",

@@ -20,7 +20,7 @@ from inferline.core import (
     make_plan,
     plan_inferline,
 )
-from inferline.core._planning import inventory_use, over_inventory
+from inferline.core.planning import inventory_use, over_inventory
 
 
 def _fan(seed: int):

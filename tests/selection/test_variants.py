@@ -13,22 +13,20 @@ from inferline.core import (
     InfeasibleError,
     InferLineController,
     Pipeline,
+    PipelineVariants,
     Profiles,
     ValidationError,
     VariantController,
-    gamma_trace,
-    make_plan,
-    simulate,
-    with_ladder,
-)
-from inferline.core._variants import (
-    PipelineVariants,
     VariantPlan,
     VariantTuner,
+    gamma_trace,
+    make_plan,
     pipeline_accuracy,
     plan_with_variants,
     plan_with_variants_section,
+    simulate,
     stage_profiles,
+    with_ladder,
 )
 
 PIPE = Pipeline("p", ("pre", "cls"), (("pre", "cls"),))

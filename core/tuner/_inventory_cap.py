@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ._estimator import Controller, StageSwitch, SystemState
-from ._hardware import HardwareCatalog
-from ._plan import ModelConfig
-from ._planning import PlannerOptions, over_inventory
+from .._hardware import HardwareCatalog
+from .._plan import ModelConfig
+from ..estimator import Controller, StageSwitch, SystemState
+from ..planning import PlannerOptions, over_inventory
 
 __all__ = ["InventoryCap"]
 

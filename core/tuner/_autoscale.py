@@ -34,14 +34,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._estimator import EstimatorOptions, SystemState, simulate
-from ._hardware import DEFAULT_CATALOG, HardwareCatalog
-from ._pipeline import Pipeline
-from ._plan import ModelConfig, Plan
-from ._profiles import Profiles
-from ._trace import gamma_trace
-from ._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys, req
-from .errors import ValidationError
+from .._hardware import DEFAULT_CATALOG, HardwareCatalog
+from .._pipeline import Pipeline
+from .._plan import ModelConfig, Plan
+from .._profiles import Profiles
+from .._trace import gamma_trace
+from .._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys, req
+from ..errors import ValidationError
+from ..estimator import EstimatorOptions, SystemState, simulate
 
 __all__ = [
     "AutoScaleConfig",

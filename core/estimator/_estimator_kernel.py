@@ -2,7 +2,7 @@
 
 All mutable simulation state lives in the arrays of a :class:`KState` named tuple, so a run can
 stop at any time ``t_stop`` (before the events of that instant) and resume later: the Python
-driver in ``_estimator.py`` uses this to apply replica schedules and controller decisions.
+driver (``_simulate.py``) uses this to apply replica schedules and controller decisions.
 
 Indexing: models are numbered in topological order; a visit of query ``i`` to model ``m`` is the
 flat index ``i * M + m``. A model (a pipeline stage) has one queue; its replicas may run

@@ -1,5 +1,4 @@
-"""What the planners share: options, progress reports, statistics, the hardware choices of
-InferLine's initialization, and the tuner's inputs written into every plan."""
+"""What every planner takes and reports: options, progress reports and statistics."""
 
 from __future__ import annotations
 
@@ -7,29 +6,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from .._validate import as_float, as_int, as_mapping, no_extra_keys
+from ..errors import ValidationError
+from ..estimator import EstimatorOptions
 
-from ._envelope import envelope_windows
-from ._estimator import EstimatorOptions
-from ._hardware import HardwareCatalog
-from ._pipeline import Pipeline
-from ._plan import ModelConfig, TunerInputs, TunerModel
-from ._profiles import Profiles
-from ._trace import max_arrivals_in_window, mean_rate
-from ._validate import as_float, as_int, as_mapping, no_extra_keys
-from .errors import NotFoundError, ValidationError
-
-__all__ = [
-    "PlanProgress",
-    "PlannerOptions",
-    "PlannerStats",
-    "ProgressFn",
-    "fastest_hardware",
-    "inventory_use",
-    "over_inventory",
-    "tuner_inputs",
-    "usable_hardware",
-]
+__all__ = ["PlanProgress", "PlannerOptions", "PlannerStats", "ProgressFn"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +19,7 @@ class PlannerOptions:
 
     ``estimator``: passed to every simulation (seed of the conditional visits, hop overhead...).
     ``prune``: skip simulations that :class:`MissBound` proves infeasible.
-    ``reuse_infeasible``: see the module doc.
+    ``reuse_infeasible``: see the search's module doc (``_search.py``).
     ``max_replicas``: per model; reaching it while initializing raises InfeasibleError.
     ``escape``: after Algorithm 2 converges, try to leave its local optimum (see
     :meth:`Planner.escape`); ``False`` gives the paper's algorithm exactly.
@@ -166,98 +147,3 @@ class PlannerStats:
 
 
 ProgressFn = Callable[[PlanProgress], None]
-
-
-def usable_hardware(profiles: Profiles, model: str, catalog: HardwareCatalog) -> list[str]:
-    """The hardware ``model`` is profiled on that the catalog prices (profile order)."""
-    if model not in profiles.models:
-        raise NotFoundError("profiled model", model, sorted(profiles.models))
-    hws = [h for h in profiles.hardware_for(model) if h in catalog]
-    if not hws:
-        raise ValidationError(
-            f"profiles.{model}",
-            f"a profile on hardware from the catalog {catalog.names()!r}",
-            profiles.hardware_for(model),
-        )
-    return hws
-
-
-def fastest_hardware(profiles: Profiles, model: str, catalog: HardwareCatalog) -> str:
-    """Lowest batch-1 latency; ties go to the cheaper, then the earlier-listed hardware."""
-    hws = usable_hardware(profiles, model, catalog)
-    return min(hws, key=lambda h: (profiles.latency(model, h, 1), catalog.cost(h), hws.index(h)))
-
-
-def replica_use(
-    model: str,
-    hardware: str,
-    catalog: HardwareCatalog,
-    replica_units: Mapping[str, int] | None = None,
-    gpu_host_units: Mapping[str, int] | None = None,
-) -> dict[str, int]:
-    """Units of each kind one replica of ``model`` on ``hardware`` takes: on a CPU kind its
-    ``replica_units`` (threads, default 1); on a GPU one, plus its ``gpu_host_units`` of
-    ``cpu`` when it has any."""
-    if catalog[hardware].kind == "cpu":
-        return {hardware: (replica_units or {}).get(model, 1)}
-    use = {hardware: 1}
-    host = (gpu_host_units or {}).get(model, 0)
-    if host:
-        use["cpu"] = host
-    return use
-
-
-def inventory_use(
-    configs: Mapping[str, ModelConfig],
-    catalog: HardwareCatalog,
-    replica_units: Mapping[str, int] | None = None,
-    gpu_host_units: Mapping[str, int] | None = None,
-) -> dict[str, int]:
-    """Units of each hardware kind ``configs`` take (:func:`replica_use` times replicas)."""
-    use: dict[str, int] = {}
-    for m, c in configs.items():
-        for h, n in replica_use(m, c.hardware, catalog, replica_units, gpu_host_units).items():
-            use[h] = use.get(h, 0) + c.replicas * n
-    return use
-
-
-def over_inventory(
-    configs: Mapping[str, ModelConfig], catalog: HardwareCatalog, options: PlannerOptions
-) -> str | None:
-    """What ``configs`` need beyond ``options.inventory`` ("cpu: 6 > 4"), or None if they fit."""
-    use = inventory_use(configs, catalog, options.replica_units, options.gpu_host_units)
-    over = [
-        f"{h}: {use[h]} > {n}" for h, n in sorted(options.inventory.items()) if use.get(h, 0) > n
-    ]
-    return ", ".join(over) or None
-
-
-# -- the tuner's inputs (InferLine §5 "Initialization") -------------------------------------
-def tuner_inputs(
-    pipeline: Pipeline,
-    profiles: Profiles,
-    configs: Mapping[str, ModelConfig],
-    trace: np.ndarray,
-) -> TunerInputs:
-    """Traffic envelope of the planning trace and per-model figures for the tuner.
-
-    Service time: the critical path of the planned batch latencies. Envelope: max arrivals in
-    windows from the service time doubling up to 60 s. Per model: scale factor, single-replica
-    throughput at the planned batch size and hardware (``Profiles.throughput``), and the
-    max-provisioning ratio ``rho = mean_rate * s / (replicas * throughput)``.
-    """
-    lat = {
-        m: profiles.latency(m, configs[m].hardware, configs[m].max_batch_size)
-        for m in pipeline.models
-    }
-    service, _ = pipeline.critical_path(lat)
-    rate = mean_rate(trace)
-    envelope = tuple((w, max_arrivals_in_window(trace, w)) for w in envelope_windows(service))
-    models = {}
-    for m in pipeline.models:
-        c = configs[m]
-        mu = profiles.throughput(m, c.hardware, c.max_batch_size)
-        s = pipeline.scale_factor(m)
-        rho = rate * s / (max(1, c.replicas) * mu)
-        models[m] = TunerModel(scale_factor=s, throughput_qps=mu, max_provisioning_ratio=rho)
-    return TunerInputs(service_time_s=service, envelope=envelope, mean_rate_qps=rate, models=models)

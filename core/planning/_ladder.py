@@ -25,19 +25,28 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
-from ._estimator import simulate
-from ._hardware import DEFAULT_CATALOG, HardwareCatalog
-from ._pipeline import Pipeline
-from ._plan import LadderStep, ModelConfig, Plan
-from ._planning import PlannerOptions
-from ._profiles import Profiles
-from ._trace import compress
-from .errors import InfeasibleError, ValidationError
+from .._hardware import DEFAULT_CATALOG, HardwareCatalog
+from .._pipeline import Pipeline
+from .._plan import LadderStep, ModelConfig, Plan
+from .._profiles import Profiles
+from .._trace import compress
+from ..errors import InfeasibleError, ValidationError
+from ..estimator import simulate
+from ._inferline import plan_inferline
+from ._options import PlannerOptions
 
-__all__ = ["LADDER_FACTORS", "capacity_factor", "pin_hardware", "plan_ladder", "with_ladder"]
+__all__ = [
+    "LADDER_FACTORS",
+    "capacity_factor",
+    "largest_feasible",
+    "pin_hardware",
+    "plan_ladder",
+    "with_ladder",
+]
 
 # Rate factors over the planning trace's mean; finer near 1 where most excursions are. The
 # greedy planner's answers are not monotone in the rate (a re-plan for 2.2x can cost little more
@@ -147,8 +156,6 @@ def plan_ladder(
     is the cheapest). ``progress(factor, step_or_None)`` is called after each factor, in
     factor order. ``workers``: threads planning factors at once (default: one per CPU).
     """
-    from ._planner import plan_inferline  # the planner imports this module's users
-
     if plan.tuner is None:
         raise ValidationError("plan.tuner", "tuner inputs (re-run the planner)", None)
     fs = sorted(float(f) for f in factors)
@@ -204,6 +211,11 @@ def plan_ladder(
                 fut.cancel()  # the ladder stops at the first infeasible factor (or an error)
         first = (1.0, dict(plan.models), plan.cost_per_hour)
         cands = [s for s in pool.map(capacity, [first, *found]) if s is not None]
+    return _cheapest_steps(cands)
+
+
+def _cheapest_steps(cands: Sequence[LadderStep]) -> tuple[LadderStep, ...]:
+    """The steps no other step proven for at least their rate serves as cheaply, by rate."""
     keep = [
         s
         for s in cands
@@ -230,8 +242,6 @@ def with_ladder(
     **kw: object,
 ) -> Plan:
     """``plan`` with :func:`plan_ladder`'s steps in its tuner inputs."""
-    from dataclasses import replace
-
     steps = plan_ladder(pipeline, profiles, trace, plan, **kw)  # type: ignore[arg-type]
     assert plan.tuner is not None
     return replace(plan, tuner=replace(plan.tuner, ladder=steps))

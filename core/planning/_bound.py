@@ -41,11 +41,11 @@ from collections.abc import Mapping
 import numba
 import numpy as np
 
-from ._estimator import draw_visits
-from ._hardware import HardwareCatalog
-from ._pipeline import Pipeline
-from ._plan import ModelConfig
-from ._profiles import Profiles
+from .._hardware import HardwareCatalog
+from .._pipeline import Pipeline
+from .._plan import ModelConfig
+from .._profiles import Profiles
+from ..estimator import draw_visits
 
 __all__ = ["MissBound"]
 

@@ -1,5 +1,5 @@
-"""The planner InferLine runs: Algorithms 1 and 2 (``_planner_core.py``) plus two extensions
-that only ever lower the cost or add slack, and :func:`plan_inferline`.
+"""The planner InferLine runs: the search of Algorithms 1 and 2 (``_search.py``) plus two
+extensions that only ever lower the cost or add slack, and :func:`plan_inferline`.
 
 Escape (an extension, ``PlannerOptions(escape=False)`` turns it off)
     Algorithm 2 stops in local optima where moving one model to cheaper hardware (or a larger
@@ -23,13 +23,15 @@ from dataclasses import replace
 
 import numpy as np
 
-from ._estimator import simulate
-from ._hardware import DEFAULT_CATALOG, HardwareCatalog
-from ._pipeline import Pipeline
-from ._plan import ModelConfig, Plan
-from ._planner_core import _EPS, Configs, Key, PlannerCore
-from ._planning import PlannerOptions, ProgressFn, tuner_inputs
-from ._profiles import Profiles
+from .._hardware import DEFAULT_CATALOG, HardwareCatalog
+from .._pipeline import Pipeline
+from .._plan import ModelConfig, Plan
+from .._profiles import Profiles
+from ..estimator import simulate
+from ._options import PlannerOptions, ProgressFn
+from ._search import PlannerCore
+from ._space import _EPS, Configs, Key
+from ._tuner_inputs import tuner_inputs
 
 __all__ = ["Planner", "plan_inferline"]
 

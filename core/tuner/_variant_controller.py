@@ -4,7 +4,7 @@
 simulates a plan made with model variants with the tuner that may switch stages, as the live
 tuner does (``inferline serve``): a switch starts the new variant's replicas, which take the
 stage over after the activation delay, when the old variant's replicas leave
-(``StageSwitch`` in ``_estimator.py``).
+(``StageSwitch`` of the estimator).
 
 The estimator serves a stage from its own profile, which for a plan made with variants is the
 profile of the variant the plan chose (``stage_profiles``); a switch back to that variant is
@@ -19,10 +19,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._envelope import OnlineEnvelope
-from ._estimator import StageSwitch
-from ._plan import ModelConfig, Plan
-from ._tuner import TunerConfig, TunerDecision
+from .._envelope import OnlineEnvelope
+from .._plan import ModelConfig, Plan
+from ..estimator import StageSwitch
+from ._config import TunerConfig
+from ._state import TunerDecision
 from ._variants import VariantDecision, VariantTuner
 
 __all__ = ["VariantController"]

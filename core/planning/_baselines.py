@@ -24,29 +24,23 @@ the black-box method has no way to.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
 from typing import Literal
 
 import numpy as np
 
-from ._estimator import simulate
-from ._hardware import DEFAULT_CATALOG, HardwareCatalog
-from ._pipeline import Pipeline
-from ._plan import ModelConfig, Plan
-from ._planner import plan_inferline
-from ._planning import PlannerOptions, ProgressFn, fastest_hardware, over_inventory, tuner_inputs
-from ._profiles import Profiles
-from ._trace import mean_rate, peak_rate
-from ._validate import as_float
-from .errors import InfeasibleError, NotFoundError
+from .._hardware import DEFAULT_CATALOG, HardwareCatalog
+from .._pipeline import Pipeline
+from .._plan import ModelConfig, Plan
+from .._profiles import Profiles
+from .._trace import mean_rate, peak_rate
+from .._validate import as_float
+from ..errors import InfeasibleError
+from ..estimator import simulate
+from ._options import PlannerOptions, ProgressFn
+from ._placement import fastest_hardware, over_inventory
+from ._tuner_inputs import tuner_inputs
 
-__all__ = [
-    "STRATEGIES",
-    "coarse_grained_configs",
-    "make_plan",
-    "plan_cg_mean",
-    "plan_cg_peak",
-]
+__all__ = ["coarse_grained_configs", "plan_cg_mean", "plan_cg_peak"]
 
 
 def coarse_grained_configs(
@@ -151,41 +145,3 @@ def plan_cg_peak(
     """CG-Peak: the pipeline replicated as a unit for the peak rate over SLO-long windows."""
     opts = options or PlannerOptions()
     return _plan_cg("peak", pipeline, profiles, trace, slo_s, percentile, catalog, opts)
-
-
-PlanFn = Callable[..., Plan]
-
-STRATEGIES: Mapping[str, PlanFn] = {
-    "inferline": plan_inferline,
-    "cg-mean": plan_cg_mean,
-    "cg-peak": plan_cg_peak,
-}
-
-
-def make_plan(
-    strategy: str,
-    pipeline: Pipeline,
-    profiles: Profiles,
-    trace: np.ndarray,
-    slo_s: float,
-    *,
-    percentile: float = 99.0,
-    catalog: HardwareCatalog = DEFAULT_CATALOG,
-    options: PlannerOptions | None = None,
-    progress: ProgressFn | None = None,
-) -> Plan:
-    """Plan with a named strategy: ``inferline``, ``cg-mean`` or ``cg-peak``."""
-    try:
-        fn = STRATEGIES[strategy]
-    except KeyError:
-        raise NotFoundError("planning strategy", strategy, sorted(STRATEGIES)) from None
-    return fn(
-        pipeline,
-        profiles,
-        trace,
-        slo_s,
-        percentile=percentile,
-        catalog=catalog,
-        options=options,
-        progress=progress,
-    )

@@ -1,0 +1,43 @@
+"""Discrete-event latency estimator (the contract of DESIGN.md "Estimator semantics").
+
+One EDF queue per model, pull-based identical replicas taking ``min(max_batch_size, queued)``
+queries at once, all arrivals and completions of an instant applied before any replica takes
+a batch, fan-out to visited children, joins on the last visited parent, seeded conditional
+visits. Optional: per-hop overhead, delayed batching, replica activation delay, replica-count
+schedules and a controller (tuner) called every ``interval_s`` of simulated time, which may
+also switch a stage to another model variant (:class:`StageSwitch`).
+
+Where things are:
+
+* ``_simulate.py``: :func:`simulate`, which drives the kernel segment by segment (between
+  schedule entries and controller calls) and summarizes the result;
+* ``_estimator_kernel.py``: the compiled event loop (numba);
+* ``_options.py``: :class:`EstimatorOptions`; ``_results.py``: :class:`SimResult`;
+  ``_control.py``: the controller interface (:class:`Controller`, :class:`SystemState`,
+  :class:`StageSwitch`);
+* ``_prepare.py``: inputs checked and laid out as the kernel's arrays; ``_state.py``: the
+  kernel's state (created, grown, read back); ``_draws.py``: the seeded visit and
+  service-spread draws.
+"""
+
+from ._control import Controller, StageSwitch, SystemState
+from ._draws import SPREAD_Z_CLIP, draw_visits, spread_floor, spread_params
+from ._options import MAX_SHARERS_PER_UNIT, EstimatorOptions
+from ._results import ModelSimStats, SimResult
+from ._simulate import simulate, simulate_plan
+
+__all__ = [
+    "MAX_SHARERS_PER_UNIT",
+    "SPREAD_Z_CLIP",
+    "Controller",
+    "EstimatorOptions",
+    "ModelSimStats",
+    "SimResult",
+    "StageSwitch",
+    "SystemState",
+    "draw_visits",
+    "simulate",
+    "simulate_plan",
+    "spread_floor",
+    "spread_params",
+]

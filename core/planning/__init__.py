@@ -1,0 +1,77 @@
+"""Planning: a configuration (hardware, batch size, replicas per model) for a pipeline, a
+sample trace and a latency SLO, at the lowest cost.
+
+Where things are:
+
+* ``_search.py``: InferLine's search, Algorithms 1 and 2 (:class:`PlannerCore`), over
+  ``_space.py`` (:class:`SearchSpace`: configurations, their cost, the cached feasibility
+  judgement, the inventory's room);
+* ``_bound.py``: the sound lower bound on SLO misses that skips hopeless simulations
+  (:class:`MissBound`);
+* ``_inferline.py``: the planner InferLine runs, the search plus its extensions (escape, widen)
+  (:class:`Planner`, :func:`plan_inferline`);
+* ``_baselines.py``: the coarse-grained baselines CG-Mean and CG-Peak; ``_strategies.py``:
+  planning with a named strategy (:func:`make_plan`);
+* ``_ladder.py``: the tuner's ladder, re-plans of the planned hardware for higher rates;
+* ``_variants.py``: planning with model variants under an accuracy floor;
+* ``_options.py``: :class:`PlannerOptions`, progress and statistics; ``_placement.py``: the
+  hardware a model may use and the inventory its replicas take; ``_tuner_inputs.py``: the
+  tuner's inputs every plan carries.
+"""
+
+from ._baselines import coarse_grained_configs, plan_cg_mean, plan_cg_peak
+from ._bound import MissBound
+from ._inferline import Planner, plan_inferline
+from ._ladder import (
+    LADDER_FACTORS,
+    capacity_factor,
+    largest_feasible,
+    pin_hardware,
+    plan_ladder,
+    with_ladder,
+)
+from ._options import PlannerOptions, PlannerStats, PlanProgress, ProgressFn
+from ._placement import (
+    fastest_hardware,
+    inventory_use,
+    over_inventory,
+    replica_use,
+    usable_hardware,
+)
+from ._search import PlannerCore
+from ._space import SearchSpace
+from ._strategies import STRATEGIES, make_plan
+from ._tuner_inputs import tuner_inputs
+from ._variants import VariantPlan, plan_with_variants, plan_with_variants_section
+
+__all__ = [
+    "LADDER_FACTORS",
+    "STRATEGIES",
+    "MissBound",
+    "PlanProgress",
+    "Planner",
+    "PlannerCore",
+    "PlannerOptions",
+    "PlannerStats",
+    "ProgressFn",
+    "SearchSpace",
+    "VariantPlan",
+    "capacity_factor",
+    "coarse_grained_configs",
+    "fastest_hardware",
+    "inventory_use",
+    "largest_feasible",
+    "make_plan",
+    "over_inventory",
+    "pin_hardware",
+    "plan_cg_mean",
+    "plan_cg_peak",
+    "plan_inferline",
+    "plan_ladder",
+    "plan_with_variants",
+    "plan_with_variants_section",
+    "replica_use",
+    "tuner_inputs",
+    "usable_hardware",
+    "with_ladder",
+]

@@ -1,0 +1,264 @@
+"""What the search walks over: a pipeline's configurations, their cost and the cached
+feasibility judgement, the inventory's room, and each model's hardware and batch ladder.
+
+:class:`SearchSpace` is the base of the search (``_search.py``, InferLine's Algorithms 1 and 2):
+every feasibility judgement is the estimator's ``percentile``-th latency on the planning trace
+being at most the SLO, cached by configuration, with the sound miss bound (``_bound.py``)
+skipping simulations whose answer it knows, and a configuration that needs more than the
+inventory never feasible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from .._hardware import DEFAULT_CATALOG, HardwareCatalog
+from .._pipeline import Pipeline
+from .._plan import ModelConfig
+from .._profiles import Profiles
+from .._trace import compress
+from .._validate import as_float
+from ..errors import ValidationError
+from ..estimator import MAX_SHARERS_PER_UNIT, simulate, spread_floor
+from ._bound import MissBound
+from ._options import PlannerOptions, PlannerStats, PlanProgress, ProgressFn
+from ._placement import fastest_hardware, inventory_use, replica_use, usable_hardware
+
+__all__ = ["Configs", "Key", "SearchSpace"]
+
+_EPS = 1e-9
+
+Configs = dict[str, ModelConfig]
+Key = tuple[ModelConfig, ...]
+
+
+class SearchSpace:
+    """The planner's view of one pipeline, trace, SLO and percentile (see the module doc).
+
+    ``latency(configs)`` and ``feasible(configs)`` expose the (cached) judgement the planner
+    uses; ``stats()`` counts simulations, cache hits and pruned ones.
+    """
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        profiles: Profiles,
+        trace: np.ndarray,
+        slo_s: float,
+        *,
+        percentile: float = 99.0,
+        catalog: HardwareCatalog = DEFAULT_CATALOG,
+        options: PlannerOptions | None = None,
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.profiles = profiles
+        # ``sample``: the planning trace as given (its envelope and rate are the tuner's
+        # reference); ``trace``: what configurations are judged on, the sample compressed by
+        # ``1 + rate_margin`` (the same array when the margin is 0).
+        self.sample = np.ascontiguousarray(trace, dtype=np.float64)
+        self.slo_s = as_float(slo_s, "slo_s", positive=True)
+        self.percentile = as_float(percentile, "percentile", lo=0.0, hi=100.0)
+        self.catalog = catalog
+        self.options = options if options is not None else PlannerOptions()
+        self._progress = progress
+        if self.sample.ndim != 1 or self.sample.size < 2:
+            raise ValidationError("trace", "at least two arrival times", self.sample.size)
+        self.trace = compress(self.sample, 1.0 + self.options.rate_margin)
+        self._models = tuple(pipeline.models)
+        self._index = {m: i for i, m in enumerate(self._models)}
+        self._hw = {m: usable_hardware(profiles, m, catalog) for m in self._models}
+        # Bounds must hold for the fastest service the estimator can give a batch: with the
+        # service spread on, that is below ``latency_s``.
+        self._fast = spread_floor(profiles) if self.options.estimator.service_spread else profiles
+        self.bound = MissBound(
+            pipeline,
+            self._fast,
+            self.trace,
+            self.slo_s,
+            self.percentile,
+            self.options.estimator.seed,
+            catalog,
+            hop_s=self.options.estimator.hop_overhead_s,
+        )
+        self._cache: dict[Key, float] = {}
+        self._sims = 0
+        self._hits = 0
+        self._pruned = 0
+        self._actions: list[str] = []
+        self._floors: dict[tuple[str, str, tuple[str, ...]], float] = {}
+        self._inventory = dict(self.options.inventory)
+        for hw in self._inventory:
+            if hw not in catalog:
+                raise ValidationError("inventory", f"hardware of the catalog {catalog.names()}", hw)
+
+    # -- the estimator, cached -----------------------------------------------------------
+    def _key(self, configs: Mapping[str, ModelConfig]) -> Key:
+        return tuple(configs[m] for m in self._models)
+
+    def _configs(self, key: Key) -> Configs:
+        return dict(zip(self._models, key, strict=True))
+
+    def latency(self, configs: Mapping[str, ModelConfig]) -> float:
+        """The estimator's ``percentile``-th latency on the planning trace (``inf`` when the
+        bound proves it above the SLO without simulating)."""
+        return self._latency(self._key(configs))
+
+    def _latency(self, key: Key) -> float:
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._hits += 1
+            return hit
+        configs = self._configs(key)
+        if self.options.prune and self.bound.infeasible(configs):
+            self._pruned += 1
+            value = math.inf
+        else:
+            self._sims += 1
+            res = simulate(
+                self.pipeline,
+                configs,
+                self.profiles,
+                self.trace,
+                options=self.options.estimator,
+                catalog=self.catalog,
+            )
+            value = res.percentile(self.percentile)
+        self._cache[key] = value
+        return value
+
+    def feasible(self, configs: Mapping[str, ModelConfig]) -> bool:
+        return self._feasible(self._key(configs))
+
+    def _feasible(self, key: Key) -> bool:
+        return self._fits(key) and self._latency(key) <= self.slo_s
+
+    # -- the inventory ---------------------------------------------------------------------
+    def _per_replica(self, model: str, hw: str) -> dict[str, int]:
+        """Units of each kind one replica of ``model`` on ``hw`` takes."""
+        o = self.options
+        return replica_use(model, hw, self.catalog, o.replica_units, o.gpu_host_units)
+
+    def _usage(self, key: Key, skip: str | None = None) -> dict[str, int]:
+        cfg = {m: c for m, c in zip(self._models, key, strict=True) if m != skip}
+        return inventory_use(
+            cfg, self.catalog, self.options.replica_units, self.options.gpu_host_units
+        )
+
+    def _fits(self, key: Key) -> bool:
+        if not self._inventory:
+            return True
+        use = self._usage(key)
+        return all(use.get(h, 0) <= n for h, n in self._inventory.items())
+
+    def _room(self, key: Key, model: str, hw: str) -> int:
+        """The most replicas ``model`` can have on ``hw`` with the other models as in ``key``."""
+        used = self._usage(key, skip=model)
+        room = self.options.max_replicas
+        for h, per in self._per_replica(model, hw).items():
+            if h in self._inventory and per > 0:
+                room = min(room, max(0, self._inventory[h] - used.get(h, 0)) // per)
+        est = self.options.estimator
+        units = est.pinned_cores.get(hw) or est.shared_units.get(hw)
+        if units:
+            # the estimate shares these cores: past a point more replicas add no throughput,
+            # and the bundled runtime refuses them (so the search stops growing a model here)
+            others = sum(
+                c.replicas
+                for m, c in zip(self._models, key, strict=True)
+                if m != model and c.hardware == hw
+            )
+            room = min(room, max(0, int(MAX_SHARERS_PER_UNIT * units) - others))
+        return room
+
+    def _cores_taken(self, key: Key, hw: str) -> bool:
+        """Whether ``hw``'s shared or pinned cores (``EstimatorOptions``) each have a replica."""
+        est = self.options.estimator
+        units = est.pinned_cores.get(hw) or est.shared_units.get(hw)
+        return bool(units) and sum(c.replicas for c in key if c.hardware == hw) >= units
+
+    def _describe_inventory(self) -> str:
+        parts = [f"{h}: {n}" for h, n in sorted(self._inventory.items())]
+        est = self.options.estimator
+        for h, n in sorted({**est.shared_units, **est.pinned_cores}.items()):
+            k = int(MAX_SHARERS_PER_UNIT * n)
+            parts.append(f"{h}: {n:g} shared cores, {k} replicas on them at most")
+        return ", ".join(parts)
+
+    def cost(self, configs: Mapping[str, ModelConfig]) -> float:
+        return self._cost(self._key(configs))
+
+    def _cost(self, key: Key) -> float:
+        return float(sum(c.replicas * self.catalog.cost(c.hardware) for c in key))
+
+    def stats(self) -> PlannerStats:
+        return PlannerStats(
+            self._sims, self._hits, self._pruned, len(self._actions), tuple(self._actions)
+        )
+
+    def _report(self, phase: str, iteration: int, key: Key | None, message: str) -> None:
+        if self._progress is not None:
+            cost = self._cost(key) if key is not None else 0.0
+            self._progress(PlanProgress(phase, iteration, self._sims, cost, message))
+
+    # -- profile helpers -----------------------------------------------------------------
+    def _price(self, hw: str) -> float:
+        return self.catalog.cost(hw)
+
+    def fastest_hardware(self, model: str) -> str:
+        return fastest_hardware(self.profiles, model, self.catalog)
+
+    def cheaper_hardware(self, model: str, hw: str) -> list[str]:
+        """Profiled hardware strictly cheaper than ``hw``, the next cheapest first (ties: lower
+        batch-1 latency first)."""
+        price = self._price(hw)
+        cheaper = [h for h in self._hw[model] if self._price(h) < price - _EPS]
+        return sorted(cheaper, key=lambda h: (-self._price(h), self.profiles.latency(model, h, 1)))
+
+    def next_batch(self, model: str, hw: str, batch: int) -> int | None:
+        """The next size on the doubling ladder with a higher single-replica throughput."""
+        top = self.profiles.max_batch(model, hw)
+        base = self.profiles.throughput(model, hw, batch)
+        b = batch
+        while b < top:
+            b = min(2 * b, top)
+            if self.profiles.throughput(model, hw, b) > base * (1 + 1e-9):
+                return b
+        return None
+
+    def _throughput(self, model: str, c: ModelConfig) -> float:
+        return self.profiles.throughput(model, c.hardware, c.max_batch_size)
+
+    def bottleneck(self, configs: Mapping[str, ModelConfig]) -> str:
+        """The model with the least throughput for the traffic it sees (Algorithm 1's
+        ``FindMinThru``): ``replicas * throughput(batch) / scale_factor``; ties: pipeline order."""
+        return min(
+            self._models,
+            key=lambda m: (
+                configs[m].replicas
+                * self._throughput(m, configs[m])
+                / self.pipeline.scale_factor(m),
+                self._index[m],
+            ),
+        )
+
+    def _by_speed(self, model: str) -> list[str]:
+        """The model's hardware, fastest batch-1 latency first (ties: cheaper, listed first)."""
+        hws = self._hw[model]
+        return sorted(
+            hws,
+            key=lambda h: (self.profiles.latency(model, h, 1), self._price(h), hws.index(h)),
+        )
+
+    def _batch_ladder(self, model: str, hw: str) -> list[int]:
+        out = [1]
+        while (nb := self.next_batch(model, hw, out[-1])) is not None:
+            out.append(nb)
+        return out
+
+    def _with(self, key: Key, model: str, c: ModelConfig) -> Key:
+        i = self._index[model]
+        return (*key[:i], c, *key[i + 1 :])
