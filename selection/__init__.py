@@ -2,6 +2,7 @@
 
 from ._bandits import BUILTIN_POLICIES, UCB1, EpsilonGreedy, Exp3, Exp4, StaticPolicy, make_policy
 from ._checks import check_policy
+from ._margin import AllowanceState, CombineAllowance
 from ._policy import Combined, SelectionPolicy, WeightState, as_label, combine_votes, zero_one_loss
 from ._rafiki import (
     EnsembleEnv,
@@ -30,6 +31,8 @@ from ._switching import (
 __all__ = [
     "BUILTIN_POLICIES",
     "UCB1",
+    "AllowanceState",
+    "CombineAllowance",
     "Combined",
     "EnsembleEnv",
     "EpisodeStats",

@@ -6,12 +6,17 @@ A deployment app with a ``selection`` block instead of (or besides) a ``pipeline
         "slo_ms": 100, "default_output": -1, "input": {"dtype": "float32", "shape": [64]},
         "selection": {"policy": "exp4", "models": ["nb", "tree", "logreg"],
                       "params": {"eta": 0.3}, "confidence_threshold": 0.6,
-                      "per_user": true, "store": "selection.sqlite", "seed": 0}}}
+                      "per_user": true, "store": "selection.sqlite", "seed": 0,
+                      "combine_margin_ms": 5, "measure_combine_margin": true}}}
 
 runs every query through a ``SelectionService``: the policy (resolved through the plugin host,
 so third-party policies work the same) picks the models, their calls go through the interposed
-queue with the query's deadline, and at the deadline the predictions that arrived are combined
-(stragglers lower the confidence). The app's output is an object::
+queue with the query's deadline, and the predictions that arrived are combined shortly before
+the deadline (stragglers lower the confidence): at arrival + SLO minus the combine/return
+allowance (``selection.CombineAllowance``), ``combine_margin_ms`` plus, unless
+``measure_combine_margin`` is false, a tail estimate of the measured time from the combine
+target to the app's answer, so that the answer reaches the client within the SLO. The app's
+output is an object::
 
     {"output": 3, "confidence": 0.67, "models_contributed": 2, "models_selected": 3,
      "default": false, "selection_query_id": "...", "user": null}
@@ -24,16 +29,26 @@ are served by ``inferline.server._selection_routes``.
 from __future__ import annotations
 
 import contextvars
+import math
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferline.core import ValidationError
 from inferline.core._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys
-from inferline.selection import SelectionConfig, SelectionService, make_policy, open_store
+from inferline.selection import (
+    AllowanceState,
+    CombineAllowance,
+    SelectionConfig,
+    SelectionService,
+    make_policy,
+    open_store,
+)
+from inferline.server._service import App, DefaultAnswer
 
 __all__ = [
+    "EnsemblePipeline",
     "SelectionAppSpec",
     "current_user",
     "make_selection_app",
@@ -55,6 +70,8 @@ _KEYS = {
     "store",
     "seed",
     "log_capacity",
+    "combine_margin_ms",
+    "measure_combine_margin",
 }
 
 
@@ -70,6 +87,11 @@ class SelectionAppSpec:
     store: str | None = None
     seed: int = 0
     log_capacity: int = 100_000
+    combine_margin_ms: float = 5.0
+    measure_combine_margin: bool = True
+
+    def allowance(self) -> CombineAllowance:
+        return CombineAllowance(self.combine_margin_ms / 1e3, self.measure_combine_margin)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"policy": self.policy, "models": list(self.models)}
@@ -81,6 +103,8 @@ class SelectionAppSpec:
             store=self.store,
             seed=self.seed,
             log_capacity=self.log_capacity,
+            combine_margin_ms=self.combine_margin_ms,
+            measure_combine_margin=self.measure_combine_margin,
         )
         return d
 
@@ -101,6 +125,12 @@ class SelectionAppSpec:
         store = m.get("store")
         if store is not None:
             store = as_str(store, f"{where}.store")
+        margin = as_float(m.get("combine_margin_ms", 5.0), f"{where}.combine_margin_ms")
+        if not 0.0 <= margin < math.inf:
+            raise ValidationError(f"{where}.combine_margin_ms", "a number of ms >= 0", margin)
+        measure = m.get("measure_combine_margin", True)
+        if not isinstance(measure, bool):
+            raise ValidationError(f"{where}.measure_combine_margin", "true or false", measure)
         thr = as_float(m.get("confidence_threshold", 0.0), f"{where}.confidence_threshold")
         if not 0.0 <= thr <= 1.0:
             raise ValidationError(f"{where}.confidence_threshold", "a number in [0, 1]", thr)
@@ -113,6 +143,8 @@ class SelectionAppSpec:
             store=store,
             seed=as_int(m.get("seed", 0), f"{where}.seed"),
             log_capacity=as_int(m.get("log_capacity", 100_000), f"{where}.log_capacity", minimum=1),
+            combine_margin_ms=margin,
+            measure_combine_margin=measure,
         )
 
 
@@ -141,6 +173,37 @@ def build_policy(name: str, spec: SelectionAppSpec, host: Any) -> Any:
         raise ValidationError(f"{where}.{field}", e.expected, e.got) from None
 
 
+class EnsemblePipeline:
+    """The pipeline of a selection app: one ``SelectionService.predict`` per query, combined
+    at arrival + SLO minus the combine/return allowance (measured on this app's answers)."""
+
+    def __init__(
+        self, sel: SelectionService, allowance: CombineAllowance, clock: Callable[[], float]
+    ) -> None:
+        self.sel = sel
+        self.allowance = allowance
+        self.state: AllowanceState = allowance.init()
+        self._clock = clock
+
+    def margin_s(self, slo_s: float) -> float:
+        """How long before a query's deadline it is combined now."""
+        return self.allowance.margin_s(self.state, slo_s)
+
+    async def __call__(self, x: Any, ctx: Any) -> dict[str, Any] | DefaultAnswer:
+        user = current_user.get()
+        combine_at = ctx.deadline - self.margin_s(ctx.deadline - ctx.arrival)
+        p = await self.sel.predict(x, deadline=combine_at, user=user, call=ctx.predict)
+        out = p.to_dict()
+        out["selection_query_id"] = out.pop("query_id")
+        out["user"] = user
+        # how long after its combine target this answer leaves (negative, and ignored, when
+        # every model answered before it)
+        self.state = self.allowance.observe(self.state, self._clock() - combine_at)
+        if p.default:  # said at the top of the response and counted in /metrics, too
+            return DefaultAnswer(out, p.default_explanation or "selection default", "selection")
+        return out
+
+
 def make_selection_app(
     service: Any,
     name: str,
@@ -158,7 +221,6 @@ def make_selection_app(
     ``app_kw`` go to ``App`` (``default_output``, ``input_spec``, ...); the app's default output
     is also what a low-confidence answer falls back to."""
     from inferline.adapters import PluginHost
-    from inferline.server._service import App, DefaultAnswer
 
     if known_models is not None:
         unknown = sorted(set(spec.models) - set(known_models))
@@ -185,15 +247,8 @@ def make_selection_app(
     )
     selection_services(service)[name] = sel
 
-    async def pipeline(x: Any, ctx: Any) -> dict[str, Any] | DefaultAnswer:
-        user = current_user.get()
-        p = await sel.predict(x, deadline=ctx.deadline, user=user, call=ctx.predict)
-        out = p.to_dict()
-        out["selection_query_id"] = out.pop("query_id")
-        out["user"] = user
-        if p.default:  # said at the top of the response and counted in /metrics, too
-            return DefaultAnswer(out, p.default_explanation or "selection default", "selection")
-        return out
+    pipeline = EnsemblePipeline(sel, spec.allowance(), dispatcher.clock)
+    service.ensemble_pipelines = {**getattr(service, "ensemble_pipelines", {}), name: pipeline}
 
     async def close_store() -> None:
         sel.store.close()
