@@ -51,6 +51,19 @@ def _get(stats: Any, *names: str) -> Any:
     return None
 
 
+def _replica_labels(model: str, handle: Any) -> list[str]:
+    """``[model, replica, node, hardware]`` of one replica handle; a handle without a node
+    (every backend but ``ray://``) is on ``"local"``."""
+    labels = [model]
+    for name, default in (("id", ""), ("node", "local"), ("hardware", "")):
+        try:
+            v = getattr(handle, name, default)
+        except Exception:  # a handle's property must not fail the scrape
+            v = default
+        labels.append(str(v if v is not None else default))
+    return labels
+
+
 class Scraped(Protocol):
     """What the collector reads at scrape time (a ``Service``): its models and the parts
     that count for them, each optional."""
@@ -79,6 +92,12 @@ class _ScrapeCollector(Collector):
         overloads = CounterMetricFamily(
             "inferline_overloaded", "Queries refused because the queue was full", labels=["model"]
         )
+        info = GaugeMetricFamily(
+            "inferline_replica_info",
+            "One series per active replica: where it runs (the Ray node id on ray://, 'local' "
+            "on a backend without nodes) and on which hardware; always 1",
+            labels=["model", "replica", "node", "hardware"],
+        )
         for m in svc.models:
             st = None
             if svc.dispatcher is not None:
@@ -98,13 +117,17 @@ class _ScrapeCollector(Collector):
                     overloads.add_metric([m], float(v))
             if svc.backend is not None:
                 try:
-                    reps.add_metric([m], float(len(svc.backend.replicas(m))))
+                    handles = list(svc.backend.replicas(m))
                 except Exception:
-                    reps.add_metric([m], 0.0)
+                    handles = []
+                reps.add_metric([m], float(len(handles)))
+                for h in handles:
+                    info.add_metric(_replica_labels(m, h), 1.0)
         yield qlen
         yield inflight
         yield reps
         yield overloads
+        yield info
         cache = svc.cache
         if cache is not None:
             cst = cache.stats() if callable(getattr(cache, "stats", None)) else cache
