@@ -67,6 +67,13 @@ def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
         + ", bytes (default %(default)s)",
     )
     p.add_argument(
+        "--max-request-rows",
+        type=int_in(1, 1 << 20, "a row count"),
+        default=256,
+        help="most rows (queries) one request may carry, on the native predict route and "
+        "every KServe / TF Serving door, HTTP and gRPC (default %(default)s)",
+    )
+    p.add_argument(
         "--read-timeout-s",
         type=_read_timeout,
         default=30.0,

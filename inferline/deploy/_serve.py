@@ -16,6 +16,7 @@ from inferline.deploy._start import start_service
 from inferline.server._admin import make_admin_router
 from inferline.server._http import DEFAULT_MAX_BODY_BYTES, create_app
 from inferline.server._run import DEFAULT_READ_TIMEOUT_S, bind_socket, serve_app
+from inferline.server.frontdoors._door import DEFAULT_MAX_ROWS
 
 __all__ = ["serve"]
 
@@ -28,6 +29,7 @@ async def serve(
     port: int = 8000,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_request_rows: int = DEFAULT_MAX_ROWS,
     ready_file: str | None = None,
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
@@ -40,7 +42,8 @@ async def serve(
 
     ``tuner``: the live tuner's configuration (None: no tuner; it runs only for a plan with
     tuner inputs). Once serving, ``{url, pid, apps, models}`` is written to ``ready_file``
-    (atomically) and passed to ``ready``.
+    (atomically) and passed to ``ready``. ``max_request_rows``: the most rows (queries) one
+    request may carry on the native route and every front door.
     """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
@@ -49,6 +52,8 @@ async def serve(
     except BaseException:
         sock.close()
         raise
+    for a in svc.apps.values():
+        a.max_batch_inputs = max_request_rows
     routers: list[Any] = [make_admin_router]
     if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
         from inferline.server._selection_routes import make_selection_router

@@ -219,7 +219,7 @@ def test_tfserving_http_routes_and_token() -> None:
                     {
                         "name": "x",
                         "datatype": "FP32",
-                        "shape": [2**40, 2**30, 2**30],
+                        "shape": [1, 2**32, 2**32],
                         "parameters": {"binary_data_size": 0},
                     }
                 ]

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from inferline.core import NotFoundError, ValidationError
 from inferline.server._service import Service
 
+T = TypeVar("T")
+
 __all__ = [
+    "DEFAULT_MAX_ROWS",
     "KSERVE_DTYPES",
     "KSERVE_OF",
+    "OFF_LOOP_BYTES",
     "TF_DTYPES",
     "TF_OF",
     "FrontDoor",
     "Signature",
     "TensorInfo",
+    "check_shape",
+    "decode_off_loop",
     "dtype_name",
 ]
+
+# The rows one request may carry on every door: the native route's ``App.max_batch_inputs``.
+DEFAULT_MAX_ROWS = 256
+# Requests larger than this are decoded in a worker thread, not on the event loop.
+OFF_LOOP_BYTES = 64 << 10
 
 KSERVE_DTYPES = {
     "BOOL": "bool",
@@ -109,9 +120,32 @@ def dtype_name(a: np.ndarray) -> str:
     return "object" if a.dtype.kind in "OSU" else a.dtype.name
 
 
+def check_shape(shape: Sequence[Any], field: str, max_rows: int | None) -> int:
+    """A declared tensor shape, before anything is allocated for it: sizes are integers >= 0
+    and the batch dimension holds at most ``max_rows`` rows. Returns the element count (a
+    Python int: a huge shape cannot wrap around as an int64 product would)."""
+    if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise ValidationError(field, "a list of sizes (integers >= 0)", list(shape))
+    if max_rows is not None and shape and shape[0] > max_rows:
+        raise ValidationError(
+            field, f"at most {max_rows} rows in the batch dimension", f"{shape[0]} rows"
+        )
+    return math.prod(shape)
+
+
+async def decode_off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, in a worker thread when the request is ``size`` > ``OFF_LOOP_BYTES``
+    bytes: decoding one large body must not hold the event loop (health checks and every
+    other request wait on it)."""
+    if size > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
 class FrontDoor:
     """Runs protocol requests through a ``Service``: names are apps (pipelines) or models of
-    its dispatcher; one query per row."""
+    its dispatcher; one query per row. ``max_rows``: the most rows one request may carry,
+    on every protocol and transport (the native predict route's default)."""
 
     def __init__(
         self,
@@ -119,10 +153,14 @@ class FrontDoor:
         signatures: Mapping[str, Signature] | None = None,
         *,
         model_slo_s: float = 1.0,
+        max_rows: int = DEFAULT_MAX_ROWS,
     ) -> None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValidationError("max_rows", "an integer >= 1", max_rows)
         self.service = service
         self.signatures = dict(signatures or {})
         self.model_slo_s = model_slo_s
+        self.max_rows = max_rows
 
     def names(self) -> list[str]:
         d = self.service.dispatcher
@@ -193,6 +231,10 @@ class FrontDoor:
                 "inputs", "tensors with one batch dimension of the same size", sorted(sizes)
             )
         (n,) = sizes
+        if n > self.max_rows:
+            raise ValidationError(
+                "inputs", f"at most {self.max_rows} rows in the batch dimension", f"{n} rows"
+            )
         if len(want) == 1:
             return [tensors[want[0]][i] for i in range(n)]
         return [{k: tensors[k][i] for k in want} for i in range(n)]

@@ -63,7 +63,7 @@ class FrontDoorGrpc:
 
         if available():
             st = stubs()
-            pred, models = tfserving_servicers(self.door, self._auth, st)
+            pred, models = tfserving_servicers(self.door, self._auth, st, self.max_message_bytes)
             st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, server)
             st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)
             self.services += [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -12,7 +11,13 @@ import numpy as np
 
 from inferline.core import ValidationError
 from inferline.server._http import decode_json
-from inferline.server.frontdoors._door import KSERVE_DTYPES, KSERVE_OF, dtype_name
+from inferline.server.frontdoors._door import (
+    DEFAULT_MAX_ROWS,
+    KSERVE_DTYPES,
+    KSERVE_OF,
+    check_shape,
+    dtype_name,
+)
 
 __all__ = [
     "bytes_serialize",
@@ -25,6 +30,10 @@ __all__ = [
 
 
 def _bytes_elements(raw: bytes, n: int, field: str) -> np.ndarray:
+    if 4 * n > len(raw):  # each element has a 4-byte length prefix: refuse before the loop
+        raise ValidationError(
+            f"{field}.data", f"{n} length-prefixed BYTES elements", f"{len(raw)} bytes"
+        )
     out, pos = [], 0
     for _ in range(n):
         if pos + 4 > len(raw):
@@ -43,16 +52,18 @@ def bytes_serialize(a: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def tensor_from_kserve(t: Mapping[str, Any], raw: bytes | None, field: str) -> np.ndarray:
+def tensor_from_kserve(
+    t: Mapping[str, Any], raw: bytes | None, field: str, max_rows: int | None = DEFAULT_MAX_ROWS
+) -> np.ndarray:
+    """One input tensor; its declared shape (at most ``max_rows`` rows) and element count are
+    checked against the values or bytes sent before anything is allocated for it."""
     dt = t.get("datatype")
     if dt not in KSERVE_DTYPES:
         raise ValidationError(f"{field}.datatype", f"one of {sorted(KSERVE_DTYPES)}", dt)
     shape = t.get("shape")
-    if not isinstance(shape, list) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
-    ):
+    if not isinstance(shape, list):
         raise ValidationError(f"{field}.shape", "a list of sizes", shape)
-    n = math.prod(shape)  # Python ints: a huge shape cannot wrap around as np.prod would
+    n = check_shape(shape, f"{field}.shape", max_rows)
     try:
         if raw is not None:
             if dt == "BYTES":
@@ -65,14 +76,21 @@ def tensor_from_kserve(t: Mapping[str, Any], raw: bytes | None, field: str) -> n
             raise ValidationError(f"{field}.data", "the tensor's values", None)
         if dt == "BYTES":
             flat = np.array(np.asarray(t["data"], dtype=object).reshape(-1).tolist(), dtype=object)
+            _check_count(flat.size, n, shape, field)
             return flat.reshape(shape)
         vals = np.asarray(t["data"])
+        _check_count(vals.size, n, shape, field)
         _check_json_values(vals, dt, f"{field}.data")
         return vals.astype(KSERVE_DTYPES[dt]).reshape(shape)
     except (TypeError, ValueError, OverflowError) as e:
         if isinstance(e, ValidationError):
             raise
         raise ValidationError(f"{field}.data", f"{n} values of {dt}", str(e)) from None
+
+
+def _check_count(got: int, n: int, shape: list[int], field: str) -> None:
+    if got != n:
+        raise ValidationError(f"{field}.data", f"{n} values for shape {shape}", f"{got} values")
 
 
 _KIND_WORDS = {"b": "booleans", "i": "integers", "u": "integers", "f": "fractional numbers"}
@@ -127,9 +145,10 @@ def header_length(value: str | None, body_len: int) -> int | None:
 
 
 def kserve_decode(
-    body: bytes, header_len: int | None
+    body: bytes, header_len: int | None, max_rows: int | None = DEFAULT_MAX_ROWS
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """A KServe v2 infer request (JSON, or JSON + binary tensors) -> (request, tensors)."""
+    """A KServe v2 infer request (JSON, or JSON + binary tensors) -> (request, tensors);
+    each tensor at most ``max_rows`` rows."""
     head, rest = (body, b"") if header_len is None else (body[:header_len], body[header_len:])
     req = decode_json(head, "a KServe v2 inference request (JSON)")
     if not isinstance(req, dict) or not isinstance(req.get("inputs"), list) or not req["inputs"]:
@@ -159,7 +178,7 @@ def kserve_decode(
             if len(raw) != size:
                 raise ValidationError(f"inputs[{i}]", f"{size} binary bytes", len(raw))
             pos += size
-        tensors[t["name"]] = tensor_from_kserve(t, raw, f"inputs[{i}]")
+        tensors[t["name"]] = tensor_from_kserve(t, raw, f"inputs[{i}]", max_rows)
     return req, tensors
 
 

@@ -7,7 +7,13 @@ from typing import Any
 import numpy as np
 
 from inferline.core import InferlineError, ValidationError
-from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo, dtype_name
+from inferline.server.frontdoors._door import (
+    KSERVE_OF,
+    FrontDoor,
+    TensorInfo,
+    decode_off_loop,
+    dtype_name,
+)
 from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
 from inferline.server.frontdoors._kserve_codec import (
     bytes_serialize,
@@ -69,21 +75,9 @@ class KServeHandlers:
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         await self.auth.require(context)
         try:
-            tensors = {}
-            raws = list(request.raw_input_contents)
-            if raws and len(raws) != len(request.inputs):
-                raise ValidationError(
-                    "raw_input_contents",
-                    f"one entry per input ({len(request.inputs)})",
-                    f"{len(raws)} entries",
-                )
-            for i, t in enumerate(request.inputs):
-                d = {"name": t.name, "datatype": t.datatype, "shape": [int(s) for s in t.shape]}
-                if raws:
-                    tensors[t.name] = tensor_from_kserve(d, raws[i], f"inputs[{i}]")
-                else:
-                    vals = grpc_contents(t, f"inputs[{i}]")
-                    tensors[t.name] = tensor_from_kserve({**d, "data": vals}, None, f"inputs[{i}]")
+            tensors = await decode_off_loop(
+                request.ByteSize(), _decode_inputs, request, self.door.max_rows
+            )
             self.door.check_datatypes(request.model_name, tensors)
             wanted = [o.name for o in request.outputs]
             outs = self.door.stack(
@@ -111,6 +105,28 @@ class KServeHandlers:
             return resp
         except InferlineError as e:
             await grpc_fail(context, e)
+
+
+def _decode_inputs(request: Any, max_rows: int) -> dict[str, np.ndarray]:
+    """A ``ModelInferRequest``'s input tensors (raw or typed contents), shapes checked first."""
+    tensors = {}
+    raws = list(request.raw_input_contents)
+    if raws and len(raws) != len(request.inputs):
+        raise ValidationError(
+            "raw_input_contents",
+            f"one entry per input ({len(request.inputs)})",
+            f"{len(raws)} entries",
+        )
+    for i, t in enumerate(request.inputs):
+        d = {"name": t.name, "datatype": t.datatype, "shape": [int(s) for s in t.shape]}
+        if raws:
+            tensors[t.name] = tensor_from_kserve(d, raws[i], f"inputs[{i}]", max_rows)
+        else:
+            vals = grpc_contents(t, f"inputs[{i}]")
+            tensors[t.name] = tensor_from_kserve(
+                {**d, "data": vals}, None, f"inputs[{i}]", max_rows
+            )
+    return tensors
 
 
 def kserve_servicer(door: FrontDoor, auth: TokenCheck, pb: Any, pbg: Any) -> Any:

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from inferline.core import InferlineError
 from inferline.server._http import error_body, status_for
 from inferline.server._service import Service
-from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo
+from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo, decode_off_loop
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 
 __all__ = ["KServeRoutes", "make_kserve_router"]
@@ -93,7 +93,9 @@ class KServeRoutes:
         hl = request.headers.get("inference-header-content-length")
         try:
             raw = await request.body()
-            req, tensors = kserve_decode(raw, header_length(hl, len(raw)))
+            req, tensors = await decode_off_loop(
+                len(raw), kserve_decode, raw, header_length(hl, len(raw)), self.door.max_rows
+            )
             self.door.check_datatypes(model, tensors)
             outs = await self.door.run(model, self.door.queries(model, tensors))
             wanted = [

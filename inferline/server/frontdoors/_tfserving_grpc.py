@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from inferline.adapters.tfserving._protos import from_tensor_proto, to_tensor_proto
-from inferline.core import InferlineError
-from inferline.server.frontdoors._door import TF_OF, FrontDoor
+from inferline.core import InferlineError, ValidationError
+from inferline.server.frontdoors._door import TF_OF, FrontDoor, check_shape, decode_off_loop
 from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
 
-__all__ = ["ModelStatusHandlers", "PredictionHandlers", "tfserving_servicers"]
+__all__ = ["ModelStatusHandlers", "PredictionHandlers", "check_tensor_proto", "tfserving_servicers"]
 
 _DT_ENUMS = {
     "DT_FLOAT": 1,
@@ -24,20 +26,74 @@ _DT_ENUMS = {
 }
 
 
+# bytes per element of TF's DataType enums (DT_STRING: at least one)
+_ITEMSIZE = {1: 4, 2: 8, 3: 4, 4: 1, 5: 2, 6: 1, 7: 1, 9: 8, 10: 1, 17: 2, 19: 2, 22: 4, 23: 8}
+_VALUE_FIELDS = (
+    "float_val",
+    "double_val",
+    "int_val",
+    "int64_val",
+    "bool_val",
+    "string_val",
+    "half_val",
+    "uint32_val",
+    "uint64_val",
+)
+
+
+def check_tensor_proto(tp: Any, field: str, max_rows: int, max_bytes: int) -> None:
+    """A ``TensorProto``'s declared shape against what it carries, before it is decoded: sizes
+    >= 0, at most ``max_rows`` rows, ``tensor_content`` of exactly the declared size, one
+    typed value per element, or TF's "fill" form (one value for every element) only for a
+    tensor no larger than ``max_bytes`` (the message limit). A 41-byte request declaring 10^8
+    floats made the server allocate gigabytes before."""
+    shape = [int(d.size) for d in tp.tensor_shape.dim]
+    n = check_shape(shape, f"{field}.tensor_shape", max_rows)
+    size = _ITEMSIZE.get(int(tp.dtype), 1)
+    if tp.tensor_content:
+        if len(tp.tensor_content) != n * size and int(tp.dtype) != 7:
+            raise ValidationError(
+                f"{field}.tensor_content",
+                f"{n * size} bytes for shape {shape}",
+                f"{len(tp.tensor_content)} bytes",
+            )
+        return
+    count = sum(len(getattr(tp, f)) for f in _VALUE_FIELDS)
+    if count == n or (count == 1 and n * size <= max_bytes):
+        return
+    raise ValidationError(
+        field,
+        f"{n} values for shape {shape}"
+        + (" (or one value to fill it)" if n * size <= max_bytes else ""),
+        f"{count} values",
+    )
+
+
+def _decode(inputs: Any, max_rows: int, max_bytes: int) -> dict[str, np.ndarray]:
+    for k, v in inputs.items():
+        check_tensor_proto(v, f"inputs.{k}", max_rows, max_bytes)
+    return {k: from_tensor_proto(v, f"inputs.{k}") for k, v in inputs.items()}
+
+
 class PredictionHandlers:
     """TF Serving's ``PredictionService``: ``Predict`` and ``GetModelMetadata`` over a
     ``FrontDoor`` (``st``: the tensorflow-serving-api stubs)."""
 
-    def __init__(self, door: FrontDoor, auth: TokenCheck, st: Any) -> None:
+    def __init__(
+        self, door: FrontDoor, auth: TokenCheck, st: Any, max_bytes: int = 1 << 20
+    ) -> None:
         self.door = door
         self.auth = auth
         self.st = st
+        self.max_bytes = max_bytes
 
     async def Predict(self, request: Any, context: Any) -> Any:
         await self.auth.require(context)
         name = request.model_spec.name
         try:
-            tensors = {k: from_tensor_proto(v, f"inputs.{k}") for k, v in request.inputs.items()}
+            tensors = await decode_off_loop(
+                request.ByteSize(), _decode, request.inputs, self.door.max_rows, self.max_bytes
+            )
             outs = self.door.stack(
                 name,
                 await self.door.run(name, self.door.queries(name, tensors)),
@@ -97,7 +153,9 @@ class ModelStatusHandlers:
         return resp
 
 
-def tfserving_servicers(door: FrontDoor, auth: TokenCheck, st: Any) -> tuple[Any, Any]:
+def tfserving_servicers(
+    door: FrontDoor, auth: TokenCheck, st: Any, max_bytes: int = 1 << 20
+) -> tuple[Any, Any]:
     """The two servicers, each answering UNIMPLEMENTED for the RPCs inferline does not serve."""
     pred = with_unimplemented(
         PredictionHandlers,
@@ -108,4 +166,4 @@ def tfserving_servicers(door: FrontDoor, auth: TokenCheck, st: Any) -> tuple[Any
     models = with_unimplemented(
         ModelStatusHandlers, st.model_service_pb2_grpc.ModelServiceServicer, auth, "Models"
     )
-    return pred(door, auth, st), models(door, auth, st)
+    return pred(door, auth, st, max_bytes), models(door, auth, st)

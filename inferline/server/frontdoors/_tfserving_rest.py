@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from inferline.core import InferlineError, ValidationError
 from inferline.server._http import decode_json, status_for
 from inferline.server._service import Service
-from inferline.server.frontdoors._door import TF_OF, FrontDoor, TensorInfo
+from inferline.server.frontdoors._door import TF_OF, FrontDoor, TensorInfo, decode_off_loop
 
 __all__ = ["TFServingRoutes", "make_tfserving_router", "parse_path"]
 
@@ -118,6 +118,51 @@ class TFServingRoutes:
             )
         return Response(json.dumps(body), media_type="application/json")
 
+    def _decode(self, name: str, raw: bytes) -> tuple[dict[str, np.ndarray], bool]:
+        """A ``:predict`` body as named batched tensors, and whether it was in row format."""
+        body = decode_json(raw)
+        if not isinstance(body, dict):
+            raise ValidationError("body", "a JSON object", type(body).__name__)
+        sig = self.door.signature(name)
+        names = [t.name for t in sig.inputs]
+        dts = {t.name: t.dtype for t in sig.inputs}
+        max_rows = self.door.max_rows
+
+        def arr(v: Any, k: str) -> np.ndarray:
+            dt = dts.get(k, "float32")
+            if dt == "object":
+                return np.array(_unb64(v), dtype=object)
+            try:
+                return np.asarray(v, dtype=dt)
+            except (TypeError, ValueError) as e:
+                raise ValidationError(f"inputs.{k}", f"values of {dt}", str(e)) from None
+
+        if ("instances" in body) == ("inputs" in body):
+            raise ValidationError("body", "exactly one of 'instances' or 'inputs'", sorted(body))
+        if "instances" in body:
+            rows = body["instances"]
+            if not isinstance(rows, list) or not rows:
+                raise ValidationError("instances", "a non-empty list", _brief(rows))
+            if len(rows) > max_rows:
+                raise ValidationError("instances", f"at most {max_rows} rows", f"{len(rows)} rows")
+            if isinstance(rows[0], dict):
+                keys = set(rows[0])
+                for i, row in enumerate(rows):
+                    if not isinstance(row, dict) or set(row) != keys:
+                        raise ValidationError(
+                            f"instances[{i}]",
+                            f"an object with the keys of instances[0] {sorted(keys)}",
+                            _brief(row) if not isinstance(row, dict) else sorted(row),
+                        )
+                return {k: arr([row[k] for row in rows], k) for k in rows[0]}, True
+            return {names[0]: arr(rows, names[0])}, True
+        x = body["inputs"]
+        cols = x if isinstance(x, dict) else {names[0]: x}
+        for k, v in cols.items():
+            if isinstance(v, list) and len(v) > max_rows:
+                raise ValidationError(f"inputs.{k}", f"at most {max_rows} rows", f"{len(v)} rows")
+        return {k: arr(v, k) for k, v in cols.items()}, False
+
     async def post(self, path: str, request: Request) -> Response:
         name, what = parse_path(path)
         if what != "predict":
@@ -128,51 +173,8 @@ class TFServingRoutes:
             )
         try:
             self.door.check(name)
-            body = decode_json(await request.body())
-            if not isinstance(body, dict):
-                raise ValidationError("body", "a JSON object", type(body).__name__)
-            sig = self.door.signature(name)
-            names = [t.name for t in sig.inputs]
-            dts = {t.name: t.dtype for t in sig.inputs}
-
-            def arr(v: Any, k: str) -> np.ndarray:
-                dt = dts.get(k, "float32")
-                if dt == "object":
-                    return np.array(_unb64(v), dtype=object)
-                try:
-                    return np.asarray(v, dtype=dt)
-                except (TypeError, ValueError) as e:
-                    raise ValidationError(f"inputs.{k}", f"values of {dt}", str(e)) from None
-
-            if ("instances" in body) == ("inputs" in body):
-                raise ValidationError(
-                    "body", "exactly one of 'instances' or 'inputs'", sorted(body)
-                )
-            if "instances" in body:
-                rows = body["instances"]
-                if not isinstance(rows, list) or not rows:
-                    raise ValidationError("instances", "a non-empty list", rows)
-                if isinstance(rows[0], dict):
-                    keys = set(rows[0])
-                    for i, row in enumerate(rows):
-                        if not isinstance(row, dict) or set(row) != keys:
-                            raise ValidationError(
-                                f"instances[{i}]",
-                                f"an object with the keys of instances[0] {sorted(keys)}",
-                                row if not isinstance(row, dict) else sorted(row),
-                            )
-                    tensors = {k: arr([row[k] for row in rows], k) for k in rows[0]}
-                else:
-                    tensors = {names[0]: arr(rows, names[0])}
-                row_format = True
-            elif "inputs" in body:
-                x = body["inputs"]
-                tensors = (
-                    {k: arr(v, k) for k, v in x.items()}
-                    if isinstance(x, dict)
-                    else {names[0]: arr(x, names[0])}
-                )
-                row_format = False
+            raw = await request.body()
+            tensors, row_format = await decode_off_loop(len(raw), self._decode, name, raw)
             outs = self.door.stack(
                 name, await self.door.run(name, self.door.queries(name, tensors))
             )
@@ -207,6 +209,11 @@ class TFServingRoutes:
 def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
     """TF Serving REST routes (``/v1/models/...``) over ``door``."""
     return TFServingRoutes(door if isinstance(door, FrontDoor) else FrontDoor(door)).router()
+
+
+def _brief(v: Any) -> Any:
+    r = repr(v)
+    return v if len(r) <= 60 else r[:57] + "..."
 
 
 def _unb64(v: Any) -> Any:
