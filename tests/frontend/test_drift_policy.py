@@ -1,0 +1,120 @@
+"""The drift loop's decision rule (pure) and its config's JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from inferline.core import ValidationError
+from inferline.deploy._drift_policy import (
+    DriftConfig,
+    DriftObservation,
+    DriftPolicy,
+    DriftState,
+)
+
+
+def _obs(est_ms: float, meas_ms: float, n: int = 100, app: str = "a") -> DriftObservation:
+    return DriftObservation(app, est_ms / 1e3, meas_ms / 1e3, n)
+
+
+def _run(policy: DriftPolicy, ticks: list[list[DriftObservation]], dt: float = 1.0):
+    state = DriftState()
+    out = []
+    for i, obs in enumerate(ticks):
+        d, state = policy.decide(state, obs, i * dt)
+        out.append(d)
+    return out, state
+
+
+def test_config_round_trips_through_json():
+    c = DriftConfig(
+        mode="replan",
+        window_s=5.0,
+        tick_s=1.0,
+        threshold=0.3,
+        sustain=2,
+        cooldown_s=12.0,
+        min_queries=20,
+        min_batches=10,
+        plan_trace_s=15.0,
+        hop_overhead_s=0.001,
+        service_spread=True,
+    )
+    assert DriftConfig.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert DriftConfig.from_dict({}) == DriftConfig()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"mode": "loud"},
+        {"window_s": 0},
+        {"threshold": -1},
+        {"sustain": 0},
+        {"sustain": 1.5},
+        {"cooldown_s": math.inf},
+        {"service_spread": "yes"},
+        {"colour": 1},
+    ],
+)
+def test_config_rejects_bad_values_naming_the_field(bad):
+    with pytest.raises(ValidationError):
+        DriftConfig.from_dict(bad)
+
+
+def test_acts_only_after_sustain_consecutive_ticks_apart():
+    p = DriftPolicy(DriftConfig(mode="replan", sustain=3, threshold=0.2, cooldown_s=0))
+    apart, close = [_obs(10, 20)], [_obs(19, 20)]
+    ds, _ = _run(p, [apart, apart, close, apart, apart, apart])
+    assert [d.action for d in ds] == ["none"] * 5 + ["recalibrate"]
+    assert ds[-1].apps == ("a",)
+    assert "measured 20.0 ms" in ds[-1].reason
+
+
+def test_alert_mode_alerts_and_off_mode_never_acts():
+    ticks = [[_obs(10, 30)]] * 3
+    ds, _ = _run(DriftPolicy(DriftConfig(mode="alert", sustain=3)), ticks)
+    assert [d.action for d in ds] == ["none", "none", "alert"]
+    ds, state = _run(DriftPolicy(DriftConfig(mode="off", sustain=3)), ticks)
+    assert [d.action for d in ds] == ["none"] * 3
+    assert state.count("a") == 3
+
+
+def test_cooldown_holds_the_next_action_and_counts_restart_after_acting():
+    p = DriftPolicy(DriftConfig(mode="replan", sustain=2, cooldown_s=5.0))
+    ds, _ = _run(p, [[_obs(10, 30)]] * 10, dt=1.0)
+    acted = [d.time_s for d in ds if d.action == "recalibrate"]
+    assert acted == [1.0, 6.0]  # sustained at t=1; then again 2 ticks later, once cooled down
+    assert all(d.reason.startswith("cooling down") for d in ds if d.time_s in (3.0, 4.0, 5.0))
+
+
+def test_thin_windows_and_unbounded_estimates():
+    p = DriftPolicy(DriftConfig(mode="replan", sustain=2, min_queries=50, cooldown_s=0))
+    ds, state = _run(p, [[_obs(10, 30, n=10)]] * 4)
+    assert all(d.action == "none" for d in ds) and state.count("a") == 0
+    inf = DriftObservation("a", math.inf, 0.02, 100)
+    assert inf.gap == math.inf
+    ds, _ = _run(p, [[inf], [inf]])
+    assert ds[-1].action == "recalibrate"
+
+
+def test_apps_are_counted_apart_and_the_decision_round_trips():
+    p = DriftPolicy(DriftConfig(mode="alert", sustain=2, cooldown_s=0))
+    ticks = [[_obs(10, 30, app="a"), _obs(20, 20, app="b")]] * 2
+    ds, state = _run(p, ticks)
+    assert ds[-1].apps == ("a",) and state.count("b") == 0 and state.count("a") == 0
+    d = ds[-1].to_dict()
+    assert json.loads(json.dumps(d)) == d and d["action"] == "alert"
+    assert _obs(10, 20).to_dict()["gap"] == pytest.approx(0.5)
+
+
+def test_decide_does_not_touch_its_inputs():
+    p = DriftPolicy(DriftConfig(mode="replan", sustain=1, cooldown_s=0))
+    s0 = DriftState((("a", 0),))
+    obs = [_obs(10, 30)]
+    d, s1 = p.decide(s0, obs, 3.0)
+    assert s0 == DriftState((("a", 0),)) and obs == [_obs(10, 30)]
+    assert d.action == "recalibrate" and s1.last_action_s == 3.0
