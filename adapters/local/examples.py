@@ -60,6 +60,9 @@ class Sleep:
     ``spin=True`` burns CPU instead of sleeping (for profiling under contention).
     ``wake_s``: a batch that starts more than ``idle_after_s`` after the previous one ended
     takes that much longer (a cold path of known size, for testing the wake-up profile).
+    ``slow_after_s`` / ``slow_factor``: once that many seconds have passed since the
+    container was loaded, every batch takes ``slow_factor`` times longer (a model that slows
+    down mid-run, for testing the drift loop; off by default).
     """
 
     def __init__(
@@ -69,6 +72,8 @@ class Sleep:
         spin: bool = False,
         wake_s: float = 0.0,
         idle_after_s: float = 0.01,
+        slow_after_s: float = 0.0,
+        slow_factor: float = 1.0,
     ) -> None:
         self.base_s = base_s
         self.per_item_s = per_item_s
@@ -76,11 +81,16 @@ class Sleep:
         self.wake_s = wake_s
         self.idle_after_s = idle_after_s
         self._ended = -float("inf")
+        self.slow_after_s = slow_after_s
+        self.slow_factor = slow_factor
+        self._loaded = time.perf_counter()
 
     def predict_batch(self, inputs: list[Any]) -> list[Any]:
         dt = self.base_s + self.per_item_s * len(inputs)
         if self.wake_s and time.perf_counter() - self._ended > self.idle_after_s:
             dt += self.wake_s
+        if self.slow_factor != 1.0 and time.perf_counter() - self._loaded >= self.slow_after_s:
+            dt *= self.slow_factor
         if self.spin:
             end = time.perf_counter() + dt
             while time.perf_counter() < end:
