@@ -15,7 +15,11 @@ from inferline.server._http import decode_json, status_for
 from inferline.server._service import Service
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, TensorInfo, decode_off_loop
 
-__all__ = ["TFServingRoutes", "make_tfserving_router", "parse_path"]
+__all__ = ["SIGNATURE_NAME", "TFServingRoutes", "make_tfserving_router", "parse_path", "servable"]
+
+# The one signature and the one version a front door serves (no version labels).
+SIGNATURE_NAME = "serving_default"
+VERSION = "1"
 
 
 def _tf_json(a: np.ndarray) -> Any:
@@ -28,7 +32,10 @@ def _tf_json(a: np.ndarray) -> Any:
 
 
 def _tf_error(e: BaseException) -> Response:
-    status = status_for(e) if isinstance(e, InferlineError) else 500
+    if isinstance(e, TFServingError):
+        status = e.status
+    else:
+        status = status_for(e) if isinstance(e, InferlineError) else 500
     if status == 422:
         status = 400
     return Response(
@@ -56,6 +63,98 @@ def parse_path(path: str) -> tuple[str, str]:
     return name, verb or "status"
 
 
+class TFServingError(Exception):
+    """An answer in TF Serving's own words: ``status`` and ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def servable(name: str, path: str) -> None:
+    """The version or label a path names, as TF Serving answers for one it does not serve:
+    404 "Servable not found" (a front door serves version 1 and no labels)."""
+    parts = path.split(":", 1)[0].split("/")
+    if len(parts) >= 3 and parts[1] == "versions" and parts[2] != VERSION:
+        raise TFServingError(404, f"Servable not found for request: Specific({name}, {parts[2]})")
+    if len(parts) >= 3 and parts[1] == "labels":
+        raise TFServingError(
+            404,
+            f"Servable not found for request: Labelled({name}, {parts[2]}): "
+            "unrecognized servable version label",
+        )
+
+
+_INT_RANGES = {
+    d: (int(np.iinfo(d).min), int(np.iinfo(d).max))
+    for d in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+}
+_TF_TYPE = {"float32": "float", "float64": "double", "float16": "half", "object": "string"}
+
+
+def _leaf_ok(dt: str) -> Any:
+    """Whether one JSON value is a value of ``dt`` as TF Serving reads it: numbers (not
+    booleans, not strings) for floats, whole numbers in range for integers, JSON booleans for
+    bool, strings or ``{"b64": ...}`` for strings."""
+    if dt.startswith("float"):
+        return lambda x: type(x) is int or type(x) is float
+    if dt in _INT_RANGES:
+        lo, hi = _INT_RANGES[dt]
+        return lambda x: type(x) is int and lo <= x <= hi
+    if dt == "bool":
+        return lambda x: type(x) is bool
+    if dt == "object":
+        return lambda x: (
+            type(x) is str or (type(x) is dict and list(x) == ["b64"] and type(x["b64"]) is str)
+        )
+    return lambda x: True
+
+
+def _bad_leaf(v: Any, ok: Any) -> tuple[int, ...] | None:
+    """The index path of the first value ``ok`` refuses in nested lists (None: none)."""
+    if type(v) is list:
+        for i, x in enumerate(v):
+            if type(x) is list:
+                p = _bad_leaf(x, ok)
+                if p is not None:
+                    return (i, *p)
+            elif not ok(x):
+                return (i,)
+        return None
+    return None if ok(v) else ()
+
+
+def _json_type(x: Any) -> str:
+    if isinstance(x, bool):
+        return "Bool"
+    if isinstance(x, int | float):
+        return "Number"
+    return {str: "String", dict: "Object", list: "Array"}.get(type(x), "Null")
+
+
+def check_values(v: Any, dt: str, field: Any) -> None:
+    """TF Serving's check of a tensor's JSON values: 400 ``JSON Value: "0.5" Type: String is
+    not of expected type: float`` (here with the field it was found in). ``field``: the path
+    of indexes -> the field's name."""
+    path = _bad_leaf(v, _leaf_ok(dt))
+    if path is None:
+        return
+    x = v
+    for i in path:
+        x = x[i]
+    shown = json.dumps(x)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise TFServingError(
+        400,
+        f"JSON Value: {shown} Type: {_json_type(x)} is not of expected type: "
+        f"{_TF_TYPE.get(dt, dt)} ({field(path)})",
+    )
+
+
+def _at(prefix: str) -> Any:
+    return lambda path: prefix + "".join(f"[{i}]" for i in path)
+
+
 class TFServingRoutes:
     """TF Serving REST routes (``/v1/models/...``) over a ``FrontDoor``."""
 
@@ -72,7 +171,8 @@ class TFServingRoutes:
         name, what = parse_path(path)
         try:
             sig = self.door.signature(name)
-        except InferlineError as e:
+            servable(name, path)
+        except (InferlineError, TFServingError) as e:
             return _tf_error(e)
         if what == "status":
             # TF Serving's states: a model whose replicas are down is being loaded again
@@ -128,8 +228,15 @@ class TFServingRoutes:
         dts = {t.name: t.dtype for t in sig.inputs}
         max_rows = self.door.max_rows
 
-        def arr(v: Any, k: str) -> np.ndarray:
+        sig_name = body.get("signature_name", SIGNATURE_NAME)
+        if sig_name not in ("", SIGNATURE_NAME):
+            raise TFServingError(
+                400, f"Serving signature name: {json.dumps(sig_name)} not found in signature def"
+            )
+
+        def arr(v: Any, k: str, field: Any) -> np.ndarray:
             dt = dts.get(k, "float32")
+            check_values(v, dt, field)
             if dt == "object":
                 return np.array(_unb64(v), dtype=object)
             try:
@@ -154,14 +261,24 @@ class TFServingRoutes:
                             f"an object with the keys of instances[0] {sorted(keys)}",
                             _brief(row) if not isinstance(row, dict) else sorted(row),
                         )
-                return {k: arr([row[k] for row in rows], k) for k in rows[0]}, True
-            return {names[0]: arr(rows, names[0])}, True
+                return {
+                    k: arr(
+                        [row[k] for row in rows],
+                        k,
+                        lambda p, k=k: f"instances[{p[0]}].{k}" + _at("")(p[1:]),
+                    )
+                    for k in rows[0]
+                }, True
+            return {names[0]: arr(rows, names[0], _at("instances"))}, True
         x = body["inputs"]
         cols = x if isinstance(x, dict) else {names[0]: x}
         for k, v in cols.items():
             if isinstance(v, list) and len(v) > max_rows:
                 raise ValidationError(f"inputs.{k}", f"at most {max_rows} rows", f"{len(v)} rows")
-        return {k: arr(v, k) for k, v in cols.items()}, False
+        return {
+            k: arr(v, k, _at(f"inputs.{k}" if isinstance(x, dict) else "inputs"))
+            for k, v in cols.items()
+        }, False
 
     async def post(self, path: str, request: Request) -> Response:
         name, what = parse_path(path)
@@ -173,12 +290,13 @@ class TFServingRoutes:
             )
         try:
             self.door.check(name)
+            servable(name, path)
             raw = await request.body()
             tensors, row_format = await decode_off_loop(len(raw), self._decode, name, raw)
             outs = self.door.stack(
                 name, await self.door.run(name, self.door.queries(name, tensors))
             )
-        except InferlineError as e:
+        except (InferlineError, TFServingError) as e:
             return _tf_error(e)
         if row_format:
             if len(outs) == 1:
