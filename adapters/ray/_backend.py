@@ -197,14 +197,20 @@ class RayBackend(Healing):
             self._notify(spec.name)
             raise
 
-    async def scale(self, model: str, replicas: int) -> None:
+    async def scale(self, model: str, replicas: int, *, node: str | None = None) -> None:
         """Grow or shrink ``model`` to ``replicas``. New actors join the active set when
         loaded; removed ones leave it at once and stop after their in-flight batch. Replicas
         lost earlier and not yet replaced count as missing: if they still do not fit, this
-        raises ``CapacityError`` naming the shortfall."""
+        raises ``CapacityError`` naming the shortfall.
+
+        ``node`` (a node id): the new replicas all go to that node, whatever the placement
+        (the profiler's contending replicas share the measured replica's machine); a
+        ``CapacityError`` if they do not fit there."""
         self._check_open()
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValidationError("replicas", "an integer >= 0", replicas)
+        if node is not None and (not isinstance(node, str) or not node):
+            raise ValidationError("node", "a node id of the cluster (NodeInfo.node_id)", node)
         m = self._get(model)
         for s in m.slots:  # an explicit scale is the word to try given-up slots again
             if s.given_up:
@@ -231,7 +237,7 @@ class RayBackend(Healing):
             return
         await self._refresh_nodes()
         try:
-            nodes = self._plan(m, need)
+            nodes = self._plan(m, need, node)
         except CapacityError as e:
             if unplaced:
                 raise CapacityError(

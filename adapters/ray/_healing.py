@@ -123,14 +123,17 @@ class Healing(ModelRegistry):
             self._replica_failed(r, reason)
         self._table.forget(nid)
 
-    def _plan(self, m: ModelRecord, count: int) -> list[str]:
-        """Node ids for ``count`` new replicas of ``m`` (``CapacityError`` if they do not fit)."""
+    def _plan(self, m: ModelRecord, count: int, only: str | None = None) -> list[str]:
+        """Node ids for ``count`` new replicas of ``m``, on node ``only`` alone when given
+        (``CapacityError`` if they do not fit)."""
         existing = Counter(
             s.replica.node
             for s in m.slots
             if s.replica is not None and s.replica.state in (STARTING, ACTIVE)
         )
-        return self._table.plan(m.spec.name, m.config.hardware, m.spec.threads, count, existing)
+        return self._table.plan(
+            m.spec.name, m.config.hardware, m.spec.threads, count, existing, only
+        )
 
     def _lost_summary(self) -> str:
         if not self._lost:

@@ -108,10 +108,16 @@ class NodeTable:
         return out
 
     def plan(
-        self, model: str, hardware: str, threads: int, count: int, existing: Mapping[str, int]
+        self,
+        model: str,
+        hardware: str,
+        threads: int,
+        count: int,
+        existing: Mapping[str, int],
+        only: str | None = None,
     ) -> list[str]:
         """Node ids for ``count`` new replicas of ``model`` (``existing``: its replicas per
-        node now); ``CapacityError`` if they do not fit."""
+        node now), on node ``only`` alone when given; ``CapacityError`` if they do not fit."""
         if count <= 0:
             return []
         inv = self.totals("hardware")
@@ -122,8 +128,16 @@ class NodeTable:
                 f"'{{\"{hardware}\": 1}}')",
                 self.totals("free"),
             )
+        free = free_resources(self.raw, self._used)
+        if only is not None:
+            if only not in free:
+                raise CapacityError(
+                    f"model {model!r}: node {only[:8]!r} is not an alive node of the cluster",
+                    self.totals("free"),
+                )
+            free = {only: free[only]}
         return choose_nodes(
-            free_resources(self.raw, self._used),
+            free,
             self.demand(hardware, threads),
             count,
             placement=self.placement,

@@ -6,7 +6,9 @@ batch sizes 1, 2, 4, ... up to a limit sends batches built from the model's samp
 and samples until the P99 is stable. Optionally it runs extra replicas of the same model on
 the remaining cores with the same batches at the same time, so the profile reflects a fully
 loaded machine (the InferLine paper profiles under this contention rather than on an idle
-machine). Latency is timed around ``ReplicaHandle.predict_batch``: the time the interposed
+machine). On a backend of several machines (one with ``nodes()`` whose handles say their
+``node``, as ``ray://``), "the machine" is the measured replica's node: as many contending
+replicas as fit in that node's free capacity, asked for on that node (``scale(..., node=)``). Latency is timed around ``ReplicaHandle.predict_batch``: the time the interposed
 queue sees a replica busy, RPC included, which is what the estimator needs.
 
 Batches sent back to back keep a replica warm; live traffic below saturation reaches replicas
@@ -279,14 +281,25 @@ async def _profile_pair(
         target = handles[0]
         others: list[Any] = []
         if opts.contention:
+            node = _node_of(backend, target)
             extra = opts.contention_replicas
             if extra is None:
-                extra = backend.free().get(hw, 0) // (spec.threads if hw == "cpu" else 1)
+                if node is not None:
+                    extra = _fit_on(node.free, hw, spec.threads)
+                else:
+                    extra = backend.free().get(hw, 0) // (spec.threads if hw == "cpu" else 1)
             if extra > 0:
-                await backend.scale(spec.name, 1 + extra)
+                if node is not None:  # on the measured replica's machine, not spread out
+                    await backend.scale(spec.name, 1 + extra, node=node.node_id)
+                else:
+                    await backend.scale(spec.name, 1 + extra)
                 others = [h for h in backend.replicas(spec.name) if h.id != target.id]
                 log.info(
-                    "profiling %s on %s with %d contending replicas", spec.name, hw, len(others)
+                    "profiling %s on %s with %d contending replicas%s",
+                    spec.name,
+                    hw,
+                    len(others),
+                    "" if node is None else f" on its node {node.node_id[:8]}",
                 )
         for i, b in enumerate(sizes):
             if progress is not None:
@@ -316,6 +329,23 @@ async def _profile_pair(
     finally:
         await backend.remove(spec.name)
     return out, wake
+
+
+def _node_of(backend: Any, handle: Any) -> Any:
+    """The ``NodeInfo`` of the node ``handle`` runs on, for a backend of several machines
+    (one with ``nodes()``, whose handles say their ``node``); None elsewhere."""
+    nodes = getattr(backend, "nodes", None)
+    where = getattr(handle, "node", None)
+    if not callable(nodes) or not where:
+        return None
+    return next((n for n in nodes() if n.node_id == where and n.alive), None)
+
+
+def _fit_on(free: Mapping[str, int], hw: str, threads: int) -> int:
+    """How many more replicas of ``threads`` threads on ``hw`` fit in one node's ``free``: CPUs
+    for every kind (each replica holds ``threads``), and one unit of a kind other than cpu."""
+    by_cpu = free.get("cpu", 0) // max(1, threads)
+    return by_cpu if hw == "cpu" else min(by_cpu, free.get(hw, 0))
 
 
 async def _wake_probe(handle: Any, inputs: Sequence[Any], opts: ProfilerOptions) -> WakeProfile:

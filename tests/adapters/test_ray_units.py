@@ -107,6 +107,19 @@ def test_node_table_tracks_joins_losses_and_holdings() -> None:
     assert t.totals("hardware") == {"cpu": 3}
 
 
+def test_plan_on_one_node_only() -> None:
+    """``scale(..., node=)`` (the profiler's contending replicas on the measured replica's
+    node): every new replica on that node whatever the placement, or a CapacityError."""
+    t = NodeTable(DEFAULT_CATALOG, (), "spread")
+    t.apply([raw("a", CPU=1.0), raw("b", CPU=3.0), raw("c", False, CPU=4.0)])
+    assert t.plan("m", "cpu", 1, 3, {}, only="b") == ["b", "b", "b"]
+    assert sorted(t.plan("m", "cpu", 1, 3, {})) == ["a", "b", "b"]  # spread, unpinned
+    with pytest.raises(CapacityError, match="do not fit"):
+        t.plan("m", "cpu", 1, 2, {}, only="a")
+    with pytest.raises(CapacityError, match="not an alive node"):
+        t.plan("m", "cpu", 1, 1, {}, only="c")
+
+
 def test_addresses() -> None:
     assert parse_address("ray://10.0.0.5:6379") == "10.0.0.5:6379"
     assert parse_address("ray://head.example:6379?placement=pack") == "head.example:6379"
