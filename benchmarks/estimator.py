@@ -6,7 +6,9 @@ queue, and dispatch callbacks scheduled at a priority below every ordinary event
 arrivals and completions of an instant are applied before any idle replica takes a batch. It
 also models hop overhead, delayed batching, activation delay, replica schedules, wake-up extras
 and the service spread. It shares nothing with the kernel except the visit draws
-(``draw_visits``) and the definition of the spread's normal draws, both part of the contract.
+(``draw_visits``) and the definition of the spread's normal draws, both part of the contract. A visit with
+repeated calls (``Pipeline.visits``) goes back to its model's queue as each call finishes
+until the last, then on to its children.
 
 Run: ``.venv/bin/python benchmarks/estimator.py`` (``--quick`` for a small version).
 Prints, per case, SimPy time, estimator time, their ratio and the largest latency difference;
@@ -91,6 +93,11 @@ class SimpyReference:
         order = pipeline.topological_order
         vis = draw_visits(pipeline, len(self.arr), self.opt.seed)
         self.visits = [{m for j, m in enumerate(order) if vis[i, j]} for i in range(len(self.arr))]
+        # repeated calls (Pipeline.visits): the calls of a visit still to make after this one
+        self.more = {
+            (int(i), order[j]): int(vis[i, j]) - 1
+            for i, j in zip(*np.nonzero(vis > 1), strict=True)
+        }
         self.pos = {m: j for j, m in enumerate(order)}
         # the spread's draws (EstimatorOptions.service_spread): visit (i, m) takes element
         # i * M + m of a standard normal stream seeded [seed, 1], clipped at the 99.9th pct
@@ -227,6 +234,10 @@ class SimpyReference:
             self._request_dispatch(rep.model)
 
     def _finished(self, i: int, m: str) -> None:
+        if self.more.get((i, m), 0) > 0:  # the next call of the visit enters m's queue
+            self.more[(i, m)] -= 1
+            self._enter(i, m)
+            return
         now = self.env.now
         self.finish[i] = max(self.finish[i], now)
         self.left[i] -= 1
@@ -404,6 +415,20 @@ def _with_spread(build: Callable[[], tuple[Pipeline, Profiles, dict[str, ModelCo
     return spread
 
 
+def _with_visits(build: Callable[[], tuple[Pipeline, Profiles, dict[str, ModelConfig]]]):  # type: ignore[no-untyped-def]
+    """The same case with repeated calls: every query that visits ``vehicle`` calls it twice,
+    one that visits ``alpr`` once or twice (``visits`` 1.5), ``report`` three times."""
+
+    def visits() -> tuple[Pipeline, Profiles, dict[str, ModelConfig]]:
+        p, prof, cfg = build()
+        p = Pipeline(
+            p.name, p.models, p.edges, p.scale_factors, {"vehicle": 2, "alpr": 1.5, "report": 3}
+        )
+        return p, prof, cfg
+
+    return visits
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -433,6 +458,17 @@ CASES = (
             seed=5,
         ),
         ((20.0, "yolo", 2), (40.0, "alpr", 3), (60.0, "yolo", 1), (80.0, "alpr", 1)),
+    ),
+    Case("video repeated calls", _with_visits(video), 20.0, 2.0, EstimatorOptions(seed=8)),
+    Case(
+        "video repeats on grid+wait+hop",
+        _with_visits(_on_grid(video)),
+        20.0,
+        2.0,
+        EstimatorOptions(
+            hop_overhead_s=1 / 1024, batch_wait_s={"vehicle": 4 / 1024, "alpr": 2 / 1024}, seed=9
+        ),
+        grid=True,
     ),
     Case(
         "video wake-up+sched",

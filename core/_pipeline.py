@@ -14,6 +14,7 @@ from .errors import NotFoundError, ValidationError
 __all__ = ["PIPELINE_FORMAT", "Pipeline"]
 
 PIPELINE_FORMAT = "inferline.pipeline/1"
+MAX_VISITS = 255.0  # calls of one model per query (the estimator counts them in a byte)
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,19 @@ class Pipeline:
 
     ``scale_factors[m]`` (default 1.0) is the probability that a query entering the pipeline
     visits ``m``; a query visits ``m`` only if it visited at least one of its parents.
+    ``visits[m]`` (default 1.0, at least 1) is the mean number of calls a query that visits
+    ``m`` makes to it: the calls are sequential, each one a queue entry of its own that enters
+    ``m``'s queue when the previous one finishes, and ``m``'s children start after the last.
+    A fractional part is the probability of one call more (``floor(v)`` or ``floor(v) + 1``
+    calls). A pipeline query thus makes ``scale_factors[m] * visits[m]`` calls to ``m`` on
+    average (:meth:`calls`), the load factor planning multiplies rates by.
     """
 
     name: str
     models: tuple[str, ...]
     edges: tuple[tuple[str, str], ...] = ()
     scale_factors: Mapping[str, float] = field(default_factory=dict)
+    visits: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         as_str(self.name, "name")
@@ -57,6 +65,10 @@ class Pipeline:
             as_float(s, f"scale_factors.{m}", lo=0.0, hi=1.0)
             if s <= 0:
                 raise ValidationError(f"scale_factors.{m}", "a probability in (0, 1]", s)
+        for m, v in self.visits.items():
+            if m not in seen:
+                raise ValidationError("visits", f"keys from {list(self.models)!r}", m)
+            as_float(v, f"visits.{m}", lo=1.0, hi=MAX_VISITS)
         self.topological_order  # raises on cycles  # noqa: B018
 
     # -- structure -----------------------------------------------------------------------
@@ -103,6 +115,17 @@ class Pipeline:
             raise NotFoundError("model", model, list(self.models))
         return float(self.scale_factors.get(model, 1.0))
 
+    def visits_of(self, model: str) -> float:
+        """Mean calls to ``model`` by a query that visits it (1.0 unless ``visits`` says)."""
+        if model not in self.parents:
+            raise NotFoundError("model", model, list(self.models))
+        return float(self.visits.get(model, 1.0))
+
+    def calls(self, model: str) -> float:
+        """Mean calls to ``model`` per pipeline query: ``scale_factor * visits``, the factor
+        between the pipeline's arrival rate and the rate of queue entries at the model."""
+        return self.scale_factor(model) * self.visits_of(model)
+
     def visit_probability(self, model: str) -> float:
         """Probability that a query visiting at least one parent of ``model`` also visits it.
 
@@ -134,12 +157,14 @@ class Pipeline:
         }
         if self.scale_factors:
             d["scale_factors"] = dict(self.scale_factors)
+        if self.visits:
+            d["visits"] = dict(self.visits)
         return d
 
     @classmethod
     def from_dict(cls, d: Any) -> Pipeline:
         m = check_format(d, PIPELINE_FORMAT)
-        no_extra_keys(m, {"format", "name", "models", "edges", "scale_factors"}, "")
+        no_extra_keys(m, {"format", "name", "models", "edges", "scale_factors", "visits"}, "")
         models = tuple(as_str(x, "models[]") for x in as_list(req(m, "models", ""), "models"))
         edges = []
         for i, e in enumerate(as_list(m.get("edges", []), "edges")):
@@ -151,7 +176,11 @@ class Pipeline:
             as_str(k, "scale_factors"): as_float(v, f"scale_factors.{k}", lo=0.0, hi=1.0)
             for k, v in as_mapping(m.get("scale_factors", {}), "scale_factors").items()
         }
-        return cls(as_str(req(m, "name", ""), "name"), models, tuple(edges), sf)
+        vs = {
+            as_str(k, "visits"): as_float(v, f"visits.{k}", lo=1.0, hi=MAX_VISITS)
+            for k, v in as_mapping(m.get("visits", {}), "visits").items()
+        }
+        return cls(as_str(req(m, "name", ""), "name"), models, tuple(edges), sf, vs)
 
     @classmethod
     def linear(cls, name: str, models: list[str] | tuple[str, ...]) -> Pipeline:

@@ -16,7 +16,9 @@ fraction of queries that visit a model is its scale factor (InferLine §3.2). He
   conditional B between them, as the pipeline format needs (a query visits a model only if it
   visited one of its parents).
 - Models appear in first-seen order; the scale factor of a model is the fraction of sample
-  queries that called it at least once.
+  queries that called it at least once, and its ``visits`` the mean number of calls those
+  queries made to it (recorded where it is not 1: a pipeline that calls a model k times per
+  query puts k queue entries on it, so it needs k times the throughput).
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ class TracingContext(PipelineContext):
         node.known = node.known | {call_id}
         return out
 
+    def call_counts(self) -> dict[str, int]:
+        """Calls this query made to each model."""
+        out: dict[str, int] = {}
+        for m, _ in self._calls:
+            out[m] = out.get(m, 0) + 1
+        return out
+
     def lineage(self) -> tuple[list[str], set[tuple[str, str]]]:
         """Models called (first-seen order) and this query's reduced dependency edges."""
         models = list(dict.fromkeys(m for m, _ in self._calls))
@@ -162,6 +171,7 @@ async def trace_pipeline(
         raise ValidationError("call", "an async function (model, x) or a Dispatcher", call)
     order: dict[str, None] = {}
     visits: dict[str, int] = {}
+    calls: dict[str, int] = {}
     edges: dict[tuple[str, str], None] = {}
     n = 0
     for i, x in zip(itertools.count(1), sample_inputs, strict=False):
@@ -172,6 +182,8 @@ async def trace_pipeline(
         for m in models:
             order.setdefault(m)
             visits[m] = visits.get(m, 0) + 1
+        for m, k in ctx.call_counts().items():
+            calls[m] = calls.get(m, 0) + k
         for e in sorted(es):
             edges.setdefault(e)
     if not order:
@@ -179,9 +191,11 @@ async def trace_pipeline(
     models = list(order)
     pos = {m: j for j, m in enumerate(models)}
     scale = {m: visits[m] / n for m in models if visits[m] < n}
+    repeats = {m: calls[m] / visits[m] for m in models if calls[m] > visits[m]}
     return Pipeline(
         name,
         tuple(models),
         tuple(sorted(edges, key=lambda e: (pos[e[1]], pos[e[0]]))),
         scale,
+        repeats,
     )

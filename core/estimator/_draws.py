@@ -26,11 +26,15 @@ __all__ = [
 
 
 def draw_visits(pipeline: Pipeline, n: int, seed: int) -> np.ndarray:
-    """Visit matrix ``[n, M]`` (models in topological order), drawn up front.
+    """Visit matrix ``[n, M]`` (models in topological order), drawn up front: the number of
+    calls each query makes to each model (0: it does not visit it).
 
     One ``rng.random(n)`` per model in topological order from ``default_rng(seed)``: a query
     visits a root with its scale factor, and any other model iff it visited at least one parent
-    and the draw is below ``pipeline.visit_probability(model)``.
+    and the draw is below ``pipeline.visit_probability(model)``. A visit makes
+    ``floor(visits[m])`` calls, one more where a draw from a stream of its own
+    (``default_rng([seed, 2])``, one ``random(n)`` per model with a fractional ``visits``, in
+    topological order) is below the fractional part; with integer visits nothing is drawn.
     """
     order = pipeline.topological_order
     pos = {m: j for j, m in enumerate(order)}
@@ -46,6 +50,17 @@ def draw_visits(pipeline: Pipeline, n: int, seed: int) -> np.ndarray:
                 anyp |= vis[:, pos[p]].astype(bool)
             ok &= anyp
         vis[:, j] = ok
+    extra: np.random.Generator | None = None
+    for j, m in enumerate(order):
+        v = pipeline.visits_of(m)
+        if v == 1.0:
+            continue
+        k = math.floor(v)
+        calls = np.full(n, k, dtype=np.uint8)
+        if v > k:
+            extra = extra if extra is not None else np.random.default_rng([seed, 2])
+            calls += (extra.random(n) < v - k).astype(np.uint8)
+        vis[:, j] *= calls
     return vis
 
 
@@ -90,7 +105,7 @@ _VISITS: dict[tuple[int, int, int], tuple[Pipeline, np.ndarray, np.ndarray, np.n
 
 
 def visits(pipeline: Pipeline, n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(visits [n, M], visited parents per visit, visits per query), cached by pipeline identity.
+    """(calls [n, M], visited parents per visit, visits per query), cached by pipeline identity.
 
     The planner simulates one trace thousands of times; the draws depend only on these keys.
     Callers must copy the last two before the kernel mutates them.
@@ -104,9 +119,9 @@ def visits(pipeline: Pipeline, n: int, seed: int) -> tuple[np.ndarray, np.ndarra
     rem = np.zeros(vis.shape, dtype=np.int32)
     for j, m in enumerate(pipeline.topological_order):
         for q in pipeline.parents[m]:
-            rem[:, j] += vis[:, pos[q]]
-    rem *= vis  # only visited models wait for parents
-    left = vis.sum(axis=1, dtype=np.int32)
+            rem[:, j] += vis[:, pos[q]] > 0
+    rem *= vis > 0  # only visited models wait for parents
+    left = (vis > 0).sum(axis=1, dtype=np.int32)
     for a in (vis, rem, left):
         a.flags.writeable = False
     with CACHE_LOCK:

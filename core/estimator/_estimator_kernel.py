@@ -66,7 +66,7 @@ class KState(NamedTuple):
     """Every array the kernel reads or writes (static inputs first)."""
 
     arr: np.ndarray  # f8[N] arrival times
-    vis: np.ndarray  # u1[N*M] visit flags
+    vis: np.ndarray  # u1[N*M] calls per visit (0: not visited; more than 1: repeated calls)
     ch_ptr: np.ndarray  # i8[M+1] children CSR
     ch_idx: np.ndarray  # i8[E]
     is_root: np.ndarray  # u1[M]
@@ -82,12 +82,13 @@ class KState(NamedTuple):
     pool_cap: np.ndarray  # f8[P] units each pool has
     rem: np.ndarray  # i4[N*M] visited parents not yet finished
     left: np.ndarray  # i4[N] visits not yet finished
+    ncall: np.ndarray  # u1[N*M] calls of the visit finished so far (one element: no repeats)
     fin: np.ndarray  # f8[N] finish time of the last finished visit
     enq: np.ndarray  # f8[N*M] time the visit entered the queue
     qd: np.ndarray  # f8[N*M] queueing delay (NaN until the visit starts)
     qheap: np.ndarray  # i8[M*N] per-model EDF heaps
     qlen: np.ndarray  # i8[M]
-    fifo: np.ndarray  # i8[M*N] per-model insertion order (only with batch wait)
+    fifo: np.ndarray  # i8[M*F] per-model insertion order, ``i * 256 + call`` (batch wait only)
     fhead: np.ndarray  # i8[M]
     ftail: np.ndarray  # i8[M]
     wake_at: np.ndarray  # f8[M] outstanding batch-wait timer (inf = none)
@@ -180,7 +181,7 @@ def _mark(dirty, dlist, ist, m):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True, inline="always")
-def _enqueue(qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m, t):  # type: ignore[no-untyped-def]
+def _enqueue(qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m, t, c):  # type: ignore[no-untyped-def]
     base = m * N
     n = qlen[m]
     j = n
@@ -194,8 +195,8 @@ def _enqueue(qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m
     qheap[base + j] = i
     qlen[m] = n + 1
     enq[i * M + m] = t
-    if waitv[m] > 0.0:
-        fifo[base + ftail[m]] = i
+    if waitv[m] > 0.0:  # c: the visit's call number (a stale entry of an earlier call is skipped)
+        fifo[m * (fifo.shape[0] // M) + ftail[m]] = i * 256 + c
         ftail[m] += 1
     _mark(dirty, dlist, ist, m)
 
@@ -210,7 +211,7 @@ def run(S: KState, t_stop: float) -> float:
     return _loop(
         S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.wake_g, S.wake_x,
         S.wake_n, S.spr_mu, S.spr_sig, S.zs, S.waitv, S.pool_cap,
-        S.rem, S.left,
+        S.rem, S.left, S.ncall,
         S.fin, S.enq, S.qd, S.qheap, S.qlen, S.fifo, S.fhead, S.ftail, S.wake_at, S.hq_i, S.hq_m,
         S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_row, S.rep_st, S.rep_b, S.rep_batch,
         S.rep_next, S.rep_fin, S.rep_stop, S.rep_end, S.idle_head, S.cur_row, S.inflight,
@@ -224,7 +225,7 @@ def run(S: KState, t_stop: float) -> float:
 @njit(cache=True, nogil=True)
 def _loop(  # type: ignore[no-untyped-def]
     arr, vis, ch_ptr, ch_idx, is_root, maxb, table, wake_g, wake_x, wake_n, spr_mu, spr_sig,
-    zs, waitv, pool_cap, rem, left,
+    zs, waitv, pool_cap, rem, left, ncall,
     fin, enq, qd, qheap, qlen, fifo, fhead, ftail, wake_at, hq_i, hq_m,
     hq_t, ev_t, ev_k, ev_a, rep_m, rep_row, rep_st, rep_b, rep_batch,
     rep_next, rep_fin, rep_stop, rep_end, idle_head, cur_row, inflight,
@@ -269,7 +270,21 @@ def _loop(  # type: ignore[no-untyped-def]
                         ist[I_HQT] = h + 1
                     else:
                         _enqueue(
-                            qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m, t
+                            qheap,
+                            qlen,
+                            enq,
+                            fifo,
+                            ftail,
+                            waitv,
+                            dirty,
+                            dlist,
+                            ist,
+                            N,
+                            M,
+                            i,
+                            m,
+                            t,
+                            0,
                         )
         ist[I_AP] = ap
         # 2. completions, activations, batch-wait timers; then the shared-core pools'
@@ -305,6 +320,23 @@ def _loop(  # type: ignore[no-untyped-def]
                 hi = ch_ptr[m + 1]
                 for k in range(b):
                     i = rep_batch[s, k]
+                    vi = i * M + m
+                    if vis[vi] > 1:  # a repeated call: the next one enters m's queue
+                        ncall[vi] += 1
+                        if ncall[vi] < vis[vi]:
+                            qd[vi] = np.nan  # queued again (qd: the last call's delay)
+                            if hop > 0.0:
+                                h = ist[I_HQT]
+                                hq_i[h] = i
+                                hq_m[h] = m
+                                hq_t[h] = t + hop
+                                ist[I_HQT] = h + 1
+                            else:
+                                _enqueue(
+                                    qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist,
+                                    N, M, i, m, t, ncall[vi],
+                                )  # fmt: skip
+                            continue
                     fin[i] = t  # completions come in time order: this ends as the last finish
                     left[i] -= 1
                     if left[i] == 0:
@@ -337,6 +369,7 @@ def _loop(  # type: ignore[no-untyped-def]
                                         i,
                                         c,
                                         t,
+                                        0,
                                     )
                 rep_b[s] = 0
                 if rep_st[s] == RETIRING:
@@ -373,8 +406,11 @@ def _loop(  # type: ignore[no-untyped-def]
         # 3. hop arrivals (after completions: a hop too small to move t lands in this instant)
         while ist[I_HQH] < ist[I_HQT] and hq_t[ist[I_HQH]] == t:
             h = ist[I_HQH]
+            hi_ = hq_i[h]
+            hm_ = hq_m[h]
+            hc_ = ncall[hi_ * M + hm_] if vis[hi_ * M + hm_] > 1 else 0
             _enqueue(
-                qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, hq_i[h], hq_m[h], t
+                qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, hi_, hm_, t, hc_
             )
             ist[I_HQH] = h + 1
         # 4. dispatch: idle replicas of every touched model take batches
@@ -391,11 +427,16 @@ def _loop(  # type: ignore[no-untyped-def]
                 if w > 0.0 and n < B:
                     # Delayed batching: wait until the batch fills or the oldest queued visit
                     # has waited w. Insertion order is enqueue-time order; skip taken visits.
+                    fb = m * (fifo.shape[0] // M)
                     h = fhead[m]
-                    while not np.isnan(qd[fifo[base + h] * M + m]):
+                    while True:
+                        code = fifo[fb + h]
+                        vi = (code >> 8) * M + m
+                        if np.isnan(qd[vi]) and (code & 255) == (ncall[vi] if vis[vi] > 1 else 0):
+                            break
                         h += 1
                     fhead[m] = h
-                    deadline = enq[fifo[base + h] * M + m] + w
+                    deadline = enq[vi] + w
                     if t < deadline:
                         if wake_at[m] == INF:
                             wake_at[m] = deadline

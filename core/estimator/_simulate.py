@@ -279,12 +279,13 @@ def _result(
     avail_per = np.clip(end, t0, t_end) - np.clip(act, t0, t_end)
     avail = np.bincount(rm, weights=np.maximum(avail_per, 0.0), minlength=M)
     qd = S.qd.reshape(N, M)
-    visits = vis.sum(axis=0)
+    visits = vis.sum(axis=0, dtype=np.int64)  # calls
     models: dict[str, ModelSimStats] = {}
     for j, m in enumerate(p.order):
         col = qd[:, j]
-        col = col[~np.isnan(col)]
-        started = col.size
+        ok = ~np.isnan(col)
+        col = col[ok]  # with repeated calls: each visit's last call
+        started = col.size if visits[j] == col.size else int(vis[ok, j].sum(dtype=np.int64))
         nb = int(S.nbatch[j])
         models[m] = ModelSimStats(
             visits=int(visits[j]),

@@ -28,6 +28,10 @@ def new_state(
     NM = N * M
     visf = np.ascontiguousarray(vis).reshape(-1)
     use_wait = bool(np.any(p.waitv > 0))
+    # repeated calls (``Pipeline.visits``): a visit may enter its queue (and the hop FIFO)
+    # more than once; each model's batch-wait FIFO then holds up to ``kmax * N`` entries
+    kmax = int(visf.max()) if NM else 1
+    calls = int(visf.sum(dtype=np.int64)) if kmax > 1 else NM
     S0 = int(p.replicas.sum())
     cap = max(16, 2 * S0)
     ist = np.zeros(8, dtype=np.int64)
@@ -54,18 +58,19 @@ def new_state(
         pool_cap=p.pool_cap,
         rem=rem.reshape(-1).copy(),
         left=left.copy(),
+        ncall=np.zeros(NM if kmax > 1 else 1, dtype=np.uint8),
         fin=np.full(N, np.inf),
         enq=np.zeros(NM),
         qd=np.full(NM, np.nan),
         qheap=np.zeros(NM, dtype=np.int64),
         qlen=np.zeros(M, dtype=np.int64),
-        fifo=np.zeros(NM if use_wait else 1, dtype=np.int64),
+        fifo=np.zeros(NM * kmax if use_wait else 1, dtype=np.int64),
         fhead=np.zeros(M, dtype=np.int64),
         ftail=np.zeros(M, dtype=np.int64),
         wake_at=np.full(M, np.inf),
-        hq_i=np.zeros(NM if hop > 0 else 1, dtype=np.int64),
-        hq_m=np.zeros(NM if hop > 0 else 1, dtype=np.int64),
-        hq_t=np.zeros(NM if hop > 0 else 1),
+        hq_i=np.zeros(calls if hop > 0 else 1, dtype=np.int64),
+        hq_m=np.zeros(calls if hop > 0 else 1, dtype=np.int64),
+        hq_t=np.zeros(calls if hop > 0 else 1),
         ev_t=np.zeros(ecap),
         ev_k=np.zeros(ecap, dtype=np.int64),
         ev_a=np.zeros(ecap, dtype=np.int64),

@@ -195,6 +195,6 @@ def hop_overhead_from(
         service_spread=service_spread,
         base=base,
     )
-    visits = sum(pipeline.scale_factor(m) for m in pipeline.models)
+    visits = sum(pipeline.calls(m) for m in pipeline.models)  # queue entries per query
     gap = float(np.median(measured.latency_s[ok]) - np.median(sim.latencies_s))
     return max(0.0, gap / max(visits, 1e-9))

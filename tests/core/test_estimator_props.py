@@ -131,7 +131,7 @@ def _bench():  # type: ignore[no-untyped-def]
     return sys.modules[name]
 
 
-@pytest.mark.parametrize("case", range(8))
+@pytest.mark.parametrize("case", range(10))
 def test_benchmark_cases_agree_with_simpy(case: int) -> None:
     bench = _bench()
     r = bench.compare(bench.CASES[case], 8.0)
@@ -147,10 +147,15 @@ def test_benchmark_cases_agree_with_simpy(case: int) -> None:
     st.lists(st.tuples(st.integers(0, 64), st.sampled_from("abcd"), st.integers(0, 3)), max_size=4),
     st.sampled_from([None, WakeProfile((4 / GRID, 32 / GRID), (1 / GRID, 3 / GRID))]),
     st.booleans(),
+    st.sampled_from([{}, {}, {"b": 2.0}, {"a": 1.5, "c": 3.0}, {"d": 2.25}]),
 )
-def test_random_systems_agree_with_simpy(system, hop, wait, delay, sched, wake, spread) -> None:  # type: ignore[no-untyped-def]
+def test_random_systems_agree_with_simpy(
+    system, hop, wait, delay, sched, wake, spread, visits
+) -> None:  # type: ignore[no-untyped-def]
     bench = _bench()
     p, prof, configs, arr, seed = system
+    visits = {m: v for m, v in visits.items() if m in p.models}  # repeated calls
+    p = Pipeline(p.name, p.models, p.edges, p.scale_factors, visits)
     if spread:  # service times drawn between p50 0.7x and p99 1.8x of latency_s (odd models)
         prof = Profiles(
             {
