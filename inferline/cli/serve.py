@@ -31,6 +31,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
     token = token_of(args)
     # built (and validated) before anything starts
     tuner_config = TunerConfig(**ladder_knobs(args))
+    drift, profiles, pipeline = _drift_args(args)
     warn_open_host(args.host, token)
     from inferline.deploy import serve
 
@@ -48,9 +49,30 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             ready=_print_serving,
             tuner=None if getattr(args, "tuner", "inferline") == "none" else tuner_config,
             variant_switching=getattr(args, "variant_switching", True),
+            drift=drift,
+            profiles=profiles,
+            pipeline=pipeline,
         )
     )
     return 0
+
+
+def _drift_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """The drift loop's config, profiles and pipeline from ``--on-drift``, ``--drift-config``,
+    ``--profiles``, ``--pipeline`` (validated before anything starts)."""
+    import json
+    from pathlib import Path
+
+    from inferline.core import load_pipeline, load_profiles
+    from inferline.deploy import DriftConfig
+
+    mode = getattr(args, "on_drift", "alert")
+    path = getattr(args, "drift_config", None)
+    base = DriftConfig.from_dict(json.loads(Path(path).read_text())) if path else DriftConfig()
+    config = DriftConfig.from_dict({**base.to_dict(), "mode": mode})
+    profiles = load_profiles(args.profiles) if getattr(args, "profiles", None) else None
+    pipeline = load_pipeline(args.pipeline) if getattr(args, "pipeline", None) else None
+    return config, profiles, pipeline
 
 
 def _print_serving(info: dict[str, Any]) -> None:
@@ -63,4 +85,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument("--deployment", required=True, help="deployment JSON (inferline.deployment/1)")
     s.add_argument("--plan", default=None, help="plan JSON to deploy (default: 1 replica each)")
     add_server_args(s)
+    s.add_argument(
+        "--on-drift",
+        choices=["off", "alert", "replan"],
+        default="alert",
+        help="when the estimated and measured P99 of an app stay apart: alert (log, count, "
+        "GET /admin/drift; default), replan (also recalibrate the profiles to the live "
+        "service times and re-plan when the plan no longer fits), off. Needs --plan, "
+        "--profiles and --pipeline",
+    )
+    s.add_argument("--profiles", default=None, help="profiles JSON the drift loop estimates with")
+    s.add_argument("--pipeline", default=None, help="pipeline JSON the drift loop estimates with")
+    s.add_argument(
+        "--drift-config",
+        default=None,
+        help="JSON of the drift loop's knobs (window_s, tick_s, threshold, sustain, "
+        "cooldown_s, min_queries, min_batches, plan_trace_s, hop_overhead_s, service_spread)",
+    )
     s.set_defaults(func=_serve)

@@ -1,6 +1,6 @@
 """Deployment control: the deployment format, starting a service from a deployment and a plan,
 applying plans, serving over HTTP (``serve``), attaching to a running Triton or TF Serving
-server, the live tuner and live model switching.
+server, the live tuner, live model switching and the drift loop.
 """
 
 from inferline.deploy._apply import apply_deployment_plan, apply_plan
@@ -13,6 +13,15 @@ from inferline.deploy._attach import (
     plan_attachment,
     serve_attachment,
     start_attachment_service,
+)
+from inferline.deploy._drift import DriftEvent, DriftMonitor, drift_monitor
+from inferline.deploy._drift_policy import (
+    DRIFT_MODES,
+    DriftConfig,
+    DriftDecision,
+    DriftObservation,
+    DriftPolicy,
+    DriftState,
 )
 from inferline.deploy._format import (
     DEPLOYMENT_FORMAT,
@@ -30,12 +39,20 @@ from inferline.deploy._tuning import AppliedDecision, LiveTuner
 
 __all__ = [
     "DEPLOYMENT_FORMAT",
+    "DRIFT_MODES",
     "AppSpec",
     "AppliedDecision",
     "Attachment",
     "AttachmentTarget",
     "Deployment",
     "DeploymentTarget",
+    "DriftConfig",
+    "DriftDecision",
+    "DriftEvent",
+    "DriftMonitor",
+    "DriftObservation",
+    "DriftPolicy",
+    "DriftState",
     "LiveSwitcher",
     "LiveTuner",
     "QueueSpec",
@@ -46,6 +63,7 @@ __all__ = [
     "attach",
     "dag_pipeline",
     "drain",
+    "drift_monitor",
     "import_object",
     "load_deployment",
     "plan_attachment",

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from inferline.core import Plan, TunerConfig
+from inferline.core import Pipeline, Plan, Profiles, TunerConfig
+from inferline.deploy._drift import make_drift_router
+from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._format import Deployment, import_object
 from inferline.deploy._start import start_service
 from inferline.server._admin import make_admin_router
@@ -36,25 +38,37 @@ async def serve(
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     tuner: TunerConfig | None = TunerConfig(),  # noqa: B008 (frozen)
     variant_switching: bool = True,
+    drift: DriftConfig | None = None,
+    profiles: Profiles | None = None,
+    pipeline: Pipeline | None = None,
 ) -> None:
     """Start ``dep`` with ``plan`` and serve it on ``host:port`` until SIGINT/SIGTERM or until
     ``stop`` is set. Binds before anything starts (a port in use fails fast).
 
     ``tuner``: the live tuner's configuration (None: no tuner; it runs only for a plan with
-    tuner inputs). Once serving, ``{url, pid, apps, models}`` is written to ``ready_file``
+    tuner inputs); ``drift`` / ``profiles`` / ``pipeline``: the drift loop (``start_service``;
+    ``GET /admin/drift`` either way). Once serving, ``{url, pid, apps, models}`` is written to ``ready_file``
     (atomically) and passed to ``ready``. ``max_request_rows``: the most rows (queries) one
     request may carry on the native route and every front door.
     """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     try:
-        svc = await start_service(dep, plan, tuner=tuner, variant_switching=variant_switching)
+        svc = await start_service(
+            dep,
+            plan,
+            tuner=tuner,
+            variant_switching=variant_switching,
+            drift=drift,
+            profiles=profiles,
+            pipeline=pipeline,
+        )
     except BaseException:
         sock.close()
         raise
     for a in svc.apps.values():
         a.max_batch_inputs = max_request_rows
-    routers: list[Any] = [make_admin_router]
+    routers: list[Any] = [make_admin_router, make_drift_router]
     if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
         from inferline.server._selection_routes import make_selection_router
 

@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferline.core import Plan, TunerConfig
+from inferline.core import Pipeline, Plan, Profiles, TunerConfig
 from inferline.deploy._apply import apply_deployment_plan
+from inferline.deploy._drift import DriftMonitor
+from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._format import Deployment
 from inferline.deploy._planned import (
     check_stages_served,
@@ -46,6 +48,9 @@ async def start_service(
     host: Any = None,
     tuner: TunerConfig | None = None,
     variant_switching: bool = True,
+    drift: DriftConfig | None = None,
+    profiles: Profiles | None = None,
+    pipeline: Pipeline | None = None,
 ) -> Service:
     """Deploy every model (plan's configuration, or one CPU replica with batch 1), create the
     interposed queue and the apps; returns a ready ``Service``. On failure, undoes it all.
@@ -83,6 +88,7 @@ async def start_service(
             dispatcher=dispatcher,
             variants=variant_switching,
         )
+    monitor = _drift_monitor(drift, plan, profiles, pipeline, clock)
     # observers registered through the plugin host hear about deploys, plan changes and scaling
     svc = Service(
         dispatcher=dispatcher,
@@ -149,7 +155,29 @@ async def start_service(
             )
         if live is not None:
             await live.launch(svc, apps)
+        if monitor is not None:
+            await monitor.launch(svc, apps)
     except BaseException:
         await svc.close()
         raise
     return svc
+
+
+def _drift_monitor(
+    config: DriftConfig | None,
+    plan: Plan | None,
+    profiles: Profiles | None,
+    pipeline: Pipeline | None,
+    clock: Callable[[], float],
+) -> DriftMonitor | None:
+    if config is None or config.mode == "off":
+        return None
+    missing = [
+        what
+        for what, v in (("a plan", plan), ("profiles", profiles), ("a pipeline", pipeline))
+        if v is None
+    ]
+    if missing or profiles is None or pipeline is None:
+        log.info("drift loop off: it needs %s to estimate with", ", ".join(missing))
+        return None
+    return DriftMonitor(config, profiles, pipeline, clock=clock)
