@@ -209,7 +209,13 @@ class DriftMonitor:
         self.last_decision = decision
         if decision.action != "none":
             log.warning("drift (%s): %s", decision.action, decision.reason)
-            self._event("drift", decision.reason, action=decision.action, apps=decision.apps)
+            self._event(
+                "drift",
+                decision.reason,
+                action=decision.action,
+                apps=list(decision.apps),
+                observations=[o.to_dict() for o in obs if o.app in decision.apps],
+            )
             if self._gauges is not None:
                 self._gauges.acted(decision.action)
         if decision.action == "recalibrate" and (self._acting is None or self._acting.done()):
@@ -257,10 +263,13 @@ class DriftMonitor:
         return float(sim.percentile(99))
 
     # -- acting ----------------------------------------------------------------------------
-    def live_service(self) -> dict[str, dict[int, RecentService]]:
-        """Per model and batch size, the window's batches: count, median and P99."""
+    def live_service(self, since: float = -np.inf) -> dict[str, dict[int, RecentService]]:
+        """Per model and batch size, the window's batches (those started at ``since`` or
+        later): count, median and P99."""
         by: dict[str, dict[int, list[float]]] = {}
         for ev in self._batches:
+            if ev.start < since:
+                continue
             by.setdefault(ev.model, {}).setdefault(ev.size, []).append(ev.service_s)
         out: dict[str, dict[int, RecentService]] = {}
         for m, sizes in by.items():
@@ -276,10 +285,14 @@ class DriftMonitor:
         if plan is None:
             return
         hardware = {m: c.hardware for m, c in plan.models.items()}
+        c = self.config
+        # the service times since the gap opened (the sustained ticks) say what the models
+        # do now; the whole window where that is too few batches
+        live = self.live_service(now - c.sustain * c.tick_s)
+        if not any(r.batches >= c.min_batches for by_b in live.values() for r in by_b.values()):
+            live = self.live_service()
         try:
-            profiles, rows = calibrate_profiles(
-                self.profiles, hardware, self.live_service(), self.config.min_batches
-            )
+            profiles, rows = calibrate_profiles(self.profiles, hardware, live, c.min_batches)
         except InferlineError as e:
             self._event("error", f"calibration failed: {e}")
             return
@@ -345,7 +358,7 @@ class DriftMonitor:
             plan.slo_s,
             percentile=plan.percentile,
             catalog=self.catalog,
-            options=PlannerOptions(estimator=self.estimator),
+            options=PlannerOptions(estimator=self.estimator, rate_margin=self.config.rate_margin),
         )
 
     def _event(self, kind: str, detail: str, **data: Any) -> None:
@@ -358,6 +371,7 @@ class DriftMonitor:
         """What ``GET /admin/drift`` answers."""
         return {
             "enabled": True,
+            "now_s": self._clock(),
             "config": self.config.to_dict(),
             "apps": {a: o.to_dict() for a, o in self.last.items()},
             "apart_ticks": dict(self.state.apart),

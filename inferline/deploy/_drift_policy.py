@@ -45,7 +45,9 @@ class DriftConfig:
     consecutive ticks apart before acting; ``cooldown_s``: the least time between two
     actions. ``min_queries``: the fewest arrivals in a window worth judging;
     ``min_batches``: the fewest live batches of one size calibration uses;
-    ``plan_trace_s``: the arrivals a re-plan plans for (the last that many seconds);
+    ``plan_trace_s``: the arrivals a re-plan plans for (the last that many seconds), with
+    ``rate_margin`` headroom (``PlannerOptions.rate_margin``: fresh traffic is another
+    realization of the same process);
     ``hop_overhead_s`` / ``service_spread``: estimator options of the live estimate.
     """
 
@@ -58,6 +60,7 @@ class DriftConfig:
     min_queries: int = 50
     min_batches: int = 20
     plan_trace_s: float = 30.0
+    rate_margin: float = 0.1
     hop_overhead_s: float = 0.0
     service_spread: bool = False
 
@@ -68,7 +71,7 @@ class DriftConfig:
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
                 raise ValidationError(f"drift.{name}", "a finite number > 0", v)
-        for name in ("cooldown_s", "hop_overhead_s"):
+        for name in ("cooldown_s", "hop_overhead_s", "rate_margin"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValidationError(f"drift.{name}", "a finite number >= 0", v)
