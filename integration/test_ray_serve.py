@@ -89,7 +89,7 @@ def cluster() -> Iterator[RayCluster]:
 
 # -- 1. node loss through inferline serve -----------------------------------------------------
 
-SLO_S = 0.25
+SLO_S = 0.5  # headroom on a shared 2-core machine (whole-run P99s of 79-187 ms seen)
 RATE_QPS = 40.0
 RUN_S = 15.0
 REMOVE_AT_S = 5.0
@@ -197,6 +197,7 @@ def test_node_lost_under_load_through_inferline_serve(cluster: RayCluster, tmp_p
     after = [(t, p) for t, p in rolling if t >= marks["remove_called"]]
     over = [t for t, p in after if p > SLO_S]
     under_again = next((t for t, p in after if t > over[-1]), None) if over else None
+    before = [p for t, p in rolling if t < marks["remove_called"]]
     lat_ms = res.latency_s * 1e3
     around = (res.scheduled_s >= marks["remove_called"] - 0.5) & (
         res.scheduled_s < marks["remove_called"] + 3.0
@@ -218,6 +219,8 @@ def test_node_lost_under_load_through_inferline_serve(cluster: RayCluster, tmp_p
             else "  rolling P99 (1 s windows) never over the SLO "
             f"(peak {max(p for _, p in after) * 1e3:.0f} ms)\n"
         )
+        + f"  rolling P99 before the loss: median {np.median(before) * 1e3:.0f} ms, "
+        f"max {max(before) * 1e3:.0f} ms\n"
         + f"  max latency in the 3.5 s around the loss {np.nanmax(lat_ms[around]):.0f} ms\n"
         f"  whole run: {res.n} queries, {summary['ok']} ok, {summary['defaults']} defaults, "
         f"P99 {summary['p99_ms']:.1f} ms, SLO misses {summary['slo_miss_rate']:.2%}; "
