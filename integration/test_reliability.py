@@ -146,7 +146,9 @@ def test_a_body_that_is_not_json_is_a_400_on_every_json_route(small_server):
     url = small_server.url
     for method, path in (("PUT", "/admin/plan"), ("POST", "/apps/app/predict")):
         for body in (b"xx", b'{"models": ', b"[" * 5000):
-            r = httpx.request(method, url + path, content=body)
+            r = httpx.request(
+                method, url + path, content=body, headers={"content-type": "application/json"}
+            )
             assert r.status_code == 400, (path, body[:20], r.text)
             assert r.json()["error"] == "MalformedJSON" and r.json()["field"] == "body", r.text
     assert small_server.alive()

@@ -21,6 +21,7 @@ __all__ = [
     "TOKEN_ENV",
     "add_listen_args",
     "add_server_args",
+    "host_list",
     "run_loop",
     "token_of",
     "warn_open_host",
@@ -46,6 +47,16 @@ def warn_open_host(host: str, token: str | None) -> None:
 _read_timeout = number_in(0, 3600, "seconds", lo_open=True)
 
 
+def host_list(text: str) -> list[str]:
+    """``--allowed-hosts``: comma-separated ``Host`` names (``*.example.com``, ``*``)."""
+    names = [h.strip() for h in text.split(",") if h.strip()]
+    if not names or any(any(c in h for c in " /@") for h in names):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated host names (or *), got {text!r}"
+        )
+    return names
+
+
 def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
     """Where a server listens and what it accepts (serve, deploy, attach; ``grpc``: attach's
     gRPC front doors too): one declaration, so the limits and their checks stay the same."""
@@ -59,6 +70,14 @@ def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
             help="gRPC front doors' port (0: any, -1: none)",
         )
     p.add_argument("--token", default=None, help=f"require this bearer token (or ${TOKEN_ENV})")
+    p.add_argument(
+        "--allowed-hosts",
+        type=host_list,
+        default=None,
+        help="Host header names the HTTP server answers to, comma-separated (*.example.com "
+        "for subdomains, * for any); others get 421, so a web page cannot reach the admin API "
+        "by DNS rebinding (default: the address it is bound to and localhost)",
+    )
     p.add_argument(
         "--max-body-bytes",
         type=body_bytes,

@@ -205,6 +205,7 @@ def _attach(args: argparse.Namespace) -> int:
                 grpc_port=None if args.grpc_port < 0 else args.grpc_port,
                 token=token,
                 max_body_bytes=args.max_body_bytes,
+                allowed_hosts=args.allowed_hosts,
                 ready=ready,
                 read_timeout_s=args.read_timeout_s,
             )

@@ -44,6 +44,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             token=token,
             max_body_bytes=args.max_body_bytes,
             max_request_rows=args.max_request_rows,
+            allowed_hosts=args.allowed_hosts,
             ready_file=args.ready_file,
             read_timeout_s=args.read_timeout_s,
             ready=_print_serving,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ async def serve(
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_request_rows: int = DEFAULT_MAX_ROWS,
+    allowed_hosts: Sequence[str] | None = None,
     ready_file: str | None = None,
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
@@ -49,7 +50,8 @@ async def serve(
     tuner inputs); ``drift`` / ``profiles`` / ``pipeline``: the drift loop (``start_service``;
     ``GET /admin/drift`` either way). Once serving, ``{url, pid, apps, models}`` is written to ``ready_file``
     (atomically) and passed to ``ready``. ``max_request_rows``: the most rows (queries) one
-    request may carry on the native route and every front door.
+    request may carry on the native route and every front door. ``allowed_hosts``: the
+    ``Host`` names the server answers to (None: the bound address and localhost).
     """
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
@@ -79,7 +81,13 @@ async def serve(
         routers.append(await start_velox(svc, dep.velox))
     for path in dep.routers:
         routers.append(import_object(path, "routers[]"))
-    app = create_app(svc, token=token, max_body_bytes=max_body_bytes, routers=routers)
+    app = create_app(
+        svc,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        routers=routers,
+        allowed_hosts=allowed_hosts,
+    )
     shown = host if ":" not in host else f"[{host}]"
     info = {
         "url": f"http://{shown}:{bound}",

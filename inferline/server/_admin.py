@@ -21,7 +21,41 @@ from inferline.core import InferlineError, Plan, ValidationError
 from inferline.core._http_errors import decode_json
 from inferline.server._service import Service
 
-__all__ = ["AdminRoutes", "make_admin_router"]
+__all__ = ["AdminRoutes", "check_inventory", "make_admin_router"]
+
+
+def check_inventory(backend: Any, plan: Plan) -> None:
+    """A plan's replicas within ``backend``'s inventory, before anything is applied: 422
+    naming ``models.<name>.replicas`` (or ``.hardware``) for the first model that does not
+    fit. One replica takes one unit of its hardware (on ``cpu``, its threads when the backend
+    says: ``replica_units()``). A backend that oversubscribes shares its units instead and
+    bounds them itself; with no backend (pure-Python apps) there is nothing to count."""
+    if backend is None or getattr(backend, "oversubscribe", False):
+        return
+    inventory = dict(backend.inventory())
+    units_of = getattr(backend, "replica_units", None)
+    units = dict(units_of()) if callable(units_of) else {}
+    used: dict[str, int] = {}
+    for name, cfg in sorted(plan.models.items()):
+        if cfg.replicas == 0:
+            continue
+        have = inventory.get(cfg.hardware)
+        if have is None:
+            raise ValidationError(
+                f"models.{name}.hardware",
+                f"hardware of the backend's inventory {inventory!r}",
+                cfg.hardware,
+            )
+        per = units.get(name, 1) if cfg.hardware == "cpu" else 1
+        used[cfg.hardware] = used.get(cfg.hardware, 0) + cfg.replicas * per
+        if used[cfg.hardware] > have:
+            room = max(0, have - (used[cfg.hardware] - cfg.replicas * per)) // max(per, 1)
+            raise ValidationError(
+                f"models.{name}.replicas",
+                f"at most {room} replica(s) of {per} {cfg.hardware} unit(s): the backend's "
+                f"inventory is {inventory!r} (the plan's models together may not exceed it)",
+                cfg.replicas,
+            )
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -63,6 +97,7 @@ class AdminRoutes:
             raise ValidationError(
                 "server", "a server started from a deployment or an attachment", "neither"
             )
+        check_inventory(self.service.backend, plan)
         result = await target.apply(self.service, plan)
         failed = sorted(n for n, what in result.items() if what.startswith("failed"))
         if failed:  # a 200 here made scripts believe the whole plan was in force

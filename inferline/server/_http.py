@@ -244,9 +244,12 @@ def create_app(
     routers: Sequence[RouterSource] = (),
     close_service_on_shutdown: bool = True,
     title: str = "inferline",
+    allowed_hosts: Sequence[str] | None = None,
 ) -> FastAPI:
     """The ASGI app serving ``service``. ``token``: require ``Authorization: Bearer <token>``
-    on every endpoint. ``routers``: extra routers or ``service -> APIRouter`` factories."""
+    on every endpoint. ``routers``: extra routers or ``service -> APIRouter`` factories.
+    ``allowed_hosts``: the ``Host`` names it answers to (None: the address a connection
+    reached and the localhost names; ``*``: any)."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> Any:
@@ -271,5 +274,38 @@ def create_app(
     app.include_router(AppRoutes(service).router())
     for r in routers:
         app.include_router(r if isinstance(r, APIRouter) else r(service))
-    app.add_middleware(Guard, token=token, max_body_bytes=max_body_bytes, service=service)
+    app.add_middleware(
+        Guard,
+        token=token,
+        max_body_bytes=max_body_bytes,
+        service=service,
+        allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
+    )
+    _declare_bearer(app, required=bool(token))
     return app
+
+
+BEARER_SCHEME = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": "The server's token (inferline serve --token or $INFERLINE_TOKEN), on every "
+    "endpoint when the server has one",
+}
+
+
+def _declare_bearer(app: FastAPI, *, required: bool) -> None:
+    """The OpenAPI document declares the bearer scheme (``components.securitySchemes``) and
+    the top-level ``security``: required when the server has a token, else optional."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = build()
+            doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = (
+                BEARER_SCHEME
+            )
+            doc["security"] = [{"bearer": []}] if required else [{}, {"bearer": []}]
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

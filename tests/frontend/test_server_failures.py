@@ -99,5 +99,5 @@ def test_velox_observe_on_a_store_that_cannot_write_is_a_503(tmp_path):
         # a chunked body (no Content-Length) over the frontend's limit: 413 on Velox's routes
         # as on every other (the guard counts it as it arrives)
         chunks = (b'{"uid": "u", "x": 1, "y": 1, "pad": "' + b"x" * 1000 for _ in range(10))
-        r = c.post("/velox/m/observe", content=chunks)
+        r = c.post("/velox/m/observe", content=chunks, headers={"content-type": "application/json"})
         assert r.status_code == 413 and r.json()["error"] == "PayloadTooLarge", r.text
