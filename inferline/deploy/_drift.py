@@ -288,7 +288,7 @@ class DriftMonitor:
         c = self.config
         # the service times since the gap opened (the sustained ticks) say what the models
         # do now; the whole window where that is too few batches
-        live = self.live_service(now - c.sustain * c.tick_s)
+        live = self.live_service(now - max(1, c.sustain - 1) * c.tick_s)
         if not any(r.batches >= c.min_batches for by_b in live.values() for r in by_b.values()):
             live = self.live_service()
         try:
@@ -328,6 +328,10 @@ class DriftMonitor:
             self._event("error", f"re-plan infeasible: {e}", estimated_p99_s=est)
             return
         result = await apply_plan(svc, new)
+        failed = {m: what for m, what in result.items() if what.startswith("failed")}
+        if failed:  # what is in force stays in GET /admin/plan; the next drift tries again
+            self._event("error", f"the new plan did not reach {sorted(failed)}", applied=result)
+            return
         self.replans += 1
         self._event(
             "replanned",

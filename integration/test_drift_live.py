@@ -1,0 +1,139 @@
+"""The drift loop on the bundled runtime: a model that slows down mid-run is detected (the
+estimated and measured P99 part ways), its profile is recalibrated from the live service
+times, a plan with more replicas is made and applied, and the SLO holds again.
+
+``inferline serve --on-drift replan`` runs in a process of its own; this process replays an
+open-loop trace at it. The model is the ``Sleep`` container (``5 ms + 4 ms x batch``, by
+sleeping, so two cores are not contended) that becomes ``SLOW`` times slower ``SLOW_AFTER_S``
+after its replicas load. The profiles are the fast phase's, plus the runtime's ~3 ms per
+batch; the first plan is made on them with a 10% rate margin.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from inferline.core import (
+    EstimatorOptions,
+    Pipeline,
+    PlannerOptions,
+    Profiles,
+    gamma_trace,
+    make_plan,
+    save,
+)
+from inferline.demo.simple import sleep_deployment
+from inferline.measure import ServerProcess, encode_bodies, replay_sync
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+BASE_S, PER_ITEM_S = 0.005, 0.004
+RPC_S = 0.003  # the bundled runtime's own time per batch on top of the container's
+HOP_S = 0.002
+SLO_S = 0.100
+RATE = 150.0
+SLOW_AFTER_S = 12.0
+SLOW = 3.0
+DURATION_S = 34.0
+FINAL_S = 8.0  # the segment the SLO must hold over, at the end
+DRIFT = {
+    "window_s": 4.0,
+    "tick_s": 1.0,
+    "threshold": 0.3,
+    "sustain": 2,
+    "cooldown_s": 5.0,
+    "min_queries": 50,
+    "min_batches": 10,
+    "plan_trace_s": 10.0,
+    "rate_margin": 0.2,
+    "hop_overhead_s": HOP_S,
+}
+
+
+def _profiles() -> Profiles:
+    return Profiles.from_latencies(
+        {"m": {"cpu": {b: RPC_S + BASE_S + PER_ITEM_S * b for b in (1, 2, 4, 8, 16, 32)}}}
+    )
+
+
+def test_a_slowed_model_is_detected_recalibrated_and_replanned(tmp_path):
+    pipe = Pipeline.linear("sleep", ["m"])
+    prof = _profiles()
+    sample = gamma_trace(RATE, 1.0, 20.0, np.random.default_rng(1))
+    plan = make_plan(
+        "inferline",
+        pipe,
+        prof,
+        sample,
+        SLO_S,
+        options=PlannerOptions(estimator=EstimatorOptions(hop_overhead_s=HOP_S), rate_margin=0.1),
+    )
+    before = plan.models["m"].replicas
+    dep = sleep_deployment(base_s=BASE_S, per_item_s=PER_ITEM_S, slo_ms=SLO_S * 1e3)
+    dep["models"][0]["params"].update({"slow_after_s": SLOW_AFTER_S, "slow_factor": SLOW})
+    files = {n: tmp_path / f"{n}.json" for n in ("dep", "plan", "prof", "pipe", "drift")}
+    files["dep"].write_text(json.dumps(dep))
+    files["drift"].write_text(json.dumps(DRIFT))
+    save(plan, files["plan"])
+    save(prof, files["prof"])
+    save(pipe, files["pipe"])
+    args = ["--tuner", "none", "--on-drift", "replan", "--profiles", str(files["prof"])]
+    args += ["--pipeline", str(files["pipe"]), "--drift-config", str(files["drift"])]
+    bodies = encode_bodies([[0.5, 1.0, 2.0]])
+    trace = gamma_trace(RATE, 1.0, DURATION_S, np.random.default_rng(2))
+
+    t0 = time.perf_counter()
+    log = tmp_path / "server.log"
+    with ServerProcess(files["dep"], files["plan"], extra_args=args, log_path=log) as srv:
+        # the server's clock is perf_counter too (CLOCK_MONOTONIC, shared by processes)
+        t_replay = time.perf_counter()
+        res = replay_sync(trace, srv.url, "app", bodies, slo_s=SLO_S)
+        with httpx.Client(timeout=30) as c:
+            drift = c.get(f"{srv.url}/admin/drift").json()
+            served = c.get(f"{srv.url}/admin/plan").json()
+            metrics = c.get(f"{srv.url}/metrics").text
+    took = time.perf_counter() - t0
+
+    events = drift["events"]
+    kinds = [e["kind"] for e in events]
+    lat = res.latency_s
+    s = res.summary()
+    final = res.scheduled_s >= DURATION_S - FINAL_S
+    final_miss = float(np.mean(~res.ok[final] | (lat[final] > SLO_S)))
+    slow_from = _first_slow(res.scheduled_s, lat)
+    report = {
+        "took_s": round(took, 1),
+        "plan_before": before,
+        "plan_after": served["models"]["m"],
+        "kinds": kinds,
+        "slow_from_s": slow_from,
+        "final_miss": final_miss,
+        "overall": {k: s[k] for k in ("p99_ms", "slo_miss_rate", "errors")},
+        "events": [
+            {**{k: v for k, v in e.items() if k != "rows"}, "at_s": e["time_s"] - t_replay}
+            for e in events
+        ],
+    }
+    print(json.dumps(report, indent=1, default=str))
+
+    assert "drift" in kinds and "recalibrated" in kinds and "replanned" in kinds, kinds
+    first = next(e for e in events if e["kind"] == "drift")
+    o = first["observations"][0]
+    assert o["measured_p99_s"] > (1 + DRIFT["threshold"]) * o["estimated_p99_s"], o
+    assert 'inferline_estimated_p99_seconds{app="app"}' in metrics
+    assert 'inferline_measured_p99_seconds{app="app"}' in metrics
+    assert served["models"]["m"]["replicas"] > before, (before, served["models"]["m"])
+    assert final_miss <= 0.01, report
+
+
+def _first_slow(t: np.ndarray, lat: np.ndarray) -> float:
+    """The first arrival after which latencies stay above twice the first seconds' median."""
+    base = float(np.nanmedian(lat[t < 5.0]))
+    slow = np.convolve(lat > 2 * base, np.ones(20) / 20, mode="same") > 0.8
+    idx = np.flatnonzero(slow)
+    return float(t[idx[0]]) if idx.size else float("nan")
