@@ -57,17 +57,20 @@ def host_list(text: str) -> list[str]:
     return names
 
 
-def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
-    """Where a server listens and what it accepts (serve, deploy, attach; ``grpc``: attach's
-    gRPC front doors too): one declaration, so the limits and their checks stay the same."""
+def add_listen_args(
+    p: argparse.ArgumentParser, *, grpc: bool = False, grpc_default: int = 0
+) -> None:
+    """Where a server listens and what it accepts (serve, deploy, attach; ``grpc``: the gRPC
+    front doors' port too, ``grpc_default`` when not given): one declaration, so the limits
+    and their checks stay the same."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="HTTP port (0: any free port)")
     if grpc:
         p.add_argument(
             "--grpc-port",
             type=int_in(-1, 65535, "a port (-1: none)"),
-            default=0,
-            help="gRPC front doors' port (0: any, -1: none)",
+            default=grpc_default,
+            help="gRPC front doors' port (0: any, -1: none; default %(default)s)",
         )
     p.add_argument("--token", default=None, help=f"require this bearer token (or ${TOKEN_ENV})")
     p.add_argument(
@@ -108,7 +111,8 @@ def add_listen_args(p: argparse.ArgumentParser, *, grpc: bool = False) -> None:
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
-    add_listen_args(p)
+    # the gRPC doors of a deployment's "front_doors" start only when a port is asked for
+    add_listen_args(p, grpc=True, grpc_default=-1)
     p.add_argument(
         "--tuner",
         choices=("inferline", "none"),

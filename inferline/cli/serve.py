@@ -45,6 +45,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             max_body_bytes=args.max_body_bytes,
             max_request_rows=args.max_request_rows,
             allowed_hosts=args.allowed_hosts,
+            grpc_port=None if args.grpc_port < 0 else args.grpc_port,
             ready_file=args.ready_file,
             read_timeout_s=args.read_timeout_s,
             ready=_print_serving,
@@ -78,7 +79,9 @@ def _drift_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 def _print_serving(info: dict[str, Any]) -> None:
     url = info["url"]
-    print(f"inferline: serving {info['apps']} at {url} (docs: {url}/docs)", flush=True)
+    doors = f", front doors {info['front_doors']}" if info.get("front_doors") else ""
+    grpc = f", gRPC {info['grpc']}" if info.get("grpc") else ""
+    print(f"inferline: serving {info['apps']} at {url}{doors}{grpc} (docs: {url}/docs)", flush=True)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -10,13 +10,17 @@ A deployment says what to serve and where; a plan (``inferline.plan/1``) says ho
      "sample_inputs": "inferline.demo.pipeline:sample_inputs",
      "queue": {"max_queue": 1000, "expire_late": false, "max_retries": 1},
      "routers": [],
+     "front_doors": ["kserve", "tfserving"],
      "velox": {"store": "velox.sqlite", "models": [...]}}
 
 ``pipeline`` is an import path ``package.module:function`` of an ``async def f(x, ctx)``;
 with ``pipeline_params`` it is a factory called with them that returns that function.
 ``sample_inputs`` names a function returning a list of sample queries (profiling, tracing).
 ``routers`` (optional) name factories ``service -> fastapi.APIRouter`` that ``inferline serve``
-mounts next to the built-in routes (e.g. the protocol front doors); ``velox`` (optional) serves
+mounts next to the built-in routes; ``front_doors`` (optional) names protocols served next to
+inferline's own, ``kserve`` (KServe v2, what tritonclient and perf_analyzer speak) and
+``tfserving`` (TF Serving's REST and gRPC APIs): ``inferline serve`` mounts their HTTP routes on
+its port and, with ``--grpc-port``, their gRPC services; ``velox`` (optional) serves
 personalized models on the deployment's models (see ``inferline.server._velox_app``).
 """
 
@@ -48,6 +52,7 @@ from inferline.server._service import InputSpec
 
 __all__ = [
     "DEPLOYMENT_FORMAT",
+    "FRONT_DOORS",
     "AppSpec",
     "Deployment",
     "QueueSpec",
@@ -58,6 +63,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEPLOYMENT_FORMAT = "inferline.deployment/1"
+# Protocols a deployment may serve next to inferline's own routes (``front_doors``).
+FRONT_DOORS = ("kserve", "tfserving")
 _UNSET = object()
 
 
@@ -205,9 +212,16 @@ class Deployment:
     routers: tuple[str, ...] = ()
     # Velox personalization served next to the apps (``inferline.server._velox_app.VeloxSpec``).
     velox: Any = None
+    # Protocol front doors served by ``inferline serve`` (names of ``FRONT_DOORS``).
+    front_doors: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         as_str(self.name, "name")
+        for i, door in enumerate(self.front_doors):
+            if door not in FRONT_DOORS:
+                raise ValidationError(f"front_doors[{i}]", f"one of {list(FRONT_DOORS)}", door)
+        if len(set(self.front_doors)) != len(self.front_doors):
+            raise ValidationError("front_doors", "each protocol once", list(self.front_doors))
         if not self.models:
             raise ValidationError("models", "at least one model", [])
         names = [m.name for m in self.models]
@@ -238,6 +252,8 @@ class Deployment:
             d["routers"] = list(self.routers)
         if self.velox is not None:
             d["velox"] = self.velox.to_dict()
+        if self.front_doors:
+            d["front_doors"] = list(self.front_doors)
         return d
 
     @classmethod
@@ -255,6 +271,7 @@ class Deployment:
                 "queue",
                 "routers",
                 "velox",
+                "front_doors",
             },
             "",
         )
@@ -278,6 +295,10 @@ class Deployment:
                 for i, r in enumerate(as_list(m.get("routers", []), "routers"))
             ),
             velox=_velox_spec(m.get("velox")),
+            front_doors=tuple(
+                as_str(x, f"front_doors[{i}]")
+                for i, x in enumerate(as_list(m.get("front_doors", []), "front_doors"))
+            ),
         )
 
     def load_sample_inputs(self) -> list[Any]:

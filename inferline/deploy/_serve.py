@@ -1,5 +1,6 @@
 """Serving a deployment over HTTP until stopped (what ``inferline serve`` runs): the service
-with its live tuner, the admin, selection and Velox routers, the deployment's own routers."""
+with its live tuner, the admin, selection and Velox routers, the deployment's own routers and
+the protocol front doors it names (HTTP on the same port; gRPC on ``grpc_port``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from inferline.core import Pipeline, Plan, Profiles, TunerConfig
+from inferline.core import Pipeline, Plan, Profiles, TunerConfig, ValidationError
 from inferline.deploy._drift import make_drift_router
 from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._format import Deployment, import_object
@@ -18,6 +19,12 @@ from inferline.deploy._start import start_service
 from inferline.server._admin import make_admin_router
 from inferline.server._http import DEFAULT_MAX_BODY_BYTES, create_app
 from inferline.server._run import DEFAULT_READ_TIMEOUT_S, bind_socket, serve_app
+from inferline.server.frontdoors import (
+    FrontDoor,
+    FrontDoorGrpc,
+    make_kserve_router,
+    make_tfserving_router,
+)
 from inferline.server.frontdoors._door import DEFAULT_MAX_ROWS
 
 __all__ = ["serve"]
@@ -33,6 +40,7 @@ async def serve(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_request_rows: int = DEFAULT_MAX_ROWS,
     allowed_hosts: Sequence[str] | None = None,
+    grpc_port: int | None = None,
     ready_file: str | None = None,
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
@@ -52,7 +60,13 @@ async def serve(
     (atomically) and passed to ``ready``. ``max_request_rows``: the most rows (queries) one
     request may carry on the native route and every front door. ``allowed_hosts``: the
     ``Host`` names the server answers to (None: the bound address and localhost).
+    ``grpc_port``: serve the gRPC services of the deployment's ``front_doors`` there (0: any
+    free port; None: none); their HTTP routes are always mounted on ``port``.
     """
+    if grpc_port is not None and not dep.front_doors:
+        raise ValidationError(
+            "--grpc-port", 'a deployment naming "front_doors" (kserve, tfserving)', grpc_port
+        )
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     try:
@@ -81,6 +95,31 @@ async def serve(
         routers.append(await start_velox(svc, dep.velox))
     for path in dep.routers:
         routers.append(import_object(path, "routers[]"))
+    door = None
+    if dep.front_doors:
+        door = FrontDoor(
+            svc, model_slo_s=plan.slo_s if plan is not None else 1.0, max_rows=max_request_rows
+        )
+        if "kserve" in dep.front_doors:
+            routers.append(make_kserve_router(door))
+        if "tfserving" in dep.front_doors:
+            routers.append(make_tfserving_router(door))
+    grpc = None
+    if door is not None and grpc_port is not None:
+        grpc = FrontDoorGrpc(
+            door,
+            host=host,
+            port=grpc_port,
+            token=token,
+            max_message_bytes=max_body_bytes,
+            protocols=dep.front_doors,
+        )
+        try:
+            await grpc.start()
+        except BaseException:
+            sock.close()
+            await svc.close()
+            raise
     app = create_app(
         svc,
         token=token,
@@ -94,7 +133,11 @@ async def serve(
         "pid": os.getpid(),
         "apps": sorted(svc.apps),
         "models": svc.models,
+        "front_doors": list(dep.front_doors),
     }
+    if grpc is not None:
+        info["grpc"] = f"{shown}:{grpc.port}"
+        info["grpc_services"] = grpc.services
 
     def on_ready() -> None:
         if ready_file:
@@ -104,4 +147,8 @@ async def serve(
         if ready is not None:
             ready(info)
 
-    await serve_app(app, sock, ready=on_ready, stop=stop, read_timeout_s=read_timeout_s)
+    try:
+        await serve_app(app, sock, ready=on_ready, stop=stop, read_timeout_s=read_timeout_s)
+    finally:
+        if grpc is not None:
+            await grpc.stop()

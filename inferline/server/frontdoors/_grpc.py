@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from inferline.server.frontdoors._door import FrontDoor
@@ -20,7 +21,8 @@ class FrontDoorGrpc:
 
     ``await start()`` in the serving loop; ``await stop()`` (also registered with
     ``service.on_close``). Services whose generated modules are not installed are skipped;
-    ``services`` lists the ones that run.
+    ``services`` lists the ones that run. ``protocols``: which of ``kserve`` and ``tfserving``
+    to serve (both by default).
     """
 
     def __init__(
@@ -31,8 +33,10 @@ class FrontDoorGrpc:
         port: int = 0,
         token: str | None = None,
         max_message_bytes: int = 1 << 20,
+        protocols: Sequence[str] = ("kserve", "tfserving"),
     ) -> None:
         self.door = door
+        self.protocols = tuple(protocols)
         self.host = host
         self.port = port
         self.token = token
@@ -50,28 +54,10 @@ class FrontDoorGrpc:
                 ("grpc.max_send_message_length", 64 << 20),
             ]
         )
-        try:
-            from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-            service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-                kserve_servicer(self.door, self._auth, service_pb2, service_pb2_grpc), server
-            )
-            self.services.append("inference.GRPCInferenceService")
-        except ImportError as e:
-            log.info("no KServe gRPC front door (tritonclient[grpc] missing: %s)", e)
-        from inferline.adapters.tfserving._protos import available, stubs
-
-        if available():
-            st = stubs()
-            pred, models = tfserving_servicers(self.door, self._auth, st, self.max_message_bytes)
-            st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, server)
-            st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)
-            self.services += [
-                "tensorflow.serving.PredictionService",
-                "tensorflow.serving.ModelService",
-            ]
-        else:
-            log.info("no TF Serving gRPC front door (tensorflow-serving-api missing)")
+        if "kserve" in self.protocols:
+            self._add_kserve(server)
+        if "tfserving" in self.protocols:
+            self._add_tfserving(server)
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.port = server.add_insecure_port(f"{shown}:{self.port}")
         await server.start()
@@ -79,6 +65,29 @@ class FrontDoorGrpc:
         self.door.service.on_close(self.stop)
         log.info("gRPC front doors %s on %s:%d", self.services, self.host, self.port)
         return self.port
+
+    def _add_kserve(self, server: Any) -> None:
+        try:
+            from tritonclient.grpc import service_pb2, service_pb2_grpc
+        except ImportError as e:
+            log.info("no KServe gRPC front door (tritonclient[grpc] missing: %s)", e)
+            return
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
+            kserve_servicer(self.door, self._auth, service_pb2, service_pb2_grpc), server
+        )
+        self.services.append("inference.GRPCInferenceService")
+
+    def _add_tfserving(self, server: Any) -> None:
+        from inferline.adapters.tfserving._protos import available, stubs
+
+        if not available():
+            log.info("no TF Serving gRPC front door (tensorflow-serving-api missing)")
+            return
+        st = stubs()
+        pred, models = tfserving_servicers(self.door, self._auth, st, self.max_message_bytes)
+        st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, server)
+        st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)
+        self.services += ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"]
 
     async def stop(self) -> None:
         if self._server is not None:
