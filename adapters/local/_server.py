@@ -74,6 +74,33 @@ def _as_outputs(out: Any) -> list[Any] | None:
         return None
 
 
+def run_container(container: Any, inputs: list[Any]) -> tuple[list[Any] | None, int]:
+    """The container's outputs for a batch (None for a non-sequence), and how many times it
+    failed. When it fails a batch of several inputs, each input runs alone (only then), so a
+    bad input fails by itself and the good ones of the batch still get outputs, as the backend
+    contract asks: one output or error per input. Callers hold the container's lock."""
+    if not inputs:
+        return [], 0
+    try:
+        return _as_outputs(container.predict_batch(inputs)), 0
+    except Exception as e:  # the container failed the whole batch
+        if len(inputs) == 1:
+            log.warning("model failed a batch of 1: %r", e)
+            return [e], 1
+        log.warning("model failed a batch of %d (%r): each input runs alone", len(inputs), e)
+    outs: list[Any] = []
+    for x in inputs:
+        try:
+            one = _as_outputs(container.predict_batch([x]))
+        except Exception as e:
+            outs.append(e)
+            continue
+        if one is None or len(one) != 1:
+            return one, 1
+        outs.append(one[0])
+    return outs, 1
+
+
 class _Stats:
     def __init__(self) -> None:
         self.batches = 0
@@ -131,12 +158,7 @@ def _make_servicer(container: Any, cfg: dict[str, Any], stats: _Stats) -> Any:
                 busy.set()
                 t0 = time.perf_counter()
                 try:
-                    outs: list[Any] | None = (
-                        _as_outputs(container.predict_batch(good)) if good else []
-                    )
-                    failure: BaseException | None = None
-                except Exception as e:  # the container failed the whole batch
-                    outs, failure = None, e
+                    outs, failed = run_container(container, good)
                 finally:
                     dt = time.perf_counter() - t0
                     busy.clear()
@@ -144,10 +166,7 @@ def _make_servicer(container: Any, cfg: dict[str, Any], stats: _Stats) -> Any:
             stats.batches += 1
             stats.items += n
             stats.service_s.append(dt)
-            if failure is not None:
-                stats.errors += 1
-                log.warning("model %r failed a batch of %d: %r", model, len(good), failure)
-                outs = [failure] * len(good)
+            stats.errors += failed
             if outs is None or len(outs) != len(good):
                 stats.errors += 1
                 got = "a non-sequence" if outs is None else f"{len(outs)} outputs"

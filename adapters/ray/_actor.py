@@ -22,7 +22,7 @@ from typing import Any
 import ray
 
 from inferline.adapters.local import load_container
-from inferline.adapters.local._server import _as_outputs, _Stats
+from inferline.adapters.local._server import _Stats, run_container
 
 from ._values import pack_outputs, writable
 
@@ -84,21 +84,19 @@ class ReplicaActor:
 
     @ray.method(enable_task_events=False)
     def predict(self, inputs: Sequence[Any]) -> tuple[list[Any], dict[int, Any], float, str]:
-        """``(outputs, error dicts by index, service seconds, batch error)``: a container
-        exception fails every item (as ``local://`` does); a wrong output count is a batch
-        error (the request's fault as far as retries go)."""
+        """``(outputs, error dicts by index, service seconds, batch error)``: when the
+        container fails a batch, each input runs alone so that only the bad ones fail (as on
+        ``local://``); a wrong output count is a batch error (the request's fault as far as
+        retries go)."""
         if self._container is None:
             raise RuntimeError(f"replica {self._replica}: the container did not load")
         xs = [writable(x) for x in inputs]
         n = len(xs)
-        failure: BaseException | None = None
         with self._lock:
             self._busy.set()
             t0 = time.perf_counter()
             try:
-                outs = _as_outputs(self._container.predict_batch(xs)) if xs else []
-            except Exception as e:  # the container failed the whole batch
-                outs, failure = None, e
+                outs, failed = run_container(self._container, xs)
             finally:
                 dt = time.perf_counter() - t0
                 self._busy.clear()
@@ -106,9 +104,7 @@ class ReplicaActor:
         st.batches += 1
         st.items += n
         st.service_s.append(dt)
-        if failure is not None:
-            st.errors += 1
-            outs = [failure] * n
+        st.errors += failed
         if outs is None or len(outs) != n:
             st.errors += 1
             got = "a non-sequence" if outs is None else f"{len(outs)} outputs"

@@ -30,12 +30,22 @@ from ._ladder import (
     plan_ladder,
     with_ladder,
 )
+from ._nodes import (
+    NODES_FORMAT,
+    NodeInventory,
+    bin_replicas,
+    nodes_document,
+    nodes_from_dicts,
+    nodes_from_document,
+)
 from ._options import PlannerOptions, PlannerStats, PlanProgress, ProgressFn
 from ._placement import (
     fastest_hardware,
     inventory_use,
     over_inventory,
+    place_on_nodes,
     replica_use,
+    total_inventory,
     usable_hardware,
 )
 from ._search import PlannerCore
@@ -46,8 +56,10 @@ from ._variants import VariantPlan, plan_with_variants, plan_with_variants_secti
 
 __all__ = [
     "LADDER_FACTORS",
+    "NODES_FORMAT",
     "STRATEGIES",
     "MissBound",
+    "NodeInventory",
     "PlanProgress",
     "Planner",
     "PlannerCore",
@@ -56,14 +68,19 @@ __all__ = [
     "ProgressFn",
     "SearchSpace",
     "VariantPlan",
+    "bin_replicas",
     "capacity_factor",
     "coarse_grained_configs",
     "fastest_hardware",
     "inventory_use",
     "largest_feasible",
     "make_plan",
+    "nodes_document",
+    "nodes_from_dicts",
+    "nodes_from_document",
     "over_inventory",
     "pin_hardware",
+    "place_on_nodes",
     "plan_cg_mean",
     "plan_cg_peak",
     "plan_inferline",
@@ -71,6 +88,7 @@ __all__ = [
     "plan_with_variants",
     "plan_with_variants_section",
     "replica_use",
+    "total_inventory",
     "tuner_inputs",
     "usable_hardware",
     "with_ladder",

@@ -9,6 +9,7 @@ from typing import Any
 from .._validate import as_float, as_int, as_mapping, no_extra_keys
 from ..errors import ValidationError
 from ..estimator import EstimatorOptions
+from ._nodes import NodeInventory, nodes_from_dicts
 
 __all__ = ["PlanProgress", "PlannerOptions", "PlannerStats", "ProgressFn"]
 
@@ -41,6 +42,13 @@ class PlannerOptions:
     per model, the units of the ``cpu`` kind a GPU replica of it also holds for its host side
     (the bundled runtime pins a GPU replica's threads to cores of their own; Triton's GPU
     instances hold none, the default).
+    ``nodes``: the deployment's machines (:class:`NodeInventory`, ``_nodes.py``), instead of a
+    flat ``inventory``: a plan must also bin into them, each replica (its ``replica_units`` or
+    ``gpu_host_units`` cores and its accelerator) on one node, first-fit decreasing; kinds no
+    node has cannot be used. Then no node is oversubscribed and every replica has cores of its
+    own on its node, which is the estimator's default; the estimator's ``shared_units`` and
+    ``pinned_cores`` pool one kind's cores over the whole deployment, not per node, so they
+    are refused together with ``nodes``.
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -56,6 +64,7 @@ class PlannerOptions:
     inventory: Mapping[str, int] = field(default_factory=dict)
     replica_units: Mapping[str, int] = field(default_factory=dict)
     gpu_host_units: Mapping[str, int] = field(default_factory=dict)
+    nodes: tuple[NodeInventory, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -69,6 +78,31 @@ class PlannerOptions:
             m = as_mapping(getattr(self, name), name)
             object.__setattr__(
                 self, name, {str(k): as_int(v, f"{name}.{k}", minimum=lo) for k, v in m.items()}
+            )
+        self._check_nodes()
+
+    def _check_nodes(self) -> None:
+        nodes = tuple(self.nodes)
+        if not all(isinstance(n, NodeInventory) for n in nodes):
+            raise ValidationError("nodes", "NodeInventory items", self.nodes)
+        object.__setattr__(self, "nodes", nodes)
+        if not nodes:
+            return
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise ValidationError("nodes", "nodes with distinct names", names)
+        if self.inventory:
+            raise ValidationError(
+                "inventory", "no flat inventory with per-node ones (nodes)", dict(self.inventory)
+            )
+        est = self.estimator
+        pooled = sorted({*est.shared_units, *est.pinned_cores})
+        if pooled:
+            raise ValidationError(
+                "estimator.shared_units/pinned_cores",
+                "none with per-node inventories (they pool the cores of all nodes; binned "
+                "replicas each have cores of their own on their node)",
+                pooled,
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -86,6 +120,7 @@ class PlannerOptions:
             "inventory": dict(self.inventory),
             "replica_units": dict(self.replica_units),
             "gpu_host_units": dict(self.gpu_host_units),
+            "nodes": [n.to_dict() for n in self.nodes],
         }
 
     @classmethod
@@ -93,7 +128,7 @@ class PlannerOptions:
         m = as_mapping(d, "planner options")
         keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape", "widen"}
         extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
-        extra |= {"inventory", "replica_units", "gpu_host_units"}
+        extra |= {"inventory", "replica_units", "gpu_host_units", "nodes"}
         no_extra_keys(m, keys | extra, "")
         for k in ("prune", "reuse_infeasible", "escape", "widen"):
             if k in m and not isinstance(m[k], bool):
@@ -114,6 +149,7 @@ class PlannerOptions:
             inventory=as_mapping(m.get("inventory", {}), "inventory"),
             replica_units=as_mapping(m.get("replica_units", {}), "replica_units"),
             gpu_host_units=as_mapping(m.get("gpu_host_units", {}), "gpu_host_units"),
+            nodes=nodes_from_dicts(m.get("nodes", []), "nodes"),
         )
 
 

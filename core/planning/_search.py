@@ -207,14 +207,11 @@ class PlannerCore(SearchSpace):
         batch-1 latency on their second-fastest hardware choose first (ties: pipeline order):
         a scarce GPU goes to the CNN, not to a preprocessing step it speeds up by 0.3 ms."""
         cfg: Configs = {}
-        use: dict[str, int] = {}
         for m in sorted(self._models, key=lambda m: -self._regret(m)):
             hws = self._by_speed(m)
             for h in hws:
-                need = {k: use.get(k, 0) + n for k, n in self._per_replica(m, h).items()}
-                if all(n <= self._inventory.get(k, n) for k, n in need.items()):
+                if self._fits_configs({**cfg, m: ModelConfig(h, 1, 1)}):
                     cfg[m] = ModelConfig(h, 1, 1)
-                    use.update(need)
                     break
             else:
                 raise InfeasibleError(

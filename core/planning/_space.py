@@ -24,8 +24,16 @@ from .._validate import as_float
 from ..errors import ValidationError
 from ..estimator import MAX_SHARERS_PER_UNIT, simulate, spread_floor
 from ._bound import MissBound
+from ._nodes import bin_replicas, describe_nodes
 from ._options import PlannerOptions, PlannerStats, PlanProgress, ProgressFn
-from ._placement import fastest_hardware, inventory_use, replica_use, usable_hardware
+from ._placement import (
+    fastest_hardware,
+    inventory_use,
+    replica_items,
+    replica_use,
+    total_inventory,
+    usable_hardware,
+)
 
 __all__ = ["Configs", "Key", "SearchSpace"]
 
@@ -90,7 +98,10 @@ class SearchSpace:
         self._pruned = 0
         self._actions: list[str] = []
         self._floors: dict[tuple[str, str, tuple[str, ...]], float] = {}
-        self._inventory = dict(self.options.inventory)
+        # with per-node inventories (``options.nodes``): their totals, and a configuration
+        # fits only if its replicas also bin into the nodes (``_nodes.py``)
+        self._inventory = total_inventory(self.options, catalog)
+        self._node_rooms: dict[tuple[object, ...], int] = {}
         for hw in self._inventory:
             if hw not in catalog:
                 raise ValidationError("inventory", f"hardware of the catalog {catalog.names()}", hw)
@@ -149,10 +160,35 @@ class SearchSpace:
         )
 
     def _fits(self, key: Key) -> bool:
+        return self._fits_configs(self._configs(key))
+
+    def _fits_configs(self, configs: Mapping[str, ModelConfig]) -> bool:
+        """Whether ``configs`` (all models or some) fit the inventory: the units of each kind,
+        and with per-node inventories a binning of the replicas into the nodes."""
         if not self._inventory:
             return True
-        use = self._usage(key)
-        return all(use.get(h, 0) <= n for h, n in self._inventory.items())
+        o = self.options
+        use = inventory_use(configs, self.catalog, o.replica_units, o.gpu_host_units)
+        if any(use.get(h, 0) > n for h, n in self._inventory.items()):
+            return False
+        if not o.nodes:
+            return True
+        items = replica_items(configs, self.catalog, o.replica_units, o.gpu_host_units)
+        return not isinstance(bin_replicas(items, o.nodes), str)
+
+    def _node_room(self, key: Key, model: str, hw: str, room: int) -> int:
+        """The most replicas of ``model`` on ``hw``, at most ``room``, that bin into the nodes
+        with the other models as in ``key`` (counted up to the first count that does not)."""
+        others = {m: c for m, c in zip(self._models, key, strict=True) if m != model}
+        ck = (tuple(others.values()), model, hw, room)
+        hit = self._node_rooms.get(ck)
+        if hit is not None:
+            return hit
+        n = 0
+        while n < room and self._fits_configs({**others, model: ModelConfig(hw, 1, n + 1)}):
+            n += 1
+        self._node_rooms[ck] = n
+        return n
 
     def _room(self, key: Key, model: str, hw: str) -> int:
         """The most replicas ``model`` can have on ``hw`` with the other models as in ``key``."""
@@ -161,6 +197,8 @@ class SearchSpace:
         for h, per in self._per_replica(model, hw).items():
             if h in self._inventory and per > 0:
                 room = min(room, max(0, self._inventory[h] - used.get(h, 0)) // per)
+        if self.options.nodes and self._inventory and room > 0:
+            room = self._node_room(key, model, hw, room)
         est = self.options.estimator
         units = est.pinned_cores.get(hw) or est.shared_units.get(hw)
         if units:
@@ -181,6 +219,13 @@ class SearchSpace:
         return bool(units) and sum(c.replicas for c in key if c.hardware == hw) >= units
 
     def _describe_inventory(self) -> str:
+        if self.options.nodes:
+            units = self.options.replica_units
+            return describe_nodes(self.options.nodes) + (
+                f"; a replica cannot span nodes; cpu units per replica {dict(units)!r}"
+                if units
+                else "; a replica cannot span nodes"
+            )
         parts = [f"{h}: {n}" for h, n in sorted(self._inventory.items())]
         est = self.options.estimator
         for h, n in sorted({**est.shared_units, **est.pinned_cores}.items()):

@@ -6,10 +6,13 @@ import argparse
 from typing import Any
 
 from inferline.cli._args import name_counts, number_in
+from inferline.core import InferlineError, ValidationError, load_json
+from inferline.core.planning import nodes_from_document
 
 __all__ = [
     "add_hop_overhead",
     "add_inventory_arguments",
+    "add_nodes_argument",
     "check_inventory_args",
     "cores_model",
     "rate_margin",
@@ -48,14 +51,27 @@ def add_hop_overhead(p: argparse.ArgumentParser) -> None:
 
 
 def check_inventory_args(args: argparse.Namespace) -> str | None:
-    """``--cpu-threads`` and ``--gpu-host-cores`` count against an ``--inventory`` (the
-    threads also in ``--shared-cores``); a kind is shared or pinned, not both."""
+    """``--cpu-threads`` and ``--gpu-host-cores`` count against an ``--inventory`` or
+    ``--inventory-nodes`` (the threads also in ``--shared-cores``); a kind is shared or pinned,
+    not both; per-node inventories take neither a flat one nor pooled cores."""
+    nodes = getattr(args, "inventory_nodes", ())
+    if nodes:
+        for flag in ("inventory", "shared_cores", "pinned_cores"):
+            if getattr(args, flag):
+                dashed = "--" + flag.replace("_", "-")
+                return (
+                    f"argument {dashed}: not with --inventory-nodes (each replica is placed on "
+                    "cores of its own on one node)"
+                )
     for flag, given, ok in (
-        ("--cpu-threads", args.cpu_threads, args.inventory or args.shared_cores),
-        ("--gpu-host-cores", args.gpu_host_cores, args.inventory),
+        ("--cpu-threads", args.cpu_threads, args.inventory or nodes or args.shared_cores),
+        ("--gpu-host-cores", args.gpu_host_cores, args.inventory or nodes),
     ):
         if given and not ok:
-            return f"argument {flag}: needs --inventory (it counts the cores a replica takes)"
+            return (
+                f"argument {flag}: needs --inventory or --inventory-nodes (it counts the cores "
+                "a replica takes)"
+            )
     both = sorted(set(args.shared_cores) & set(args.pinned_cores))
     if both:
         return f"argument --pinned-cores: {both[0]!r} is also in --shared-cores (one or the other)"
@@ -122,3 +138,28 @@ def add_inventory_arguments(p: argparse.ArgumentParser, effect: str) -> None:
             metavar=f"{word}=N[,{word}=N]",
             help=what,
         )
+
+
+def _nodes_file(path: str) -> tuple[Any, ...]:
+    try:
+        return nodes_from_document(load_json(path))
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(f"{path}: {e}") from None
+    except InferlineError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_nodes_argument(p: argparse.ArgumentParser) -> None:
+    """``--inventory-nodes FILE``: the deployment's machines, one inventory per node."""
+    p.add_argument(
+        "--inventory-nodes",
+        type=_nodes_file,
+        default=(),
+        metavar="FILE",
+        help="the deployment's machines instead of --inventory: an inferline.nodes/1 JSON "
+        '({"format": "inferline.nodes/1", "nodes": [{"name": "n1", "hardware": {"cpu": 4, '
+        '"gpu-v100": 1}}, ...]}, or a bare list of such nodes), as `inferline nodes URL -o '
+        "FILE` writes for a ray:// cluster. The plan must bin into them: a replica (its "
+        "--cpu-threads cores, or a GPU and its --gpu-host-cores) never spans nodes, so two "
+        "3-core nodes do not take a 4-thread replica (first-fit decreasing; docs/scale-out.md)",
+    )

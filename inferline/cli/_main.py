@@ -22,6 +22,7 @@ __all__ = ["VERBS", "build_parser", "main"]
 VERBS = (
     "trace",
     "plan",
+    "nodes",
     "simulate",
     "profile",
     "serve",

@@ -18,6 +18,7 @@ from inferline.cli._args import count, number_in, output_path, seed
 from inferline.cli._estimator_args import (
     add_hop_overhead,
     add_inventory_arguments,
+    add_nodes_argument,
     check_inventory_args,
     cores_model,
     rate_margin,
@@ -40,6 +41,7 @@ from inferline.core import (
     load_profiles,
     load_trace,
     make_plan,
+    place_on_nodes,
     plan_with_variants,
     plan_with_variants_section,
     save,
@@ -81,6 +83,7 @@ def _plan(args: argparse.Namespace) -> int:
         inventory=args.inventory,
         replica_units=args.cpu_threads,
         gpu_host_units=args.gpu_host_cores,
+        nodes=args.inventory_nodes,
     )
     t0 = time.monotonic()
     with Progress(
@@ -151,6 +154,15 @@ def _plan(args: argparse.Namespace) -> int:
     if vplan is not None:
         _print_variants(vplan)
     _print_configs(pipeline, plan, catalog)
+    if options.nodes:
+        placed = place_on_nodes(plan.models, catalog, options)
+        print(
+            "on the nodes (first-fit decreasing): "
+            + "; ".join(
+                f"{n}: " + (", ".join(f"{m} x{k}" for m, k in ms.items()) or "nothing")
+                for n, ms in placed.items()
+            )
+        )
     if plan.tuner is not None and plan.tuner.ladder:
         print(
             "tuner ladder (same hardware, batch x replicas): "
@@ -367,6 +379,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         p,
         "the plan never needs more, and the answer names the inventory when no plan fits",
     )
+    add_nodes_argument(p)
     p.add_argument(
         "--no-ladder",
         action="store_true",
