@@ -29,10 +29,12 @@ import numpy as np
 from inferline.core import (
     InferlineError,
     ModelConfig,
+    NodeInventory,
     Pipeline,
     Plan,
     PlannerOptions,
     ValidationError,
+    nodes_from_dicts,
     plan_inferline,
 )
 from inferline.deploy._planned import (
@@ -235,6 +237,35 @@ async def attach(
     return att
 
 
+def _with_inventory(
+    backend: Any, options: PlannerOptions, pipeline: Pipeline, catalog: Any
+) -> PlannerOptions:
+    """``options`` with the backend's inventory, unless it has one already or the backend
+    oversubscribes. A backend with a per-node view (``nodes()``, ``ray://``) gives one
+    inventory per alive node, so the plan bins into its machines (a replica cannot span
+    nodes); as there every replica, GPU or not, asks for its threads in CPUs, a GPU replica
+    holds its ``replica_units`` of ``cpu`` too. Other backends give their flat totals."""
+    if options.inventory or options.nodes or getattr(backend, "oversubscribe", 0):
+        return options
+    units = getattr(backend, "replica_units", dict)()
+    nodes = getattr(backend, "nodes", None)
+    if callable(nodes):
+        units = dict(options.replica_units) or units  # a Ray replica's threads: the caller's
+        per_node = nodes_from_dicts([n.to_dict() for n in nodes()], "backend.nodes()")
+        per_node = tuple(
+            NodeInventory(n.name, {h: k for h, k in n.hardware.items() if h in catalog})
+            for n in per_node
+        )
+        host = {m: units.get(m, 1) for m in pipeline.models}
+        host.update(options.gpu_host_units)
+        return replace(options, nodes=per_node, replica_units=units, gpu_host_units=host)
+    has = getattr(backend, "inventory", None)  # attach-only plugins may not say
+    if has is None:
+        return options
+    inventory = {h: n for h, n in has().items() if h in catalog}
+    return replace(options, inventory=inventory, replica_units=units)
+
+
 def plan_attachment(
     att: Attachment,
     pipeline: Pipeline,
@@ -251,14 +282,10 @@ def plan_attachment(
         raise ValidationError("pipeline.models", f"attached models {sorted(att.models)}", missing)
     catalog = kw.setdefault("catalog", att.host.hardware_catalog())
     options = kw.get("options") or PlannerOptions()
-    has = getattr(att.backend, "inventory", None)  # attach-only plugins may not say
-    if has is not None and not options.inventory and not getattr(att.backend, "oversubscribe", 0):
-        units = getattr(att.backend, "replica_units", dict)()
-        inventory = {h: n for h, n in has().items() if h in catalog}
-        options = kw["options"] = replace(options, inventory=inventory, replica_units=units)
+    options = kw["options"] = _with_inventory(att.backend, options, pipeline, catalog)
     sharing = getattr(att.backend, "core_sharing", None)
     est = options.estimator
-    if sharing is not None and not est.shared_units and not est.pinned_cores:
+    if sharing is not None and not options.nodes and not est.shared_units and not est.pinned_cores:
         # the estimate shares cores the way the backend places replicas (an oversubscribed
         # bundled runtime: replicas pinned to the same core slow each other)
         found = {k: {h: n for h, n in v.items() if h in catalog} for k, v in sharing().items()}
