@@ -27,8 +27,10 @@ from inferline.core import (
     DEFAULT_CATALOG,
     EstimatorOptions,
     ModelConfig,
+    Pipeline,
     Plan,
     PlannerOptions,
+    Profiles,
     gamma_trace,
     plan_inferline,
     save,
@@ -191,9 +193,14 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         measured = await replay(
             fresh, server.url, "digits", bodies, slo_s=slo_s, on_answer=on_answer
         )
+        async with httpx.AsyncClient(timeout=60) as client:
+            live_models = (await client.get(f"{server.url}/admin/models")).json()
     sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, seed=opts.seed, base=cores)
     m_p99 = measured.percentile(99)
     e_p99 = sim.percentile(99)
+    calibrated = calibrated_estimate(
+        pipeline, plan, profiles, fresh, live_models, lowres, measured, base, cores, opts.seed
+    )
     correct = [labels[i] == int(yt[i % len(yt)]) for i in labels]
     report.update(
         {
@@ -207,6 +214,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
                 "slo_miss_rate": sim.miss_rate(slo_s),
             },
             "p99_error": (e_p99 - m_p99) / m_p99 if m_p99 > 0 else float("nan"),
+            "calibrated": calibrated,
             "accuracy": float(np.mean(correct)) if correct else float("nan"),
             "cost_per_hour": plan.cost_per_hour,
             "seconds": time.perf_counter() - t_start,
@@ -216,6 +224,9 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
     report["ok"] = ms["answered"] == ms["queries"] and ms["ok"] > 0
     _say(f"[5/5] replayed {ms['queries']} queries at {ms['offered_qps']:.0f} q/s")
     _print_report(report, slo_s)
+    _say(calibrated["line"])
+    for why in calibrated["causes"]:
+        _say(f"      - {why}")
     plot = _plot_cdf(measured.latency_s[measured.ok], sim.latencies_s, slo_s, out)
     report["plot"] = str(plot)
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float) + "\n")
@@ -274,3 +285,108 @@ def _plot_cdf(measured: np.ndarray, estimated: np.ndarray, slo_s: float, out: Pa
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+GAP_OK = 0.10  # how far apart the calibrated estimate and the measured P99 may be
+
+
+def calibrated_estimate(
+    pipeline: Pipeline,
+    plan: Plan,
+    profiles: Profiles,
+    trace: np.ndarray,
+    live_models: Any,
+    low: Any,
+    measured: Any,
+    base: dict[str, ModelConfig],
+    cores: EstimatorOptions,
+    seed: int = 0,
+    min_batches: int = 20,
+) -> dict[str, Any]:
+    """The estimate on the replayed ``trace`` with the profiles calibrated to the live
+    server's service times (``GET /admin/models``, what ``inferline calibrate`` does) and
+    the per-hop overhead refitted to them on the low-load replay ``low``; its gap to the
+    ``measured`` P99, and, when over 10%, the causes that can be named."""
+    from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
+    from inferline.measure._workflow import estimate, hop_overhead_from
+
+    live = live_service_from_admin(live_models)
+    hw = {m: c.hardware for m, c in plan.models.items()}
+    cal, rows = calibrate_profiles(profiles, hw, live, min_batches)
+    hop = hop_overhead_from(low, pipeline, base, cal, service_spread=True, base=cores)
+    sim = estimate(
+        pipeline, plan, cal, trace, hop_overhead_s=hop, seed=seed, service_spread=True, base=cores
+    )
+    m_p99, e_p99 = measured.percentile(99), sim.percentile(99)
+    gap = (e_p99 - m_p99) / m_p99 if m_p99 > 0 else float("nan")
+    out: dict[str, Any] = {
+        "p99_ms": e_p99 * 1e3,
+        "measured_p99_ms": m_p99 * 1e3,
+        "gap": gap,
+        "hop_overhead_ms": hop * 1e3,
+        "rows": [r.to_dict() for r in rows],
+        "causes": [],
+    }
+    within = abs(gap) <= GAP_OK
+    out["line"] = (
+        f"calibrated estimate: measured P99 {m_p99 * 1e3:.1f} ms, estimated {e_p99 * 1e3:.1f} ms "
+        f"({gap:+.0%}; {'within' if within else 'not within'} {GAP_OK:.0%})"
+        + ("" if within else ", because:")
+    )
+    if not within:
+        out["causes"] = _gap_causes(pipeline, plan, live_models, rows, measured, hop, cores, gap)
+    return out
+
+
+def _gap_causes(
+    pipeline: Pipeline,
+    plan: Plan,
+    live_models: Any,
+    rows: list[Any],
+    measured: Any,
+    hop: float,
+    cores: EstimatorOptions,
+    gap: float,
+) -> list[str]:
+    """What is known to part the estimate from the measurement, largest first."""
+    causes: list[str] = []
+    for r in rows:
+        if not r.calibrated:
+            causes.append(f"{r.model} not calibrated ({r.note}): its profile is the offline one")
+    for m in plan.models:
+        q = (live_models.get(m) or {}).get("queue") or {}
+        p50, p99 = q.get("service_s_p50_recent", 0.0), q.get("service_s_p99_recent", 0.0)
+        if p50 > 0 and p99 > 2.5 * p50:
+            causes.append(
+                f"live service-time spread of {m}: P99 {p99 * 1e3:.1f} ms vs median "
+                f"{p50 * 1e3:.1f} ms (a few preempted batches; "
+                + (
+                    "the log-normal through the two puts more mass between them than the "
+                    "live times have)"
+                    if gap > 0
+                    else "their tail is longer than a log-normal through the two)"
+                )
+            )
+    visits = sum(pipeline.scale_factor(m) for m in pipeline.models)
+    m_p99 = measured.percentile(99)
+    if m_p99 > 0 and hop * visits > 0.1 * m_p99:
+        causes.append(
+            f"HTTP/RPC overhead: {hop * 1e3:.2f} ms per hop x {visits:.2f} hops is "
+            f"{hop * visits / m_p99:.0%} of the P99, fitted to the low-load median only"
+        )
+    n_cores = sum(cores.pinned_cores.values()) if cores.pinned_cores else 0
+    replicas = sum(c.replicas for c in plan.models.values())
+    if n_cores and replicas >= n_cores:
+        causes.append(
+            f"core sharing: {replicas} replicas, the frontend and the load generator on "
+            f"{n_cores} cores (the estimate pins the replicas; the rest is not modelled)"
+        )
+    n = int(measured.ok.sum())
+    if n < 2000:
+        causes.append(
+            f"a short replay: the P99 of {n} answered queries rests on its {max(1, n // 100)} "
+            "largest latencies"
+        )
+    if gap < 0 and not causes:
+        causes.append("live times above the calibrated ones (load changed within the replay)")
+    return causes or ["none this demo can name"]
