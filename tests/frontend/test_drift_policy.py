@@ -118,3 +118,96 @@ def test_decide_does_not_touch_its_inputs():
     d, s1 = p.decide(s0, obs, 3.0)
     assert s0 == DriftState((("a", 0),)) and obs == [_obs(10, 30)]
     assert d.action == "recalibrate" and s1.last_action_s == 3.0
+
+
+# -- the live runner on a fake clock (no servers) -------------------------------------------
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _service(clock: _Clock, took_s: float):
+    from inferline.core import ModelConfig, Plan
+    from inferline.server._service import App, Service
+
+    async def handler(x, slo):
+        clock.t += took_s  # every query takes took_s of the fake clock
+        return x
+
+    plan = Plan("p", 0.1, {"m": ModelConfig("cpu", 1, 1)})
+    return Service([App("app", handler, 0.1)], plan=plan, clock=clock)
+
+
+def _monitor(clock: _Clock, **kw):
+    from inferline.core import Pipeline, Profiles
+    from inferline.deploy import DriftMonitor
+
+    cfg = DriftConfig(mode="replan", window_s=5.0, tick_s=1.0, sustain=2, min_queries=10, **kw)
+    prof = Profiles.from_latencies({"m": {"cpu": {1: 0.005}}})
+    return DriftMonitor(cfg, prof, Pipeline.linear("p", ["m"]), clock=clock)
+
+
+def test_the_runner_measures_estimates_exports_and_acts_on_a_gap():
+    import asyncio
+
+    from inferline.deploy import drift_monitor
+    from inferline.deploy._drift import DriftRoutes
+
+    clock = _Clock()
+    svc = _service(clock, took_s=0.05)
+    mon = _monitor(clock)
+
+    async def run():
+        mon.attach(svc)
+        assert drift_monitor(svc) is mon
+        decisions = []
+        for _ in range(2):
+            for _ in range(40):  # 40 q/s on the fake clock, each answered in 50 ms
+                await svc.predict("app", [1.0])
+            decisions.append(await mon.tick())
+            clock.t += 1.0
+        if mon._acting is not None:
+            await mon._acting
+        body = await DriftRoutes(svc).get()
+        await svc.close()
+        return decisions, json.loads(body.body)
+
+    decisions, snap = asyncio.run(run())
+    o = mon.last["app"]
+    assert o.measured_p99_s == pytest.approx(0.05)
+    assert o.estimated_p99_s == pytest.approx(0.005, rel=0.01)  # batch of 1, 5 ms, no queueing
+    assert [d.action for d in decisions] == ["none", "recalibrate"]
+    kinds = [e["kind"] for e in snap["events"]]
+    # no dispatcher, no batches: the loop says so instead of calibrating on nothing
+    assert kinds == ["drift", "error"] and "nothing to calibrate" in snap["events"][1]["detail"]
+    assert snap["apps"]["app"]["queries"] == 80 and snap["enabled"] is True
+    text = _scrape(svc)
+    assert _gauge(text, "inferline_estimated_p99_seconds") == pytest.approx(0.005, rel=0.01)
+    assert _gauge(text, "inferline_measured_p99_seconds") == pytest.approx(0.05)
+
+
+def test_start_service_leaves_the_loop_off_without_profiles(caplog):
+    import logging
+
+    from inferline.deploy._start import _drift_monitor
+
+    with caplog.at_level(logging.INFO):
+        assert _drift_monitor(DriftConfig(), None, None, None, _Clock()) is None
+    assert "drift loop off: it needs a plan, profiles, a pipeline" in caplog.text
+    assert _drift_monitor(DriftConfig(mode="off"), None, None, None, _Clock()) is None
+
+
+def _scrape(svc) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(svc.metrics.registry).decode()
+
+
+def _gauge(text: str, name: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith(name + '{app="app"}'))
+    return float(line.split()[-1])
