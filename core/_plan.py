@@ -75,7 +75,7 @@ class ModelConfig:
 class TunerModel:
     """Per-model inputs of the tuner (InferLine §5)."""
 
-    scale_factor: float
+    scale_factor: float  # calls per pipeline query (``Pipeline.calls``: above 1 with visits)
     throughput_qps: float  # single replica, at the planned batch size and hardware
     max_provisioning_ratio: float  # planned arrival rate at the model / planned capacity
 
@@ -91,7 +91,7 @@ class TunerModel:
         m = as_mapping(d, where)
         no_extra_keys(m, {"scale_factor", "throughput_qps", "max_provisioning_ratio"}, where)
         return cls(
-            as_float(req(m, "scale_factor", where), f"{where}.scale_factor", positive=True, hi=1.0),
+            as_float(req(m, "scale_factor", where), f"{where}.scale_factor", positive=True),
             as_float(req(m, "throughput_qps", where), f"{where}.throughput_qps", positive=True),
             as_float(
                 req(m, "max_provisioning_ratio", where),

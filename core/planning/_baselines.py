@@ -12,7 +12,7 @@ as the SLO. Concretely, here:
   smallest of the models' largest profiled sizes) whose end-to-end service time, the critical
   path of the models' batch-``b`` latencies, is at most the SLO.
 * A pipeline unit is one replica of every model; its throughput is that of its slowest stage
-  relative to the traffic the stage sees, ``min_m throughput_m(b) / scale_factor_m``.
+  relative to the traffic the stage sees, ``min_m throughput_m(b) / calls_m`` (scale factor times visits).
 * Units: ``ceil(rate / unit throughput)`` with ``rate = mean_rate(trace)`` (CG-Mean) or
   ``peak_rate(trace, slo_s)`` (CG-Peak); every model gets that many replicas.
 
@@ -74,9 +74,7 @@ def coarse_grained_configs(
             batch = b
         else:
             break
-    unit = min(
-        profiles.throughput(m, hw[m], batch) / pipeline.scale_factor(m) for m in pipeline.models
-    )
+    unit = min(profiles.throughput(m, hw[m], batch) / pipeline.calls(m) for m in pipeline.models)
     units = max(1, math.ceil(rate_qps / unit - 1e-9))
     return {m: ModelConfig(hw[m], batch, units) for m in pipeline.models}
 

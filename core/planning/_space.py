@@ -279,13 +279,12 @@ class SearchSpace:
 
     def bottleneck(self, configs: Mapping[str, ModelConfig]) -> str:
         """The model with the least throughput for the traffic it sees (Algorithm 1's
-        ``FindMinThru``): ``replicas * throughput(batch) / scale_factor``; ties: pipeline order."""
+        ``FindMinThru``): ``replicas * throughput(batch) / calls`` (``Pipeline.calls``); ties:
+        pipeline order."""
         return min(
             self._models,
             key=lambda m: (
-                configs[m].replicas
-                * self._throughput(m, configs[m])
-                / self.pipeline.scale_factor(m),
+                configs[m].replicas * self._throughput(m, configs[m]) / self.pipeline.calls(m),
                 self._index[m],
             ),
         )

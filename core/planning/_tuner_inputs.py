@@ -39,7 +39,7 @@ def tuner_inputs(
     for m in pipeline.models:
         c = configs[m]
         mu = profiles.throughput(m, c.hardware, c.max_batch_size)
-        s = pipeline.scale_factor(m)
+        s = pipeline.calls(m)  # queue entries per pipeline query (visits included)
         rho = rate * s / (max(1, c.replicas) * mu)
         models[m] = TunerModel(scale_factor=s, throughput_qps=mu, max_provisioning_ratio=rho)
     return TunerInputs(service_time_s=service, envelope=envelope, mean_rate_qps=rate, models=models)

@@ -52,7 +52,7 @@ def _cost_lower_bound(
     total = 0.0
     for m in pipeline.models:
         best = math.inf
-        load = rate * pipeline.visit_probability(m)
+        load = rate * pipeline.visit_probability(m) * pipeline.visits_of(m)
         for hw in profiles.hardware_for(m):
             if hw not in catalog:
                 continue

@@ -184,7 +184,7 @@ def packing_factor(
     opts = replace(options, activation_delay_s=0.0)
     # No unit can go faster than its slowest model's full-batch throughput.
     cap = min(
-        profiles.throughput(m, c.hardware, c.max_batch_size) * c.replicas / pipeline.scale_factor(m)
+        profiles.throughput(m, c.hardware, c.max_batch_size) * c.replicas / pipeline.calls(m)
         for m, c in unit.items()
     )
 
