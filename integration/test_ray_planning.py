@@ -5,6 +5,7 @@ within ``backend.nodes()``, one inventory per node, so a replica never spans nod
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -91,3 +92,34 @@ def test_plan_attachment_over_ray_bins_replicas_into_its_nodes(cluster: Any) -> 
             await b.close()
 
     asyncio.run(body())
+
+
+def test_inferline_nodes_writes_what_plan_inventory_nodes_reads(
+    cluster: Any, tmp_path: Any, capsys: Any
+) -> None:
+    from inferline.cli import main
+    from inferline.core import load_plan, save, save_trace
+
+    c, workers = cluster
+    out = tmp_path / "nodes.json"
+    assert main(["nodes", f"ray://{c.address}", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"node {w}" in printed for w in workers)
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "inferline.nodes/1"
+    assert {n["name"]: n["hardware"]["cpu"] for n in doc["nodes"] if n["hardware"]["cpu"]} == (
+        dict.fromkeys(workers, 1)
+    )
+    save(Pipeline.linear("p", ["m"]), tmp_path / "pipe.json")
+    save(Profiles.from_latencies({"m": {"cpu": {1: 0.05}}}), tmp_path / "prof.json")
+    save_trace(gamma_trace(30.0, 1.0, 10.0, np.random.default_rng(0)), tmp_path / "t.trace")
+    args = [
+        "plan",
+        *("--pipeline", str(tmp_path / "pipe.json"), "--profiles", str(tmp_path / "prof.json")),
+        *("--trace", str(tmp_path / "t.trace"), "--slo-s", "0.5", "--no-ladder"),
+        *("--rate-margin", "0", "-o", str(tmp_path / "plan.json"), "--inventory-nodes", str(out)),
+    ]
+    assert main(args) == 0
+    assert load_plan(tmp_path / "plan.json").models["m"].replicas == 2
+    assert main([*args, "--cpu-threads", "m=2"]) == 2  # no node has 2 CPUs
+    assert "cannot span nodes" in capsys.readouterr().err

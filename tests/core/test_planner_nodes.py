@@ -144,3 +144,46 @@ def test_bad_node_documents_name_the_field():
         nodes_from_document({"format": "inferline.nodes/1", "nodes": []})
     with pytest.raises(ValidationError, match="format"):
         nodes_from_document({"format": "inferline.plan/1", "nodes": []})
+
+
+def test_cli_plan_inventory_nodes(tmp_path, capsys):
+    """``inferline plan --inventory-nodes FILE``: the plan bins into the nodes (and says where
+    each replica goes); a 4-thread replica on two 3-core nodes is a one-line error naming both;
+    a flat --inventory or pooled cores with it, or a malformed file, are usage errors."""
+    from inferline.cli import main
+    from inferline.core import load_plan, save, save_trace
+
+    pipe, prof, trace = _one_model(latency_s=0.05)  # 20 q/s per replica at 50 q/s
+    paths = {k: tmp_path / f"{k}.json" for k in ("pipe", "prof", "nodes", "plan")}
+    save(pipe, paths["pipe"])
+    save(prof, paths["prof"])
+    save_trace(trace, tmp_path / "t.trace")
+    paths["nodes"].write_text(json.dumps(nodes_document(TWO_BY_3)))
+    args = [
+        "plan",
+        *("--pipeline", str(paths["pipe"]), "--profiles", str(paths["prof"])),
+        *("--trace", str(tmp_path / "t.trace"), "--slo-s", "0.3", "--no-ladder"),
+        *("--rate-margin", "0", "-o", str(paths["plan"])),
+        *("--inventory-nodes", str(paths["nodes"])),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    plan = load_plan(paths["plan"])
+    assert (
+        3 <= plan.models["m"].replicas <= 6
+        and "on the nodes (first-fit decreasing): n1: m x" in out
+    )
+    assert main([*args, "--cpu-threads", "m=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "node n1 (cpu=3), node n2 (cpu=3)" in err[0], err
+    for extra, named in (
+        (["--inventory", "cpu=6"], "--inventory: not with --inventory-nodes"),
+        (["--shared-cores", "cpu=6"], "--shared-cores: not with --inventory-nodes"),
+    ):
+        with pytest.raises(SystemExit) as ei:
+            main([*args, *extra])
+        assert ei.value.code == 2 and named in capsys.readouterr().err
+    paths["nodes"].write_text(json.dumps({"format": "inferline.nodes/1", "nodes": [{"x": 1}]}))
+    with pytest.raises(SystemExit) as ei:
+        main(args)
+    assert ei.value.code == 2 and "nodes[0]" in capsys.readouterr().err
