@@ -30,6 +30,10 @@ def test_demo_quick(tmp_path):
     assert ms["errors"] == 0
     assert rep["accuracy"] > 0.9  # real classifiers, trained at start-up
     assert rep["estimated"]["p99_ms"] > 0 and rep["cost_per_hour"] > 0
+    # the estimate with profiles calibrated to the live server, within 10% or with the causes
+    cal = rep["calibrated"]
+    assert "calibrated estimate: measured P99" in r.stdout and cal["p99_ms"] > 0
+    assert abs(cal["gap"]) <= 0.10 or cal["causes"], cal
     pipe = rep["pipeline"]
     assert pipe["edges"] == [["preprocess", "mlp"], ["mlp", "forest"]]
     assert 0 < pipe["scale_factors"]["forest"] < 0.5  # the conditional stage
