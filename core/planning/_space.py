@@ -178,17 +178,29 @@ class SearchSpace:
 
     def _node_room(self, key: Key, model: str, hw: str, room: int) -> int:
         """The most replicas of ``model`` on ``hw``, at most ``room``, that bin into the nodes
-        with the other models as in ``key`` (counted up to the first count that does not)."""
+        with the other models as in ``key``."""
         others = {m: c for m, c in zip(self._models, key, strict=True) if m != model}
         ck = (tuple(others.values()), model, hw, room)
         hit = self._node_rooms.get(ck)
         if hit is not None:
             return hit
-        n = 0
-        while n < room and self._fits_configs({**others, model: ModelConfig(hw, 1, n + 1)}):
-            n += 1
-        self._node_rooms[ck] = n
-        return n
+
+        def fits(n: int) -> bool:
+            return self._fits_configs({**others, model: ModelConfig(hw, 1, n)})
+
+        # bisect between a count that bins (lo) and one that does not (hi): O(log room)
+        # binnings, and the answer always bins (first-fit decreasing is not monotone in
+        # general, so this is the largest count found, not necessarily the largest there is)
+        lo, hi = 0, room + 1
+        if fits(room):
+            lo = room
+        else:
+            hi = room
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        self._node_rooms[ck] = lo
+        return lo
 
     def _room(self, key: Key, model: str, hw: str) -> int:
         """The most replicas ``model`` can have on ``hw`` with the other models as in ``key``."""
