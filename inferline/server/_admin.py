@@ -58,6 +58,34 @@ def check_inventory(backend: Any, plan: Plan) -> None:
             )
 
 
+_ERR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}}
+_PLAN_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "A plan (format inferline.plan/1): pipeline, slo_s, "
+                    "models {name: {hardware, max_batch_size, replicas}}, ...",
+                    "required": ["format", "pipeline", "slo_s", "models"],
+                    "properties": {
+                        "format": {"type": "string", "enum": ["inferline.plan/1"]},
+                        "pipeline": {"type": "string"},
+                        "slo_s": {"type": "number", "exclusiveMinimum": 0},
+                        "models": {"type": "object"},
+                    },
+                }
+            }
+        },
+    }
+}
+_APPLIED = {
+    "type": "object",
+    "properties": {"applied": {"type": "object", "additionalProperties": {"type": "string"}}},
+}
+
+
 def _json(body: Any, status: int = 200) -> Response:
     return Response(json.dumps(body, default=str).encode(), status, media_type="application/json")
 
@@ -76,6 +104,21 @@ class AdminRoutes:
             self.put_plan,
             methods=["PUT"],
             summary="Apply a plan (inferline.plan/1) to the running deployment",
+            openapi_extra=_PLAN_BODY,
+            responses={
+                200: {
+                    "description": "Applied to every model",
+                    "content": {"application/json": {"schema": _APPLIED}},
+                },
+                400: {"description": "Malformed JSON", **_ERR},
+                404: {"description": "A model the server does not serve", **_ERR},
+                422: {"description": "Not a valid plan, or beyond the inventory", **_ERR},
+                502: {
+                    "description": "PlanPartlyApplied: some models kept their configuration",
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                },
+                503: {"description": "No capacity for the plan", **_ERR},
+            },
         )
         r.add_api_route(
             "/models",

@@ -20,7 +20,7 @@ from inferline.core._http_errors import (
 from inferline.server._predict import handle_predict
 from inferline.server._service import Service
 
-__all__ = ["INTERNAL_ERROR", "LOCAL_HOSTS", "Guard", "host_name", "too_large"]
+__all__ = ["INTERNAL_ERROR", "LOCAL_HOSTS", "Guard", "host_name", "json_exempt", "too_large"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def host_name(value: str) -> str:
     return v.rstrip(".")
 
 
-def _json_exempt(path: str) -> bool:
+def json_exempt(path: str) -> bool:
     """Routes whose protocol sets the body's type: the native predict route (any JSON body
     is read as JSON, so curl's default works), KServe v2 (binary tensors travel as
     application/octet-stream) and TF Serving REST. Every other mutating route needs JSON."""
@@ -63,8 +63,9 @@ class Guard:
     """Host allowlist, bearer token, JSON bodies on mutating routes and the body size limit,
     for every HTTP route (mounted routers included), in that order and before the body is
     read: a foreign ``Host`` gets 421, a missing or wrong token 401, a ``PUT``/``POST``/
-    ``DELETE`` with another content type 415 (not on the protocol routes, whose clients send
-    their own types), a body over the limit 413.
+    ``DELETE`` body of another content type 415 (not on the protocol routes, whose clients
+    send their own types; a request without a body goes on, to 405 or the route's own
+    answer), a body over the limit 413.
 
     ``allowed_hosts``: the ``Host`` names accepted (``*.example.com`` for subdomains, ``*`` for
     any); None: the address the connection reached (the bound one) and the localhost names.
@@ -111,6 +112,7 @@ class Guard:
         auth = None
         host = None
         ctype = None
+        chunked = False
         for k, v in scope["headers"]:
             if k == b"content-length":
                 length = v
@@ -120,6 +122,8 @@ class Guard:
                 host = v
             elif k == b"content-type":
                 ctype = v
+            elif k == b"transfer-encoding":
+                chunked = True
         if not self.host_allowed(scope, host):
             shown = (host or b"").decode("latin-1")[:100]
             await _send_plain(
@@ -145,7 +149,12 @@ class Guard:
             )
             return
         method = scope["method"]
-        if method in _MUTATING and not _is_json(ctype) and not _json_exempt(scope["path"]):
+        if (
+            method in _MUTATING
+            and (chunked or (length is not None and length != b"0"))
+            and not _is_json(ctype)
+            and not json_exempt(scope["path"])
+        ):
             await _send_plain(
                 send,
                 415,

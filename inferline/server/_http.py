@@ -25,9 +25,10 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from inferline.core import InferlineError
 from inferline.core._http_errors import (
@@ -37,7 +38,7 @@ from inferline.core._http_errors import (
     error_body,
     status_for,
 )
-from inferline.server._guard import INTERNAL_ERROR, Guard, too_large
+from inferline.server._guard import INTERNAL_ERROR, Guard, json_exempt, too_large
 from inferline.server._predict import handle_predict
 from inferline.server._service import Service
 
@@ -126,6 +127,20 @@ class ErrorResponse(BaseModel):
 _ERRORS: dict[int | str, dict[str, Any]] = {
     s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 502, 503, 504)
 }
+_ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
+_JSON_ERROR = {"content": {_JSON: {"schema": _ERROR_REF}}}
+# What the guard may answer on any operation, before the route runs.
+_GUARD_RESPONSES: dict[str, dict[str, Any]] = {
+    "401": {"description": "Missing or wrong bearer token", **_JSON_ERROR},
+    "421": {"description": "A Host header outside the server's allowlist", **_JSON_ERROR},
+}
+_BODY_RESPONSES: dict[str, dict[str, Any]] = {
+    "400": {"description": "Bad Content-Length header or malformed body", **_JSON_ERROR},
+    "413": {"description": "Request body over the server's limit", **_JSON_ERROR},
+}
+_JSON_ONLY_RESPONSES: dict[str, dict[str, Any]] = {
+    "415": {"description": "The body is not JSON (Content-Type)", **_JSON_ERROR},
+}
 
 
 # ---------------------------------------------------------------- request parsing
@@ -165,11 +180,23 @@ async def _on_request_validation(_req: Request, exc: Exception) -> Response:
     )
 
 
-async def _on_http(_req: Request, exc: Exception) -> Response:
+async def _on_http(req: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    headers = exc.headers
+    if exc.status_code == 405:  # every method of the path, not only the first route's
+        headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(req))}
     return _json_response(
-        exc.status_code, {"detail": str(exc.detail), "error": "HTTPError"}, exc.headers
+        exc.status_code, {"detail": str(exc.detail), "error": "HTTPError"}, headers
     )
+
+
+def _allowed_methods(req: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in req.app.router.routes:
+        match, _ = route.matches(req.scope)  # PARTIAL: the path, not the method
+        if match != Match.NONE and getattr(route, "methods", None):
+            methods |= set(route.methods)
+    return sorted(methods)
 
 
 _EXCEPTION_HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
@@ -179,6 +206,9 @@ _EXCEPTION_HANDLERS: tuple[tuple[type[Exception], Any], ...] = (
     (RequestValidationError, _on_request_validation),
     (StarletteHTTPException, _on_http),
 )
+
+
+_HEALTH = {"type": "object", "properties": {"status": {"type": "string"}}, "required": ["status"]}
 
 
 class AppRoutes:
@@ -205,9 +235,25 @@ class AppRoutes:
         )
         r.add_api_route("/apps", self.list_apps, methods=["GET"], summary="List applications")
         r.add_api_route(
-            "/healthz", self.healthz, methods=["GET"], summary="Liveness and replica counts"
+            "/healthz",
+            self.healthz,
+            methods=["GET"],
+            summary="Liveness and replica counts",
+            responses={
+                200: {"description": "Serving", "content": {_JSON: {"schema": _HEALTH}}},
+                503: {
+                    "description": "Closing or a model down",
+                    "content": {_JSON: {"schema": _HEALTH}},
+                },
+            },
         )
-        r.add_api_route("/metrics", self.metrics, methods=["GET"], summary="Prometheus metrics")
+        r.add_api_route(
+            "/metrics",
+            self.metrics,
+            methods=["GET"],
+            summary="Prometheus metrics",
+            response_class=PlainTextResponse,
+        )
         return r
 
     async def predict(self, app_name: str, request: Request) -> Response:
@@ -281,7 +327,7 @@ def create_app(
         service=service,
         allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
     )
-    _declare_bearer(app, required=bool(token))
+    _finish_openapi(app, token_required=bool(token))
     return app
 
 
@@ -293,18 +339,32 @@ BEARER_SCHEME = {
 }
 
 
-def _declare_bearer(app: FastAPI, *, required: bool) -> None:
-    """The OpenAPI document declares the bearer scheme (``components.securitySchemes``) and
-    the top-level ``security``: required when the server has a token, else optional."""
+def _finish_openapi(app: FastAPI, *, token_required: bool) -> None:
+    """What the route declarations cannot say: the bearer scheme (``components.
+    securitySchemes`` and the top-level ``security``: required when the server has a token,
+    else optional) and the guard's answers on every operation (401, 421; 400/413 where a body
+    is read; 415 on mutating routes that take JSON only)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             doc = build()
-            doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = (
-                BEARER_SCHEME
+            comps = doc.setdefault("components", {})
+            comps.setdefault("securitySchemes", {})["bearer"] = BEARER_SCHEME
+            comps.setdefault("schemas", {}).setdefault(
+                "ErrorResponse", ErrorResponse.model_json_schema()
             )
-            doc["security"] = [{"bearer": []}] if required else [{}, {"bearer": []}]
+            doc["security"] = [{"bearer": []}] if token_required else [{}, {"bearer": []}]
+            for path, item in doc.get("paths", {}).items():
+                for method, op in item.items():
+                    extra = dict(_GUARD_RESPONSES)
+                    if method in ("post", "put", "patch", "delete"):
+                        extra.update(_BODY_RESPONSES)
+                        if not json_exempt(path):
+                            extra.update(_JSON_ONLY_RESPONSES)
+                    responses = op.setdefault("responses", {})
+                    for code, resp in extra.items():
+                        responses.setdefault(code, resp)
             app.openapi_schema = doc
         return app.openapi_schema
 

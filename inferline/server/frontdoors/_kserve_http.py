@@ -28,6 +28,54 @@ def _kserve_error(e: BaseException) -> Response:
     )
 
 
+_ERROR = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {"error": {"type": "string"}},
+            }
+        }
+    }
+}
+_OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
+_NO_BODY = {"response_class": Response}
+_INFER_DOCS: dict[str, Any] = {
+    "openapi_extra": {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/octet-stream": {
+                    "schema": {"type": "string", "format": "binary"},
+                },
+            },
+        }
+    },
+    "responses": {
+        200: {
+            "description": "Outputs (JSON, or JSON header + binary tensors)",
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            },
+        },
+        **{
+            c: {"description": d, **_ERROR}
+            for c, d in (
+                (400, "Bad request"),
+                (404, "Unknown model"),
+                (409, "Infeasible"),
+                (502, "Backend error"),
+                (503, "Overloaded or closing"),
+                (504, "Deadline exceeded"),
+            )
+        },
+    },
+}
+
+
 class KServeRoutes:
     """KServe v2 HTTP routes over a ``FrontDoor``: one method per route."""
 
@@ -37,18 +85,43 @@ class KServeRoutes:
     def router(self) -> APIRouter:
         r = APIRouter(tags=["KServe v2"])
         r.add_api_route("/v2", self.server_metadata, methods=["GET"])
-        r.add_api_route("/v2/health/live", self.live, methods=["GET"])
-        r.add_api_route("/v2/health/ready", self.ready, methods=["GET"])
-        r.add_api_route("/v2/models/{model}", self.model_metadata, methods=["GET"])
         r.add_api_route(
-            "/v2/models/{model}/versions/{version}", self.model_metadata, methods=["GET"]
+            "/v2/health/live",
+            self.live,
+            methods=["GET"],
+            responses={200: {"description": "Live"}},
+            **_NO_BODY,
         )
-        r.add_api_route("/v2/models/{model}/ready", self.model_ready, methods=["GET"])
         r.add_api_route(
-            "/v2/models/{model}/versions/{version}/ready", self.model_ready, methods=["GET"]
+            "/v2/health/ready",
+            self.ready,
+            methods=["GET"],
+            responses={200: {"description": "Ready"}, 503: {"description": "Not ready"}},
+            **_NO_BODY,
         )
-        r.add_api_route("/v2/models/{model}/infer", self.infer, methods=["POST"])
-        r.add_api_route("/v2/models/{model}/versions/{version}/infer", self.infer, methods=["POST"])
+        meta = {
+            200: {"description": "Model metadata", **_OBJECT},
+            404: {"description": "Unknown model", **_ERROR},
+        }
+        ready = {
+            200: {"description": "Ready"},
+            400: {"description": "Unknown model"},
+            503: {"description": "Not ready"},
+        }
+        for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+            r.add_api_route(
+                prefix, self.model_metadata, methods=["GET"], responses=meta, **_NO_BODY
+            )
+            r.add_api_route(
+                prefix + "/ready",
+                self.model_ready,
+                methods=["GET"],
+                responses=ready,
+                **_NO_BODY,
+            )
+            r.add_api_route(
+                prefix + "/infer", self.infer, methods=["POST"], **_INFER_DOCS, **_NO_BODY
+            )
         return r
 
     async def server_metadata(self) -> dict[str, Any]:

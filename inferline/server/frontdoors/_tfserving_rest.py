@@ -155,6 +155,31 @@ def _at(prefix: str) -> Any:
     return lambda path: prefix + "".join(f"[{i}]" for i in path)
 
 
+_TF_ERROR = {
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["error"],
+                "properties": {"error": {"type": "string"}},
+            }
+        }
+    }
+}
+_TF_OBJECT = {"content": {"application/json": {"schema": {"type": "object"}}}}
+_TF_FAILURES = {
+    c: {"description": d, **_TF_ERROR}
+    for c, d in (
+        (400, "Bad request"),
+        (404, "Unknown model, version or label; or a malformed path"),
+        (409, "Infeasible"),
+        (502, "Backend error"),
+        (503, "Overloaded or closing"),
+        (504, "Deadline exceeded"),
+    )
+}
+
+
 class TFServingRoutes:
     """TF Serving REST routes (``/v1/models/...``) over a ``FrontDoor``."""
 
@@ -163,8 +188,28 @@ class TFServingRoutes:
 
     def router(self) -> APIRouter:
         r = APIRouter(tags=["TF Serving"])
-        r.add_api_route("/v1/models/{path:path}", self.get, methods=["GET"])
-        r.add_api_route("/v1/models/{path:path}", self.post, methods=["POST"])
+        r.add_api_route(
+            "/v1/models/{path:path}",
+            self.get,
+            methods=["GET"],
+            summary="Model status or metadata: {model}[/versions/1][/metadata]",
+            response_class=Response,
+            responses={200: {"description": "Status or metadata", **_TF_OBJECT}, **_TF_FAILURES},
+        )
+        r.add_api_route(
+            "/v1/models/{path:path}",
+            self.post,
+            methods=["POST"],
+            summary="Predict: {model}[/versions/1]:predict",
+            response_class=Response,
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }
+            },
+            responses={200: {"description": "Predictions", **_TF_OBJECT}, **_TF_FAILURES},
+        )
         return r
 
     async def get(self, path: str) -> Response:
