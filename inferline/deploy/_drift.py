@@ -194,13 +194,15 @@ class DriftMonitor:
         self._prune(now)
         window = {a: self._window(a, now) for a in self._queries}
         configs = self._configs()
+        plan = None if self._service is None else self._service.plan
+        slo = plan.slo_s if plan is not None else 0.0
         est = await asyncio.to_thread(
             lambda: {a: self._estimate(arr, configs) for a, (arr, _) in window.items()}
         )
         obs = []
         for a, (arr, lat) in window.items():
             measured = float(np.percentile(lat, 99)) if lat.size else 0.0
-            o = DriftObservation(a, est[a], measured, int(arr.size))
+            o = DriftObservation(a, est[a], measured, int(arr.size), slo)
             obs.append(o)
             self.last[a] = o
             if self._gauges is not None and arr.size:

@@ -8,7 +8,8 @@ policy then answers ``alert`` (mode ``alert``: log it and count it) or ``recalib
 ``replan``: calibrate the profiles to the live service times, and re-plan if the plan no
 longer meets its SLO under the new estimate), at most once per ``cooldown_s``. A window with
 fewer than ``min_queries`` arrivals says nothing (its P99 is its maximum) and resets the
-app's count.
+app's count. An estimate over the app's SLO counts as apart too: once calibration has closed
+the gap, a plan that no longer fits (a re-plan that failed to apply, say) is still acted on.
 
 Pure: state in, decision and new state out; the caller passes the time.
 """
@@ -98,12 +99,19 @@ class DriftConfig:
 
 @dataclass(frozen=True)
 class DriftObservation:
-    """One app over one window: the two P99s (seconds) and how many queries arrived."""
+    """One app over one window: the two P99s (seconds), how many queries arrived, the SLO
+    the plan was made for (0: none)."""
 
     app: str
     estimated_p99_s: float
     measured_p99_s: float
     queries: int
+    slo_s: float = 0.0
+
+    @property
+    def over_slo(self) -> bool:
+        """The estimate says the plan in force misses its SLO on this window."""
+        return self.slo_s > 0 and self.estimated_p99_s > self.slo_s
 
     @property
     def gap(self) -> float:
@@ -119,6 +127,7 @@ class DriftObservation:
             "estimated_p99_s": self.estimated_p99_s,
             "measured_p99_s": self.measured_p99_s,
             "queries": self.queries,
+            "slo_s": self.slo_s,
             "gap": self.gap,
         }
 
@@ -165,7 +174,8 @@ class DriftPolicy:
         counts = dict(state.apart)
         for o in observations:
             judged = o.queries >= c.min_queries and o.measured_p99_s > 0
-            counts[o.app] = counts.get(o.app, 0) + 1 if judged and o.gap > c.threshold else 0
+            apart = o.gap > c.threshold or o.over_slo
+            counts[o.app] = counts.get(o.app, 0) + 1 if judged and apart else 0
         drifted = tuple(sorted(a for a, n in counts.items() if n >= c.sustain))
         new = replace(state, apart=tuple(sorted(counts.items())))
         if c.mode == "off" or not drifted:
@@ -173,8 +183,9 @@ class DriftPolicy:
         gaps = {o.app: o for o in observations if o.app in drifted}
         why = "; ".join(
             f"{a}: estimated P99 {gaps[a].estimated_p99_s * 1e3:.1f} ms, measured "
-            f"{gaps[a].measured_p99_s * 1e3:.1f} ms ({gaps[a].gap:.0%} apart, "
-            f"{counts[a]} ticks)"
+            f"{gaps[a].measured_p99_s * 1e3:.1f} ms ({gaps[a].gap:.0%} apart"
+            + (f", over the SLO {gaps[a].slo_s * 1e3:.0f} ms" if gaps[a].over_slo else "")
+            + f", {counts[a]} ticks)"
             for a in drifted
             if a in gaps
         )

@@ -211,3 +211,16 @@ def _scrape(svc) -> str:
 def _gauge(text: str, name: str) -> float:
     line = next(x for x in text.splitlines() if x.startswith(name + '{app="app"}'))
     return float(line.split()[-1])
+
+
+def test_an_estimate_over_the_slo_counts_as_apart_when_the_gap_has_closed():
+    """After calibration the two P99s agree, but the plan misses its SLO (its re-plan did
+    not apply, say): the policy acts again."""
+    p = DriftPolicy(DriftConfig(mode="replan", sustain=2, cooldown_s=0))
+    over = DriftObservation("a", 1.10, 1.00, 100, slo_s=0.1)
+    assert over.gap < 0.25 and over.over_slo
+    ds, _ = _run(p, [[over], [over]])
+    assert ds[-1].action == "recalibrate" and "over the SLO 100 ms" in ds[-1].reason
+    fits = DriftObservation("a", 0.09, 0.09, 100, slo_s=0.1)
+    ds, _ = _run(p, [[fits], [fits]])
+    assert [d.action for d in ds] == ["none", "none"]
