@@ -7,7 +7,7 @@ preformed batches, model status and metadata, model management through
 per server endpoint (given, or launched from a ``tensorflow_model_server`` binary).
 """
 
-from ._backend import SCHEMES, Endpoint, TFServingBackend, TFServingReplica, find_model_server
+from ._backend import SCHEMES, TFServingBackend
 from ._client import (
     TFServingClient,
     TFServingConnectionError,
@@ -17,6 +17,8 @@ from ._client import (
 )
 from ._config import ServedModel, format_text, parse_text
 from ._protos import available as grpc_available
+from ._replica import TFServingReplica
+from ._servers import Endpoint, find_model_server
 
 __all__ = [
     "SCHEMES",

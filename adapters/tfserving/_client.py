@@ -35,6 +35,7 @@ from ._config import ServedModel, to_proto
 from ._protos import from_tensor_proto, np_dtype, stubs, to_tensor_proto
 
 __all__ = [
+    "SERVER_LOST",
     "STATES",
     "TFServingClient",
     "TFServingConnectionError",
@@ -93,6 +94,10 @@ class TFServingNotFound(TFServingFailure):
 
 class TFServingInvalidArgument(TFServingFailure):
     """The server rejected the request's inputs."""
+
+
+# the failures after which the server, or the model on it, is presumed gone (recovery's work)
+SERVER_LOST = (TFServingConnectionError, TFServingNotFound)
 
 
 def _failure(code: str, message: str) -> TFServingFailure:

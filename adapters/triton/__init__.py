@@ -7,10 +7,12 @@ statistics-based monitoring, and recovery after a server restart. Registered as 
 ``triton``, ``triton+http`` and ``triton+grpc`` by ``inferline.adapters.triton.plugin``.
 """
 
-from ._backend import SCHEMES, TritonBackend, TritonReplica, parse_triton_url
+from ._backend import TritonBackend
 from ._config import BatcherSettings, TritonModelInfo, build_config, instance_count
+from ._replica import TritonReplica
 from ._stats import ClientTiming, cumulative_figures, interval_figures
 from ._tensors import ModelIO, TensorSpec, triton_datatype
+from ._url import SCHEMES, parse_triton_url
 
 __all__ = [
     "SCHEMES",

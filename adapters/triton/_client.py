@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "SERVER_LOST",
     "TritonClient",
     "TritonConnectionError",
     "TritonFailure",
@@ -59,6 +60,10 @@ class TritonModelMissing(TritonFailure):
 
 class TritonServerError(TritonFailure):
     """The server answered with an error (bad request, model raised, ...)."""
+
+
+# the failures after which the server, or the model on it, is presumed gone (recovery's work)
+SERVER_LOST = (TritonConnectionError, TritonModelMissing)
 
 
 def _ints(obj: Any) -> Any:

@@ -19,7 +19,13 @@ from inferline.core import ValidationError
 
 from ._tensors import ModelIO
 
-__all__ = ["BatcherSettings", "TritonModelInfo", "build_config", "instance_count"]
+__all__ = [
+    "BatcherSettings",
+    "TritonModelInfo",
+    "build_config",
+    "config_differs",
+    "instance_count",
+]
 
 
 @dataclass(frozen=True)
@@ -124,6 +130,18 @@ def build_config(
             db.pop("preferred_batch_size", None)
         cfg["dynamic_batching"] = db
     return cfg
+
+
+def config_differs(cfg: Mapping[str, Any], want: Mapping[str, Any]) -> str | None:
+    """What of inferline's configuration ``want`` the server's ``cfg`` lacks, or None."""
+    if instance_count(cfg) != instance_count(want):
+        return f"{instance_count(cfg)} instances, not {instance_count(want)}"
+    if cfg.get("max_batch_size", 0) != want.get("max_batch_size", 0):
+        got, exp = cfg.get("max_batch_size", 0), want.get("max_batch_size", 0)
+        return f"max batch size {got}, not {exp}"
+    if (cfg.get("dynamic_batching") is None) != (want.get("dynamic_batching") is None):
+        return "dynamic batching " + ("on" if cfg.get("dynamic_batching") is not None else "off")
+    return None
 
 
 @dataclass(frozen=True)

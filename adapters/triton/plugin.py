@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..hookspecs import BackendFactory, hookimpl
-from ._backend import SCHEMES, TritonBackend
+from ._backend import TritonBackend
+from ._url import SCHEMES
 
 
 def make_backend(url: str, options: Mapping[str, Any]) -> TritonBackend:
