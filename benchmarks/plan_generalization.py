@@ -8,9 +8,11 @@ queue that a model at 95% utilization drains for tens of seconds.
 
 For each pipeline of ``_pipelines.py``, CV and SLO, this plans on ``--seeds`` independent
 samples with each ``--margins`` value of ``PlannerOptions.rate_margin`` (configurations judged
-on the sample sped up by ``1 + margin``) and runs every plan on ``--fresh`` new realizations.
-Printed per (pipeline, margin): mean cost, mean and largest miss rate on the fresh traces, and
-how many fresh runs missed the SLO (miss rate above ``100 - percentile`` = 1%).
+on the sample sped up by ``1 + margin``; ``auto``, the default, sizes it from the sample's
+windowed rates, ``core/planning/_margin.py``) and runs every plan on ``--fresh`` new
+realizations. Printed per (pipeline, margin): the mean margin used, mean cost and its change
+from margin 0, mean and largest miss rate on the fresh traces, and how many fresh runs missed
+the SLO (miss rate above ``100 - percentile`` = 1%); then the same over all pipelines.
 
     .venv/bin/python benchmarks/plan_generalization.py           # about 10 minutes, 2 cores
     .venv/bin/python benchmarks/plan_generalization.py --quick   # about 10 s
@@ -29,6 +31,7 @@ from _pipelines import PIPELINES, add_grid_arguments
 from rich.progress import Progress
 
 from inferline.core import InfeasibleError, PlannerOptions, gamma_trace, plan_inferline, simulate
+from inferline.core.planning import AUTO_MARGIN, auto_rate_margin
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -48,9 +51,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             sample = gamma_trace(args.rate, cv, args.duration_s, rng)
             fresh = [gamma_trace(args.rate, cv, args.duration_s, rng) for _ in range(args.fresh)]
             for margin in args.margins:
-                bar.update(
-                    task, description=f"{name} cv {cv:g} slo {slo:g} seed {seed} m {margin:g}"
-                )
+                bar.update(task, description=f"{name} cv {cv:g} slo {slo:g} seed {seed} m {margin}")
                 try:
                     plan = plan_inferline(
                         pipeline, profiles, sample, slo, options=PlannerOptions(rate_margin=margin)
@@ -68,6 +69,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                         "slo_s": slo,
                         "seed": seed,
                         "margin": margin,
+                        "margin_used": auto_rate_margin(sample)
+                        if margin == AUTO_MARGIN
+                        else margin,
                         "cost_per_hour": plan.cost_per_hour,
                         "sample_miss": simulate(pipeline, plan.models, profiles, sample).miss_rate(
                             slo
@@ -80,39 +84,44 @@ def run(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def summarize(rows: list[dict], margins: list[float]) -> None:
+def summarize(rows: list[dict], margins: list[float | str]) -> None:
     print(
-        f"{'pipeline':<17} {'margin':>6} {'plans':>5} {'mean $/h':>9} {'vs m=0':>7} "
+        f"{'pipeline':<17} {'margin':>6} {'used':>6} {'plans':>5} {'mean $/h':>9} {'vs m=0':>7} "
         f"{'fresh mean miss':>15} {'max':>7} {'fresh runs > 1%':>15}"
     )
-    for name in dict.fromkeys(r["pipeline"] for r in rows):
+    names = list(dict.fromkeys(r["pipeline"] for r in rows))
+    for name in [*names, "all"] if len(names) > 1 else names:
         # compare margins on the cells every margin could plan
-        cells = {(r["cv"], r["slo_s"], r["seed"]) for r in rows if r["pipeline"] == name}
+        mine = [r for r in rows if name in ("all", r["pipeline"])]
+        cells = {(r["pipeline"], r["cv"], r["slo_s"], r["seed"]) for r in mine}
         for m in margins:
             cells &= {
-                (r["cv"], r["slo_s"], r["seed"])
-                for r in rows
-                if r["pipeline"] == name and r["margin"] == m
+                (r["pipeline"], r["cv"], r["slo_s"], r["seed"]) for r in mine if r["margin"] == m
             }
         base = None
         for m in margins:
             rs = [
                 r
-                for r in rows
-                if r["pipeline"] == name
-                and r["margin"] == m
-                and (r["cv"], r["slo_s"], r["seed"]) in cells
+                for r in mine
+                if r["margin"] == m and (r["pipeline"], r["cv"], r["slo_s"], r["seed"]) in cells
             ]
             if not rs:
                 continue
             cost = float(np.mean([r["cost_per_hour"] for r in rs]))
             base = cost if base is None else base
+            used = float(np.mean([r["margin_used"] for r in rs]))
             miss = np.array([x for r in rs for x in r["fresh_miss"]])
+            shown = m if isinstance(m, str) else f"{m:.2f}"
             print(
-                f"{name:<17} {m:>6.2f} {len(rs):>5} {cost:>9.3f} {cost / base - 1:>+7.1%} "
+                f"{name:<17} {shown:>6} {used:>6.3f} {len(rs):>5} {cost:>9.3f} "
+                f"{cost / base - 1:>+7.1%} "
                 f"{miss.mean() * 100:>14.2f}% {miss.max() * 100:>6.2f}% "
                 f"{int((miss > 0.01).sum()):>7} / {miss.size:<5}"
             )
+
+
+def _margin(text: str) -> float | str:
+    return AUTO_MARGIN if text == AUTO_MARGIN else float(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,9 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--margins",
         nargs="+",
-        type=float,
-        default=[0.0, 0.05, 0.1],
-        help="rate margins to plan with; 0 is always added (default 0 0.05 0.1)",
+        type=_margin,
+        default=[0.0, 0.05, 0.1, AUTO_MARGIN],
+        help="rate margins to plan with, numbers or auto; 0 is always added "
+        "(default 0 0.05 0.1 auto)",
     )
     ap.add_argument("--fresh", type=int, default=4, help="fresh realizations per plan")
     ap.add_argument("--duration-s", type=float, default=300.0, help="every trace's length")

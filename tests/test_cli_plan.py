@@ -375,8 +375,9 @@ def test_simulate_switches_variants_with_the_tuner_in_the_loop(files, tmp_path, 
 def test_hop_overhead_is_planned_for_and_simulated(files, capsys):
     """The estimate leaves out the live system's own time per hop unless told: a plan near
     the SLO then missed it live (audit). With --hop-overhead-ms both plan and simulate add
-    it; without, the plan says so."""
-    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder")) == 0
+    it; without, the plan says so. Paper mode (no rate margin): the plans compared differ only
+    in the hop overhead."""
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", "--rate-margin", "0")) == 0
     assert "--hop-overhead-ms" in capsys.readouterr().out
     bare = load_plan(files["plan"])
     assert main(_sim_args(files, "--json")) == 0
@@ -384,7 +385,8 @@ def test_hop_overhead_is_planned_for_and_simulated(files, capsys):
     assert main(_sim_args(files, "--json", "--hop-overhead-ms", "5")) == 0
     p99_hop = json.loads(capsys.readouterr().out)["latency_p99_s"]
     assert p99_hop == pytest.approx(p99_bare + 2 * 0.005, abs=0.004)  # two hops: pre, cls
-    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", "--hop-overhead-ms", "5")) == 0
+    hop = ("--hop-overhead-ms", "5", "--rate-margin", "0")
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", *hop)) == 0
     assert "--hop-overhead-ms" not in capsys.readouterr().out
     with_hop = load_plan(files["plan"])
     assert with_hop.estimated_latency_s >= bare.estimated_latency_s + 0.005
@@ -448,7 +450,8 @@ def test_plan_and_simulate_use_the_profiles_wake_up_unless_told_not_to(files, ca
     prof = load_profiles(files["profiles"])
     wake = {"pre": {"cpu": WakeProfile((0.01, 0.05), (0.002, 0.006))}}
     save(Profiles(prof.models, wake), files["profiles"])
-    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder")) == 0
+    # the paper's plan (no rate margin): tight enough for the extra to show in the tail
+    assert main(_plan_args(files, "--slo-s", "0.1", "--no-ladder", "--rate-margin", "0")) == 0
     capsys.readouterr()
     p99 = {}
     for flag in ("--wake-up", "--no-wake-up"):

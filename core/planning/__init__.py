@@ -13,6 +13,8 @@ Where things are:
 * ``_baselines.py``: the coarse-grained baselines CG-Mean and CG-Peak; ``_strategies.py``:
   planning with a named strategy (:func:`make_plan`);
 * ``_ladder.py``: the tuner's ladder, re-plans of the planned hardware for higher rates;
+* ``_margin.py``: the automatic rate margin (``rate_margin="auto"``, the default), from the
+  spread of the sample's windowed rates;
 * ``_variants.py``: planning with model variants under an accuracy floor;
 * ``_options.py``: :class:`PlannerOptions`, progress and statistics; ``_placement.py``: the
   hardware a model may use and the inventory its replicas take; ``_tuner_inputs.py``: the
@@ -30,6 +32,7 @@ from ._ladder import (
     plan_ladder,
     with_ladder,
 )
+from ._margin import auto_rate_margin, resolve_margin
 from ._nodes import (
     NODES_FORMAT,
     NodeInventory,
@@ -38,7 +41,7 @@ from ._nodes import (
     nodes_from_dicts,
     nodes_from_document,
 )
-from ._options import PlannerOptions, PlannerStats, PlanProgress, ProgressFn
+from ._options import AUTO_MARGIN, PlannerOptions, PlannerStats, PlanProgress, ProgressFn
 from ._placement import (
     fastest_hardware,
     inventory_use,
@@ -55,6 +58,7 @@ from ._tuner_inputs import tuner_inputs
 from ._variants import VariantPlan, plan_with_variants, plan_with_variants_section
 
 __all__ = [
+    "AUTO_MARGIN",
     "LADDER_FACTORS",
     "NODES_FORMAT",
     "STRATEGIES",
@@ -68,6 +72,7 @@ __all__ = [
     "ProgressFn",
     "SearchSpace",
     "VariantPlan",
+    "auto_rate_margin",
     "bin_replicas",
     "capacity_factor",
     "coarse_grained_configs",
@@ -88,6 +93,7 @@ __all__ = [
     "plan_with_variants",
     "plan_with_variants_section",
     "replica_use",
+    "resolve_margin",
     "total_inventory",
     "tuner_inputs",
     "usable_hardware",

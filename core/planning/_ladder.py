@@ -37,6 +37,7 @@ from .._trace import compress
 from ..errors import InfeasibleError, ValidationError
 from ..estimator import simulate
 from ._inferline import plan_inferline
+from ._margin import resolve_margin
 from ._options import PlannerOptions
 
 __all__ = [
@@ -109,8 +110,8 @@ def capacity_factor(
     A re-plan is the cheapest configuration for its rate, but integer replica counts leave it
     slack: it usually serves more. The tuner uses each configuration up to this proven rate
     instead of stepping up at every factor of the ladder."""
-    opts = options or PlannerOptions()
     t = np.asarray(trace, dtype=np.float64)
+    opts = resolve_margin(options or PlannerOptions(), t)  # "auto": the plan's sample's margin
     return largest_feasible(
         lambda f: _feasible(pipeline, configs, profiles, t, f, plan, catalog, opts),
         lo,
@@ -164,7 +165,7 @@ def plan_ladder(
     t = np.asarray(trace, dtype=np.float64)
     if t.size < 2:
         raise ValidationError("trace", "at least 2 arrivals", int(t.size))
-    opts = options or PlannerOptions()
+    opts = resolve_margin(options or PlannerOptions(), t)  # one margin for every step
     pinned = pin_hardware(profiles, plan)
     base = plan.tuner.mean_rate_qps
 

@@ -24,6 +24,7 @@ from .._validate import as_float
 from ..errors import ValidationError
 from ..estimator import MAX_SHARERS_PER_UNIT, simulate, spread_floor
 from ._bound import MissBound
+from ._margin import resolve_margin
 from ._nodes import bin_replicas, describe_nodes
 from ._options import PlannerOptions, PlannerStats, PlanProgress, ProgressFn
 from ._placement import (
@@ -71,10 +72,11 @@ class SearchSpace:
         self.slo_s = as_float(slo_s, "slo_s", positive=True)
         self.percentile = as_float(percentile, "percentile", lo=0.0, hi=100.0)
         self.catalog = catalog
-        self.options = options if options is not None else PlannerOptions()
         self._progress = progress
         if self.sample.ndim != 1 or self.sample.size < 2:
             raise ValidationError("trace", "at least two arrival times", self.sample.size)
+        # rate_margin "auto": the margin the sample's own variability asks for (_margin.py)
+        self.options = resolve_margin(options or PlannerOptions(), self.sample)
         self.trace = compress(self.sample, 1.0 + self.options.rate_margin)
         self._models = tuple(pipeline.models)
         self._index = {m: i for i, m in enumerate(self._models)}

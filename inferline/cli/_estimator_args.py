@@ -18,7 +18,14 @@ __all__ = [
     "rate_margin",
 ]
 
-rate_margin = number_in(0, 10, "a margin")  # 0.05: plan for 5% above the rate
+_margin_number = number_in(0, 10, "'auto' or a margin")  # 0.05: plan for 5% above the rate
+
+
+def rate_margin(text: str) -> float | str:
+    """``--rate-margin``: ``auto`` (from the sample's variability) or a number in [0, 10]."""
+    return "auto" if text.strip().lower() == "auto" else _margin_number(text)
+
+
 _hop_ms = number_in(0, 10_000, "milliseconds")
 
 

@@ -276,9 +276,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument(
         "--rate-margin",
         type=_rate_margin,
-        default=0.0,
+        default="auto",
         metavar="M",
-        help="plan with 1+M times the trace's rate as throughput slack (as `inferline plan`)",
+        help="plan with 1+M times the trace's rate as throughput slack; auto (the default) "
+        "sizes M from the trace's variability, 0 is the paper's test (as `inferline plan`)",
     )
     a.add_argument("--plan", default=None, help="use this plan instead of planning")
     a.add_argument(

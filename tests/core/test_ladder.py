@@ -58,8 +58,9 @@ def _setup():
 @pytest.fixture(scope="module")
 def planned():
     pipe, prof, trace = _setup()
-    plan = plan_inferline(pipe, prof, trace, 0.15)
-    return pipe, prof, trace, with_ladder(pipe, prof, trace, plan)
+    paper = PlannerOptions(rate_margin=0.0)  # proven on the sample itself (no margin)
+    plan = plan_inferline(pipe, prof, trace, 0.15, options=paper)
+    return pipe, prof, trace, with_ladder(pipe, prof, trace, plan, options=paper)
 
 
 def test_steps_are_re_plans_on_the_planned_hardware_proven_for_their_rate(planned):
@@ -97,13 +98,18 @@ def test_a_rate_margin_is_kept_on_every_step():
         r = simulate(pipe, s.models, prof, compress(trace, f))
         assert r.percentile(99) <= plan.slo_s
     # without the margin the same plan is proven for a higher rate
-    plain = plan_ladder(pipe, prof, trace, plan, factors=(1.25,))
+    plain = plan_ladder(
+        pipe, prof, trace, plan, factors=(1.25,), options=PlannerOptions(rate_margin=0.0)
+    )
     assert plain[0].rate_qps > steps[0].rate_qps
 
 
 def test_capacity_is_the_highest_proven_rate_factor(planned):
     pipe, prof, trace, plan = planned
-    f = capacity_factor(pipe, plan.models, prof, trace, plan, lo=1.0, hi=4.0, iterations=8)
+    paper = PlannerOptions(rate_margin=0.0)  # the factor itself, no margin on top
+    f = capacity_factor(
+        pipe, plan.models, prof, trace, plan, lo=1.0, hi=4.0, iterations=8, options=paper
+    )
     assert 1.0 <= f < 4.0
 
     def p99(factor):
