@@ -9,14 +9,12 @@ its inventory, scales them up and down at run time (draining before stopping), w
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import itertools
 import json
 import logging
 import os
 import secrets
-import signal
 import sys
 import threading
 import time
@@ -37,49 +35,15 @@ from inferline.core import (
     ValidationError,
 )
 
-from . import _server
+from . import _process
 from . import replica_pb2_grpc as pbg
 from ._handle import ACTIVE, DRAINING, STARTING, STOPPED, LocalReplica
 from ._inventory import Inventory, Placement, detect_cores, detect_gpus
-from ._server import TOKEN_ENV
+from ._process import REPLICA_MODULE, kill, reap, terminate
 
 __all__ = ["REPLICA_MODULE", "LocalBackend"]
 
-REPLICA_MODULE = __package__ + ".replica"
-
 log = logging.getLogger(__name__)
-
-# Every replica pid any LocalBackend started and has not yet reaped: killed at interpreter exit
-# so a parent that crashes out of its event loop leaves no orphans (the replicas also watch
-# their parent, for the case where the parent is killed outright).
-_LIVE_PIDS: set[int] = set()
-_LIVE_LOCK = threading.Lock()
-
-
-def _is_our_child(pid: int) -> bool:
-    # Guards against pid reuse: only signal a process whose parent is still this process.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return not os.path.isdir("/proc")  # no procfs (not Linux): trust the bookkeeping
-    try:
-        return int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid()
-    except (IndexError, ValueError):
-        return False
-
-
-def _kill_pids(pids: set[int]) -> None:
-    with _LIVE_LOCK:
-        for pid in list(pids):
-            if pid in _LIVE_PIDS and _is_our_child(pid):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            _LIVE_PIDS.discard(pid)
-        pids.clear()
-
-
-atexit.register(_kill_pids, _LIVE_PIDS)
 
 
 @dataclass
@@ -189,7 +153,7 @@ class LocalBackend(ModelRegistry):
         self._ids = itertools.count()
         self._closed = False
         self._pids: set[int] = set()
-        self._finalizer = weakref.finalize(self, _kill_pids, self._pids)
+        self._finalizer = weakref.finalize(self, _process.kill_pids, self._pids)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -329,25 +293,6 @@ class LocalBackend(ModelRegistry):
 
     # -- replica processes ------------------------------------------------------------------
 
-    def _replica_env(self, m: _Model, p: Placement) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(self.env)
-        # in the environment, not the command line: other users can read argv in ps
-        env[TOKEN_ENV] = self._replica_token
-        n = str(m.spec.threads)
-        for var in (
-            "OMP_NUM_THREADS",
-            "MKL_NUM_THREADS",
-            "OPENBLAS_NUM_THREADS",
-            "NUMEXPR_NUM_THREADS",
-            "VECLIB_MAXIMUM_THREADS",
-        ):
-            env[var] = n
-        # A CPU replica must not grab a GPU by accident; a GPU replica sees exactly its own.
-        env["CUDA_VISIBLE_DEVICES"] = p.gpu if p.gpu is not None else ""
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
-
     async def _start_replica(self, m: _Model, s: _Slot) -> LocalReplica:
         """Spawn a process for slot ``s``, wait for its first healthy ping, make it active."""
         name = m.spec.name
@@ -377,16 +322,15 @@ class LocalBackend(ModelRegistry):
             json.dumps(cfg),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
-            env=self._replica_env(m, s.placement),
+            env=_process.replica_env(self.env, self._replica_token, m.spec.threads, s.placement),
             start_new_session=True,  # a Ctrl-C at the terminal goes to the frontend only
         )
         r.proc, r.pid = proc, proc.pid
-        with _LIVE_LOCK:
-            _LIVE_PIDS.add(proc.pid)
+        _process.remember_pid(proc.pid)
         self._pids.add(proc.pid)
         r.tasks.append(asyncio.create_task(self._watch_exit(m, s, r), name=f"watch-{rid}"))
         try:
-            ready = await asyncio.wait_for(self._read_ready(r), self.start_timeout_s)
+            ready = await asyncio.wait_for(_process.read_ready(r, self._url), self.start_timeout_s)
             r.port = int(ready["port"])
             r.load_s = float(ready.get("load_s", 0.0))
             r.channel = grpc.aio.insecure_channel(
@@ -404,8 +348,8 @@ class LocalBackend(ModelRegistry):
             )
         except BaseException as e:
             reason = e if isinstance(e, BackendError) else None
-            self._kill(r)
-            await self._reap(r)
+            kill(r)
+            await reap(r)
             if isinstance(e, asyncio.TimeoutError):
                 reason = BackendError(
                     self._url,
@@ -417,8 +361,8 @@ class LocalBackend(ModelRegistry):
         r.activation_delay_s = time.monotonic() - t0
         r.last_heartbeat_mono = time.monotonic()
         if r.died.done() or self._closed or s not in m.slots or s.replica is not r:
-            self._kill(r)
-            await self._reap(r)
+            kill(r)
+            await reap(r)
             raise BackendError(self._url, f"replica {rid} of {name!r} was stopped while starting")
         r.state = ACTIVE
         log.info(
@@ -436,30 +380,6 @@ class LocalBackend(ModelRegistry):
         r.tasks.append(asyncio.create_task(self._heartbeat(r), name=f"heartbeat-{rid}"))
         self._notify(name)
         return r
-
-    async def _read_ready(self, r: LocalReplica) -> dict[str, Any]:
-        assert r.proc is not None and r.proc.stdout is not None
-        while True:
-            line = await r.proc.stdout.readline()
-            if not line:  # EOF: the process exited before it was ready
-                rc = await r.proc.wait()
-                raise BackendError(
-                    self._url,
-                    f"replica {r.id} of {r.model!r} exited with code {rc} before it was ready",
-                )
-            text = line.decode("utf-8", "replace").strip()
-            if text.startswith(_server.READY):
-                return json.loads(text[len(_server.READY) :])
-            if text.startswith(_server.ERROR):
-                try:
-                    err = json.loads(text[len(_server.ERROR) :])
-                    why = f"{err.get('type')}: {err.get('message')}"
-                except ValueError:
-                    why = text
-                raise BackendError(
-                    self._url, f"replica {r.id} of {r.model!r} failed to load its container: {why}"
-                )
-            log.debug("replica %s stdout: %s", r.id, text)
 
     async def _first_ping(self, r: LocalReplica) -> None:
         while not await r.ping(self.heartbeat_timeout_s):
@@ -495,15 +415,14 @@ class LocalBackend(ModelRegistry):
                 # Alive but unresponsive (hung container, wedged server): kill it so the exit
                 # watcher handles it like any other death and restarts it.
                 r.death_reason = f"missed {r.heartbeat_misses} heartbeats"
-                self._kill(r)
+                kill(r)
                 return
 
     async def _watch_exit(self, m: _Model, s: _Slot, r: LocalReplica) -> None:
         assert r.proc is not None
         rc = await r.proc.wait()
         r.exit_code = rc
-        with _LIVE_LOCK:
-            _LIVE_PIDS.discard(r.pid)
+        _process.forget_pid(r.pid)
         self._pids.discard(r.pid)
         expected = r.state in (STOPPED, DRAINING) or self._closed
         was_active = r.state == ACTIVE
@@ -559,8 +478,8 @@ class LocalBackend(ModelRegistry):
             r.state = DRAINING
         elif r.state == STARTING:
             r.state = STOPPED
-            self._kill(r)
-            await self._reap(r)
+            kill(r)
+            await reap(r)
             return
         if r.inflight:
             try:
@@ -574,42 +493,7 @@ class LocalBackend(ModelRegistry):
         await r.info()  # keep its final counters for stats()
         r.state = STOPPED
         m.retired.append(r.describe())
-        await self._terminate(r)
-
-    async def _reap(self, r: LocalReplica) -> None:
-        """Wait (a bounded time) for a killed replica's exit watcher to finish its bookkeeping."""
-        watchers = [t for t in r.tasks if t.get_name().startswith("watch-")]
-        if watchers:
-            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError, Exception):
-                await asyncio.wait_for(asyncio.shield(watchers[0]), 5.0)
-
-    def _kill(self, r: LocalReplica) -> None:
-        if r.proc is not None and r.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.kill()
-
-    async def _terminate(self, r: LocalReplica, grace_s: float = 2.0) -> None:
-        for t in r.tasks:
-            if t is not asyncio.current_task() and not t.get_name().startswith("watch-"):
-                t.cancel()
-        if r.proc is None:
-            return
-        if r.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                r.proc.terminate()
-            try:
-                await asyncio.wait_for(asyncio.shield(r.proc.wait()), grace_s)
-            except TimeoutError:
-                self._kill(r)
-                await r.proc.wait()
-        # Let the exit watcher finish its bookkeeping (pid sets, channel close).
-        for t in r.tasks:
-            if t.get_name().startswith("watch-") and t is not asyncio.current_task():
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-        if r.channel is not None:
-            with contextlib.suppress(Exception):
-                await r.channel.close()
+        await terminate(r)
 
     # -- stats / close ----------------------------------------------------------------------
 
@@ -657,15 +541,13 @@ class LocalBackend(ModelRegistry):
         for r in reps:
             r.state = STOPPED
             r.mark_dead("backend closed")
-        await asyncio.gather(
-            *(self._terminate(r, grace_s=1.0) for r in reps), return_exceptions=True
-        )
+        await asyncio.gather(*(terminate(r, grace_s=1.0) for r in reps), return_exceptions=True)
         for m in self._models.values():
             for s in m.slots:
                 self._inv.release(s.placement)
             m.slots.clear()
         self._models.clear()
-        _kill_pids(self._pids)  # anything left (a spawn racing close)
+        _process.kill_pids(self._pids)  # anything left (a spawn racing close)
 
     def _notify_empty(self, model: str) -> None:
         self._subscribers.notify(model, [])
@@ -673,7 +555,7 @@ class LocalBackend(ModelRegistry):
     def close_now(self) -> None:
         """Kill every replica process immediately, without an event loop (for finalizers)."""
         self._closed = True
-        _kill_pids(self._pids)
+        _process.kill_pids(self._pids)
 
     def pids(self) -> list[int]:
         """OS process ids of the replica processes running now (for tests and operators)."""

@@ -8,20 +8,18 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
 from inferline.core import BackendError, ReplicaError, ValidationError
 
+from .._replica import ReplicaBase
 from . import _convert
 from . import replica_pb2 as pb
 from . import replica_pb2_grpc as pbg
 from ._inventory import Placement
-
-if TYPE_CHECKING:
-    from ._backend import LocalBackend
 
 __all__ = ["LocalReplica"]
 
@@ -41,7 +39,17 @@ _REQUEST_FAULTS = frozenset(
 )
 
 
-class LocalReplica:
+class _Owner(Protocol):
+    """What a ``LocalReplica`` reads of its ``LocalBackend``."""
+
+    @property
+    def url(self) -> str: ...
+
+    predict_timeout_s: float | None
+    max_message_bytes: int
+
+
+class LocalReplica(ReplicaBase):
     """One replica process of a model (a ``ReplicaHandle``).
 
     A restarted replica is a new ``LocalReplica`` with a new ``id``, so a queue that keys its
@@ -49,12 +57,10 @@ class LocalReplica:
     """
 
     def __init__(
-        self, backend: LocalBackend, model: str, rid: str, hardware: str, placement: Placement
+        self, backend: _Owner, model: str, rid: str, hardware: str, placement: Placement
     ) -> None:
+        super().__init__(model, rid, hardware)
         self._backend = backend
-        self._model = model
-        self._id = rid
-        self._hardware = hardware
         self.placement = placement
         self.state = STARTING
         self.proc: asyncio.subprocess.Process | None = None
@@ -84,26 +90,14 @@ class LocalReplica:
         self.unresponsive = False
         self.last_stats: dict[str, Any] = {}
 
-    # -- ReplicaHandle ----------------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def hardware(self) -> str:
-        return self._hardware
+    # -- ReplicaHandle (id, model, hardware: ReplicaBase) -----------------------------------
 
     @property
     def alive(self) -> bool:
         return self.state in (ACTIVE, DRAINING) and not self.died.done()
 
-    def __repr__(self) -> str:
-        return f"LocalReplica({self._id!r}, pid={self.pid}, state={self.state!r})"
+    def _repr_fields(self) -> str:
+        return f"pid={self.pid}, state={self.state!r}"
 
     async def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         """One output (or ``InferlineError``) per input; ``ReplicaError`` if the batch failed."""
