@@ -461,7 +461,7 @@ CASES = (
     ),
     Case("video repeated calls", _with_visits(video), 20.0, 2.0, EstimatorOptions(seed=8)),
     Case(
-        "video repeats on grid+wait+hop",
+        "video repeats+wait+hop",
         _with_visits(_on_grid(video)),
         20.0,
         2.0,
