@@ -10,6 +10,7 @@ from inferline.core import (
     Plan,
     ValidationError,
 )
+from inferline.deploy._batching import with_max_batch
 from inferline.deploy._format import Deployment
 from inferline.deploy._planned import (
     check_stages_served,
@@ -41,8 +42,6 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
     model variants, a stage moves to another variant only once that variant's replicas serve,
     and the variant it leaves drains its queue before its replicas go (nothing queued is
     lost)."""
-    from inferline.queueing import FixedBatching
-
     if svc.backend is None or svc.dispatcher is None:
         raise ValidationError("service", "a service started from a deployment", None)
     check_stages_served(plan)
@@ -99,7 +98,9 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
             else:
                 await svc.backend.scale(name, cfg.replicas)
                 done[name] = f"{cfg.replicas} replicas"
-            svc.dispatcher.set_batching(name, FixedBatching(cfg.max_batch_size))
+            svc.dispatcher.set_batching(
+                name, with_max_batch(svc.dispatcher.batching(name), cfg.max_batch_size)
+            )
             done[name] += f", max batch {cfg.max_batch_size}"
             if svc.plugins is not None:
                 svc.plugins.notify_config(

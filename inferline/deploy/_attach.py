@@ -37,6 +37,7 @@ from inferline.core import (
     nodes_from_dicts,
     plan_inferline,
 )
+from inferline.deploy._batching import with_max_batch
 from inferline.deploy._planned import (
     check_stages_served,
 )
@@ -353,8 +354,6 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
     """Move the attached models to ``plan`` in place: replica counts through the adapter,
     batch sizes in the queue. Hardware changes are not made (the server's placement is the
     operator's); each change is reported to the plugins' observers."""
-    from inferline.queueing import FixedBatching
-
     check_stages_served(plan)
     done: dict[str, str] = {}
     in_force = dict(plan.models)
@@ -384,7 +383,9 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
             notes.insert(0, f"failed: kept {old.replicas} replicas ({type(e).__name__}: {e})")
             log.warning("could not apply the plan to %r: %s", name, e)
         if svc.dispatcher is not None:
-            svc.dispatcher.set_batching(name, FixedBatching(cfg.max_batch_size))
+            svc.dispatcher.set_batching(
+                name, with_max_batch(svc.dispatcher.batching(name), cfg.max_batch_size)
+            )
         notes.append(f"max batch {cfg.max_batch_size}")
         new = ModelConfig(old.hardware, cfg.max_batch_size, replicas)
         att.models[name] = new

@@ -48,6 +48,7 @@ from inferline.core._validate import (
     no_extra_keys,
     req,
 )
+from inferline.deploy._batching import BatchingSpec
 from inferline.server._service import InputSpec
 
 __all__ = [
@@ -214,6 +215,8 @@ class Deployment:
     velox: Any = None
     # Protocol front doors served by ``inferline serve`` (names of ``FRONT_DOORS``).
     front_doors: tuple[str, ...] = ()
+    # Each model's batching policy (a model entry's ``"batching"``; fixed when absent).
+    batching: Mapping[str, BatchingSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         as_str(self.name, "name")
@@ -227,6 +230,12 @@ class Deployment:
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             raise ValidationError("models", "unique model names", names)
+        unknown = sorted(set(self.batching) - set(names))
+        if unknown:
+            raise ValidationError("batching", "policies of models of the deployment", unknown)
+
+    def batching_of(self, model: str) -> BatchingSpec:
+        return self.batching.get(model, BatchingSpec())
         apps = [a.name for a in self.apps]
         if len(set(apps)) != len(apps):
             raise ValidationError("apps", "unique app names", apps)
@@ -242,7 +251,17 @@ class Deployment:
             "format": DEPLOYMENT_FORMAT,
             "name": self.name,
             "backend": self.backend,
-            "models": [m.to_dict() for m in self.models],
+            "models": [
+                {
+                    **m.to_dict(),
+                    **(
+                        {"batching": self.batching[m.name].to_dict()}
+                        if m.name in self.batching
+                        else {}
+                    ),
+                }
+                for m in self.models
+            ],
             "apps": {a.name: a.to_dict() for a in self.apps},
             "queue": self.queue.to_dict(),
         }
@@ -275,10 +294,19 @@ class Deployment:
             },
             "",
         )
+        entries = as_list(req(m, "models", ""), "models")
         models = tuple(
-            ModelSpec.from_dict(x, f"models[{i}]")
-            for i, x in enumerate(as_list(req(m, "models", ""), "models"))
+            ModelSpec.from_dict(
+                {k: v for k, v in x.items() if k != "batching"} if isinstance(x, Mapping) else x,
+                f"models[{i}]",
+            )
+            for i, x in enumerate(entries)
         )
+        batching = {
+            spec.name: BatchingSpec.from_dict(x["batching"], f"models[{i}].batching")
+            for i, (spec, x) in enumerate(zip(models, entries, strict=True))
+            if x.get("batching") is not None
+        }
         apps = tuple(
             AppSpec.from_dict(as_str(k, "apps"), v, f"apps.{k}")
             for k, v in as_mapping(m.get("apps", {}), "apps").items()
@@ -295,6 +323,7 @@ class Deployment:
                 for i, r in enumerate(as_list(m.get("routers", []), "routers"))
             ),
             velox=_velox_spec(m.get("velox")),
+            batching=batching,
             front_doors=tuple(
                 as_str(x, f"front_doors[{i}]")
                 for i, x in enumerate(as_list(m.get("front_doors", []), "front_doors"))

@@ -59,7 +59,7 @@ async def start_service(
     tuner inputs; ``variant_switching``: it may switch a variant stage of a plan made with
     variants to a cheaper variant instead of adding replicas."""
     from inferline.adapters import PluginHost
-    from inferline.queueing import Dispatcher, FixedBatching
+    from inferline.queueing import Dispatcher
 
     host = host if host is not None else PluginHost.default()
     check_stages_served(plan)
@@ -113,7 +113,9 @@ async def start_service(
         for s in dep.models:
             dispatcher.add_model(
                 s.name,
-                batching=FixedBatching(configs[s.name].max_batch_size),
+                batching=dep.batching_of(s.name).build(
+                    configs[s.name].max_batch_size, _slo_of(dep, s.name)
+                ),
                 max_queue=dep.queue.max_queue,
                 expire_late=dep.queue.expire_late,
                 max_retries=dep.queue.max_retries,
@@ -181,3 +183,8 @@ def _drift_monitor(
         log.info("drift loop off: it needs %s to estimate with", ", ".join(missing))
         return None
     return DriftMonitor(config, profiles, pipeline, clock=clock)
+
+
+def _slo_of(dep: Deployment, model: str) -> float:
+    """The SLO an adaptive batching policy (AIMD) aims under: the tightest of the apps'."""
+    return min((a.slo_s for a in dep.apps), default=1.0)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from inferline.core import ModelConfig, ModelSpec, NotFoundError, ValidationError
+from inferline.deploy._batching import with_max_batch
 from inferline.selection import (
     RateEstimator,
     SwitchDecision,
@@ -240,9 +241,10 @@ class LiveSwitcher:
                 await self._deploy(new, option.threads, option.replicas, option.max_batch_size)
             else:
                 await self.backend.scale(new, option.replicas)
-            from inferline.queueing import FixedBatching
 
-            self.dispatcher.set_batching(new, FixedBatching(option.max_batch_size))
+            self.dispatcher.set_batching(
+                new, with_max_batch(self.dispatcher.batching(new), option.max_batch_size)
+            )
             self.active = option  # new queries go to the new variant from here on
             if old is not None and old.variant != new:
                 await self.backend.scale(old.variant, self.warm_replicas)

@@ -35,6 +35,7 @@ from inferline.core import (
     VariantDecision,
     VariantTuner,
 )
+from inferline.deploy._batching import with_max_batch
 
 __all__ = ["AppliedDecision", "LiveTuner"]
 
@@ -277,7 +278,7 @@ class LiveTuner:
                 policy = self.dispatcher.batching(m)
                 if policy.max_batch_size == b:
                     continue
-                self.dispatcher.set_batching(m, _with_max_batch(policy, b))
+                self.dispatcher.set_batching(m, with_max_batch(policy, b))
             except (InferlineError, TypeError, ValueError) as e:
                 log.error("tuner could not set %r max batch size %d: %s", m, b, e)
 
@@ -411,20 +412,6 @@ class LiveTuner:
             return str(e)
         self._in_place[old] = 0
         return None
-
-
-def _with_max_batch(policy: Any, b: int) -> Any:
-    """The same batching policy with another max batch size (dataclass policies), or fixed
-    batching for a policy that adapts its own size."""
-    import dataclasses
-
-    from inferline.queueing import FixedBatching
-
-    if dataclasses.is_dataclass(policy) and any(
-        f.name == "max_batch_size" for f in dataclasses.fields(policy)
-    ):
-        return dataclasses.replace(policy, max_batch_size=b)
-    return FixedBatching(b)
 
 
 def _recording(handler: Any, record: Callable[[], None]) -> Any:

@@ -164,6 +164,8 @@ class AdminRoutes:
             if service.dispatcher is not None:
                 try:
                     entry["queue"] = service.dispatcher.stats(m).to_dict()
+                    # the policy's name and state (AIMD's current size, Rafiki's sizes)
+                    entry["batching"] = service.dispatcher.batching(m).to_dict()
                 except InferlineError as e:
                     entry["queue"] = {"error": str(e)}
             if service.backend is not None:
