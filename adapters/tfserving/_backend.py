@@ -225,12 +225,9 @@ class TFServingBackend(TFServingModelSets):
             names = set(ep.models or {}) | set(self._models) | set(self.extra_models)
             for name in sorted(names):
                 server_name = self._models[name].server_name if name in self._models else name
-                try:
-                    st = await ep.client.status(server_name)
-                except TFServingNotFound:
+                st = await self._status(ep, server_name)
+                if st is None:
                     continue
-                except TFServingFailure as e:
-                    raise self._error(e) from None
                 info = out.setdefault(
                     name, {"name": name, "servers": {}, "signatures": None, "base_path": None}
                 )
@@ -385,14 +382,8 @@ class TFServingBackend(TFServingModelSets):
         self._check_adoptable(name)
         eps = []
         for ep in self._endpoints:
-            assert ep.client is not None
-            try:
-                st = await ep.client.status(server_name)
-            except TFServingNotFound:
-                continue
-            except TFServingFailure as e:
-                raise self._error(e) from None
-            if any(s["state"] == "AVAILABLE" for s in st):
+            st = await self._status(ep, server_name)
+            if st is not None and any(s["state"] == "AVAILABLE" for s in st):
                 eps.append(ep)
         if not eps:
             raise NotFoundError(

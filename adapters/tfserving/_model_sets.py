@@ -54,6 +54,16 @@ class TFServingModelSets(RemoteBackend):
             ep.lock = asyncio.Lock()
         return ep.lock
 
+    async def _status(self, ep: Endpoint, name: str) -> list[dict[str, Any]] | None:
+        """The model's version states on ``ep``; None where the server does not know it."""
+        assert ep.client is not None
+        try:
+            return await ep.client.status(name)
+        except TFServingNotFound:
+            return None
+        except TFServingFailure as e:
+            raise self._error(e) from None
+
     # -- launched servers ---------------------------------------------------------------------
 
     async def _ensure_started(self) -> None:
