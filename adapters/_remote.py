@@ -5,7 +5,7 @@ The base keeps the managed models (``ManagedModel`` records, each with its handl
 subscribers about their active sets, takes handles out of service (scale-down waits for their
 last batch; a lost server kills them), runs recovery and the watch (``RecoveryLoops``), turns
 cumulative server counters into interval figures (``StatsInterval``), and reads the URL and
-its query options the same way. Handles are ``RemoteReplica``\\ s (``_replica.py``).
+its query options the same way. Handles are ``RemoteReplica`` objects (``_replica.py``).
 """
 
 from __future__ import annotations
