@@ -4,7 +4,8 @@ Wiring only; the decision rule is :class:`DriftPolicy` (pure, ``_drift_policy.py
 monitor wraps each app's handler (as the live tuner does) to record every query's arrival
 and latency, and listens to the dispatcher's batches for their service times. Every
 ``tick_s`` it runs the estimator for the plan in force (live replica counts) on the arrivals
-of the last ``window_s`` seconds, off the event loop (``asyncio.to_thread``), sets the
+of the last ``window_s`` seconds, off the event loop (in a worker process, see
+``_drift_work.py``; in a thread where none was started), sets the
 ``inferline_estimated_p99_seconds`` / ``inferline_measured_p99_seconds`` gauges and asks the
 policy. On ``recalibrate`` it calibrates the profiles to the window's live service times
 (``calibrate_profiles``, what ``inferline calibrate`` does offline), re-estimates, and when the
@@ -18,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import multiprocessing
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,8 +42,6 @@ from inferline.core import (
     Plan,
     PlannerOptions,
     Profiles,
-    plan_inferline,
-    simulate,
 )
 from inferline.deploy._apply import apply_plan
 from inferline.deploy._drift_policy import (
@@ -49,6 +51,7 @@ from inferline.deploy._drift_policy import (
     DriftPolicy,
     DriftState,
 )
+from inferline.deploy._drift_work import estimate_p99s, replan
 from inferline.measure._calibrate import calibrate_profiles
 from inferline.queueing import BatchEvent, RecentService
 
@@ -118,6 +121,7 @@ class DriftMonitor:
         self._task: asyncio.Task[None] | None = None
         self._acting: asyncio.Task[None] | None = None
         self._gauges: Any = None
+        self._pool: ProcessPoolExecutor | None = None
 
     # -- feeding ---------------------------------------------------------------------------
     def attach(self, service: Any, apps: Iterable[str] | None = None) -> None:
@@ -154,8 +158,10 @@ class DriftMonitor:
 
     async def launch(self, service: Any, apps: Iterable[str] | None = None) -> None:
         self.attach(service, apps)
-        # the estimator's kernel compiles on its first call: do it now, off the loop
-        await asyncio.to_thread(self._estimate, np.arange(5) * 0.01, self._configs())
+        # a process of its own (see _drift_work.py); the kernel compiles there on its first
+        # call: do it now
+        self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        await self._estimates({"warm-up": np.arange(5) * 0.01}, self._configs())
         self._task = asyncio.get_running_loop().create_task(self._loop())
         c = self.config
         log.info(
@@ -176,6 +182,9 @@ class DriftMonitor:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
         self._task = self._acting = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     async def _loop(self) -> None:
         while True:
@@ -189,16 +198,17 @@ class DriftMonitor:
                 self._event("error", f"tick failed: {type(e).__name__}: {e}")
 
     async def tick(self) -> DriftDecision:
-        """One observation, decision and (in the background) action."""
+        """One observation, decision and (in the background) action; none while an action
+        runs (its estimates and re-plan use the worker)."""
         now = self._clock()
+        if self._acting is not None and not self._acting.done():
+            return DriftDecision(now, "none", (), "acting")
         self._prune(now)
         window = {a: self._window(a, now) for a in self._queries}
         configs = self._configs()
         plan = None if self._service is None else self._service.plan
         slo = plan.slo_s if plan is not None else 0.0
-        est = await asyncio.to_thread(
-            lambda: {a: self._estimate(arr, configs) for a, (arr, _) in window.items()}
-        )
+        est = await self._estimates({a: arr for a, (arr, _) in window.items()}, configs)
         obs = []
         for a, (arr, lat) in window.items():
             measured = float(np.percentile(lat, 99)) if lat.size else 0.0
@@ -249,20 +259,32 @@ class DriftMonitor:
                     out[m] = replace(c, replicas=n)
         return out
 
-    def _estimate(
-        self, arrivals: np.ndarray, configs: dict[str, ModelConfig], profiles: Any = None
-    ) -> float:
-        if arrivals.size == 0 or not configs:
-            return 0.0
-        sim = simulate(
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self._pool is None:
+            return await asyncio.to_thread(fn, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except BrokenProcessPool:  # the worker died: a new one for the next call
+            self._pool.shutdown(wait=False)
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            raise
+
+    async def _estimates(
+        self,
+        arrivals: dict[str, np.ndarray],
+        configs: dict[str, ModelConfig],
+        profiles: Profiles | None = None,
+    ) -> dict[str, float]:
+        """The estimator's P99 per app, off the loop."""
+        return await self._off_loop(  # type: ignore[no-any-return]
+            estimate_p99s,
             self.pipeline,
             configs,
             profiles or self.profiles,
             arrivals,
-            options=self.estimator,
-            catalog=self.catalog,
+            self.estimator,
+            self.catalog,
         )
-        return float(sim.percentile(99))
 
     # -- acting ----------------------------------------------------------------------------
     def live_service(self, since: float = -np.inf) -> dict[str, dict[int, RecentService]]:
@@ -315,7 +337,7 @@ class DriftMonitor:
             return
         arrivals = self._plan_trace(self._clock())
         configs = self._configs()
-        est = await asyncio.to_thread(self._estimate, arrivals, configs, profiles)
+        est = (await self._estimates({"trace": arrivals}, configs, profiles))["trace"]
         if est <= plan.slo_s:
             self._event(
                 "kept",
@@ -325,9 +347,19 @@ class DriftMonitor:
             )
             return
         try:
-            new = await asyncio.to_thread(self._replan, plan, profiles, arrivals)
-        except InfeasibleError as e:
-            self._event("error", f"re-plan infeasible: {e}", estimated_p99_s=est)
+            new = await self._off_loop(
+                replan,
+                self.pipeline,
+                profiles,
+                arrivals,
+                plan.slo_s,
+                plan.percentile,
+                self.catalog,
+                PlannerOptions(estimator=self.estimator, rate_margin=self.config.rate_margin),
+            )
+        except Exception as e:  # InfeasibleError, or whatever the worker raised
+            what = "infeasible" if isinstance(e, InfeasibleError) else type(e).__name__
+            self._event("error", f"re-plan failed ({what}): {e}", estimated_p99_s=est)
             return
         result = await apply_plan(svc, new)
         failed = {m: what for m, what in result.items() if what.startswith("failed")}
@@ -355,17 +387,6 @@ class DriftMonitor:
         ]
         arr = np.sort(np.asarray(rows, dtype=float))
         return arr - arr[0] if arr.size else arr
-
-    def _replan(self, plan: Plan, profiles: Profiles, arrivals: np.ndarray) -> Plan:
-        return plan_inferline(
-            self.pipeline,
-            profiles,
-            arrivals,
-            plan.slo_s,
-            percentile=plan.percentile,
-            catalog=self.catalog,
-            options=PlannerOptions(estimator=self.estimator, rate_margin=self.config.rate_margin),
-        )
 
     def _event(self, kind: str, detail: str, **data: Any) -> None:
         ev = DriftEvent(self._clock(), kind, detail, data)
