@@ -26,7 +26,7 @@ _TF_UNSERVED = [
 _KSERVE_UNSERVED = [
     "/inference.GRPCInferenceService/RepositoryIndex",
     "/inference.GRPCInferenceService/RepositoryModelLoad",
-    "/inference.GRPCInferenceService/ModelStatistics",
+    "/inference.GRPCInferenceService/SystemSharedMemoryStatus",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,8 +17,10 @@ from inferline.server._service import Service
 T = TypeVar("T")
 
 __all__ = [
+    "CONFIG_TYPE_OF",
     "DEFAULT_MAX_ROWS",
     "KSERVE_DTYPES",
+    "KSERVE_EXTENSIONS",
     "KSERVE_OF",
     "OFF_LOOP_BYTES",
     "TF_DTYPES",
@@ -32,6 +35,8 @@ __all__ = [
 
 # The rows one request may carry on every door: the native route's ``App.max_batch_inputs``.
 DEFAULT_MAX_ROWS = 256
+# The KServe v2 extensions both doors serve (what ``/v2`` and ``ServerMetadata`` list).
+KSERVE_EXTENSIONS = ("binary_tensor_data", "model_configuration", "statistics")
 # Requests larger than this are decoded in a worker thread, not on the event loop.
 OFF_LOOP_BYTES = 64 << 10
 
@@ -53,6 +58,12 @@ KSERVE_DTYPES = {
 
 
 KSERVE_OF = {v: k for k, v in KSERVE_DTYPES.items()}
+
+
+# numpy dtype name -> Triton model-configuration ``DataType`` (what ``/config`` reports).
+CONFIG_TYPE_OF = {
+    v: "TYPE_STRING" if k == "BYTES" else f"TYPE_{k}" for k, v in KSERVE_DTYPES.items()
+}
 
 
 TF_DTYPES = {
@@ -116,6 +127,30 @@ class Signature:
         )
 
 
+@dataclass
+class NameStats:
+    """Per-name request counters for the KServe statistics extension (``/stats``)."""
+
+    success_count: int = 0
+    success_ns: int = 0
+    fail_count: int = 0
+    fail_ns: int = 0
+    inference_count: int = 0  # rows (queries) answered
+    execution_count: int = 0  # requests answered
+    last_inference_ms: int = 0
+
+    def record(self, rows: int, ns: int, ok: bool) -> None:
+        if ok:
+            self.success_count += 1
+            self.success_ns += ns
+            self.inference_count += rows
+            self.execution_count += 1
+        else:
+            self.fail_count += 1
+            self.fail_ns += ns
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+
 def dtype_name(a: np.ndarray) -> str:
     return "object" if a.dtype.kind in "OSU" else a.dtype.name
 
@@ -161,6 +196,7 @@ class FrontDoor:
         self.signatures = dict(signatures or {})
         self.model_slo_s = model_slo_s
         self.max_rows = max_rows
+        self.stats: dict[str, NameStats] = {}
 
     def names(self) -> list[str]:
         d = self.service.dispatcher
@@ -199,6 +235,70 @@ class FrontDoor:
         return Signature(
             (TensorInfo("input", "float32", (-1,)),), (TensorInfo("output", "float32", (-1,)),)
         )
+
+    def max_batch_size(self, name: str) -> int:
+        """The rows one request to ``name`` may carry (> 0: every tensor has a batch
+        dimension): the door's cap, or an app's ``max_batch_inputs`` when smaller."""
+        app = self.service.apps.get(name)
+        cap = app.max_batch_inputs if app is not None else self.max_rows
+        return max(1, min(self.max_rows, int(cap)))
+
+    def model_config(self, name: str) -> dict[str, Any]:
+        """Triton's model-configuration extension (``GET /v2/models/{m}/config``), with the
+        fields load generators such as perf_analyzer read: ``max_batch_size`` > 0 and
+        per-query ``dims`` (-1: any size)."""
+        sig = self.signature(name)
+
+        def tensor(t: TensorInfo) -> dict[str, Any]:
+            return {
+                "name": t.name,
+                "data_type": CONFIG_TYPE_OF.get(t.dtype, "TYPE_FP32"),
+                "dims": [int(s) for s in t.shape] or [1],
+            }
+
+        return {
+            "name": name,
+            "platform": "inferline",
+            "backend": "inferline",
+            "max_batch_size": self.max_batch_size(name),
+            "input": [tensor(t) for t in sig.inputs],
+            "output": [tensor(t) for t in sig.outputs],
+        }
+
+    def model_stats(self, name: str | None = None) -> dict[str, Any]:
+        """The KServe statistics extension (``GET /v2/models/{m}/stats``; every name when
+        ``name`` is None). Success/fail counts and times are the door's own per-name counters
+        (whole requests, as the door sees them); the queue/compute split of that time is not
+        measured here and reads zero."""
+        if name is not None:
+            self.check(name)
+        zero = {"count": 0, "ns": 0}
+        out = []
+        for n in [name] if name is not None else self.names():
+            st = self.stats.get(n, NameStats())
+            out.append(
+                {
+                    "name": n,
+                    "version": "1",
+                    "last_inference": st.last_inference_ms,
+                    "inference_count": st.inference_count,
+                    "execution_count": st.execution_count,
+                    "inference_stats": {
+                        "success": {"count": st.success_count, "ns": st.success_ns},
+                        "fail": {"count": st.fail_count, "ns": st.fail_ns},
+                        # every answered request passed the queue once (perf_analyzer finds
+                        # the model's version by this count growing); its time is not split
+                        "queue": {"count": st.success_count, "ns": 0},
+                        "compute_input": dict(zero),
+                        "compute_infer": dict(zero),
+                        "compute_output": dict(zero),
+                        "cache_hit": dict(zero),
+                        "cache_miss": dict(zero),
+                    },
+                    "batch_stats": [],
+                }
+            )
+        return {"model_stats": out}
 
     def check_datatypes(self, name: str, tensors: Mapping[str, np.ndarray]) -> None:
         """KServe requests declare each input's datatype: one that is not the declared
@@ -240,8 +340,21 @@ class FrontDoor:
         return [{k: tensors[k][i] for k in want} for i in range(n)]
 
     async def run(self, name: str, queries: Sequence[Any]) -> list[Any]:
-        """Outputs of ``queries``, in order; raises the first query's error."""
+        """Outputs of ``queries``, in order; raises the first query's error. Counted in
+        ``stats`` (what the statistics extension reports)."""
         self.check(name)
+        t0 = time.perf_counter_ns()
+        ok = False
+        try:
+            outs = await self._run(name, queries)
+            ok = True
+            return outs
+        finally:
+            self.stats.setdefault(name, NameStats()).record(
+                len(queries), time.perf_counter_ns() - t0, ok
+            )
+
+    async def _run(self, name: str, queries: Sequence[Any]) -> list[Any]:
         svc = self.service
         if name in svc.apps:
             app = svc.apps[name]

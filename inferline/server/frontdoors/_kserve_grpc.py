@@ -8,6 +8,7 @@ import numpy as np
 
 from inferline.core import InferlineError, ValidationError
 from inferline.server.frontdoors._door import (
+    KSERVE_EXTENSIONS,
     KSERVE_OF,
     FrontDoor,
     TensorInfo,
@@ -25,8 +26,9 @@ __all__ = ["KServeHandlers", "kserve_servicer"]
 
 
 class KServeHandlers:
-    """The KServe v2 RPCs inferline serves: health, metadata and ``ModelInfer`` over a
-    ``FrontDoor`` (``pb``: tritonclient's generated messages). Every RPC checks the token."""
+    """The KServe v2 RPCs inferline serves: health, metadata, model configuration, statistics
+    and ``ModelInfer`` over a ``FrontDoor`` (``pb``: tritonclient's generated messages). Every
+    RPC checks the token."""
 
     def __init__(self, door: FrontDoor, auth: TokenCheck, pb: Any) -> None:
         self.door = door
@@ -55,7 +57,7 @@ class KServeHandlers:
         from inferline import __version__
 
         return self.pb.ServerMetadataResponse(
-            name="inferline", version=__version__, extensions=["binary_tensor_data"]
+            name="inferline", version=__version__, extensions=list(KSERVE_EXTENSIONS)
         )
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
@@ -70,6 +72,60 @@ class KServeHandlers:
             platform="inferline",
             inputs=[self._tmeta(t) for t in sig.inputs],
             outputs=[self._tmeta(t) for t in sig.outputs],
+        )
+
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        """Triton's model-configuration extension (what perf_analyzer reads first)."""
+        await self.auth.require(context)
+        try:
+            cfg = self.door.model_config(request.name)
+        except InferlineError as e:
+            await grpc_fail(context, e)
+        from tritonclient.grpc import model_config_pb2 as mc
+
+        def tensors(cls: Any, ts: list[dict[str, Any]]) -> list[Any]:
+            return [
+                cls(name=t["name"], data_type=mc.DataType.Value(t["data_type"]), dims=t["dims"])
+                for t in ts
+            ]
+
+        return self.pb.ModelConfigResponse(
+            config=mc.ModelConfig(
+                name=cfg["name"],
+                platform=cfg["platform"],
+                backend=cfg["backend"],
+                max_batch_size=cfg["max_batch_size"],
+                input=tensors(mc.ModelInput, cfg["input"]),
+                output=tensors(mc.ModelOutput, cfg["output"]),
+            )
+        )
+
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        """The KServe statistics extension: one model's, or every name's (empty name)."""
+        await self.auth.require(context)
+        try:
+            body = self.door.model_stats(request.name or None)
+        except InferlineError as e:
+            await grpc_fail(context, e)
+        pb = self.pb
+
+        def dur(d: dict[str, int]) -> Any:
+            return pb.StatisticDuration(count=d["count"], ns=d["ns"])
+
+        return pb.ModelStatisticsResponse(
+            model_stats=[
+                pb.ModelStatistics(
+                    name=m["name"],
+                    version=m["version"],
+                    last_inference=m["last_inference"],
+                    inference_count=m["inference_count"],
+                    execution_count=m["execution_count"],
+                    inference_stats=pb.InferStatistics(
+                        **{k: dur(v) for k, v in m["inference_stats"].items()}
+                    ),
+                )
+                for m in body["model_stats"]
+            ]
         )
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:

@@ -1,4 +1,4 @@
-"""KServe v2 over HTTP: health, metadata and inference routes (what tritonclient and perf_analyzer call)."""
+"""KServe v2 over HTTP: health, metadata, model-configuration, statistics and inference routes (what tritonclient and perf_analyzer call)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,24 @@ from fastapi.responses import Response
 from inferline.core import InferlineError
 from inferline.server._http import error_body, status_for
 from inferline.server._service import Service
-from inferline.server.frontdoors._door import KSERVE_OF, FrontDoor, TensorInfo, decode_off_loop
+from inferline.server.frontdoors._door import (
+    KSERVE_EXTENSIONS,
+    KSERVE_OF,
+    FrontDoor,
+    TensorInfo,
+    decode_off_loop,
+)
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 
 __all__ = ["KServeRoutes", "make_kserve_router"]
 
 
-def _kserve_error(e: BaseException) -> Response:
+def _kserve_error(e: BaseException, not_found: int = 404) -> Response:
     status = status_for(e) if isinstance(e, InferlineError) else 500
     if status == 422:
         status = 400  # KServe clients expect 400 for a bad request
+    if status == 404:
+        status = not_found  # Triton answers 400 for an unknown model's config and stats
     return Response(
         json.dumps({**error_body(e), "error": str(e)}),
         status_code=status,
@@ -108,9 +116,31 @@ class KServeRoutes:
             400: {"description": "Unknown model"},
             503: {"description": "Not ready"},
         }
+        config = {
+            200: {"description": "Model configuration (Triton's extension)", **_OBJECT},
+            400: {"description": "Unknown model", **_ERROR},
+        }
+        stats = {
+            200: {"description": "Statistics (KServe's extension)", **_OBJECT},
+            400: {"description": "Unknown model", **_ERROR},
+        }
+        # before ``/v2/models/{model}``: every name's statistics
+        r.add_api_route(
+            "/v2/models/stats", self.all_stats, methods=["GET"], responses=stats, **_NO_BODY
+        )
         for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
             r.add_api_route(
                 prefix, self.model_metadata, methods=["GET"], responses=meta, **_NO_BODY
+            )
+            r.add_api_route(
+                prefix + "/config",
+                self.model_config,
+                methods=["GET"],
+                responses=config,
+                **_NO_BODY,
+            )
+            r.add_api_route(
+                prefix + "/stats", self.model_stats, methods=["GET"], responses=stats, **_NO_BODY
             )
             r.add_api_route(
                 prefix + "/ready",
@@ -127,7 +157,7 @@ class KServeRoutes:
     async def server_metadata(self) -> dict[str, Any]:
         from inferline import __version__
 
-        return {"name": "inferline", "version": __version__, "extensions": ["binary_tensor_data"]}
+        return {"name": "inferline", "version": __version__, "extensions": list(KSERVE_EXTENSIONS)}
 
     async def live(self) -> Response:
         return Response(status_code=200)
@@ -156,6 +186,23 @@ class KServeRoutes:
             "outputs": [meta(t) for t in sig.outputs],
         }
         return Response(json.dumps(body), media_type="application/json")
+
+    async def model_config(self, model: str, version: str = "1") -> Response:
+        try:
+            body = self.door.model_config(model)
+        except InferlineError as e:
+            return _kserve_error(e, not_found=400)
+        return Response(json.dumps(body), media_type="application/json")
+
+    async def model_stats(self, model: str, version: str = "1") -> Response:
+        try:
+            body = self.door.model_stats(model)
+        except InferlineError as e:
+            return _kserve_error(e, not_found=400)
+        return Response(json.dumps(body), media_type="application/json")
+
+    async def all_stats(self) -> Response:
+        return Response(json.dumps(self.door.model_stats()), media_type="application/json")
 
     async def model_ready(self, model: str, version: str = "1") -> Response:
         if model not in self.door.names():
