@@ -57,7 +57,13 @@ async def start_service(
 
     ``tuner``: run the live tuner (InferLine §5) with this configuration when the plan has
     tuner inputs; ``variant_switching``: it may switch a variant stage of a plan made with
-    variants to a cheaper variant instead of adding replicas."""
+    variants to a cheaper variant instead of adding replicas.
+
+    ``drift``: run the drift loop (estimated vs measured P99 per app; with mode ``replan``,
+    recalibration and re-planning, ``DriftMonitor``) with this configuration; it needs a
+    plan, the ``profiles`` and the ``pipeline`` to estimate with (without them it stays off,
+    with a one-line note). Its estimates run in a spawned process: a script that calls this
+    with ``drift`` guards its entry point (``if __name__ == "__main__"``)."""
     from inferline.adapters import PluginHost
     from inferline.queueing import Dispatcher
 
