@@ -142,13 +142,32 @@ def test_third_party_backend_end_to_end(echo_installed: dict[str, str]) -> None:
                 assert r.status_code == 200, r.text
                 got = value_from_json(r.json()["output"])
                 assert got.tolist() == pytest.approx(np.tanh(2 * np.tanh([0.5, -0.5])).tolist())
-                # a plan the backend cannot hold for one model: not a 200, and the plan in
-                # force keeps that model's old configuration (it said the new one before)
+                # more replicas than the backend's inventory: refused before anything moves,
+                # naming the model (422)
                 first = plan.models["first"]
                 big = ModelConfig(first.hardware, first.max_batch_size, 50)
                 r = await c.put(
                     "/admin/plan", json=plan.with_models({**plan.models, "first": big}).to_dict()
                 )
+                assert r.status_code == 422, r.text
+                assert r.json()["field"] == "models.first.replicas"
+                # a plan the backend refuses for one model when applied (room gone meanwhile):
+                # not a 200, and the plan in force keeps that model's old configuration
+                from inferline.core import CapacityError
+
+                scale = svc.backend.scale
+
+                async def refuse_first(model: str, n: int) -> None:
+                    if model == "first":
+                        raise CapacityError(f"no room for {n} replicas of {model!r}")
+                    await scale(model, n)
+
+                svc.backend.scale = refuse_first
+                other = ModelConfig(first.hardware, first.max_batch_size * 2, first.replicas)
+                r = await c.put(
+                    "/admin/plan", json=plan.with_models({**plan.models, "first": other}).to_dict()
+                )
+                svc.backend.scale = scale
                 assert r.status_code == 502, r.text
                 assert r.json()["error"] == "PlanPartlyApplied"
                 assert r.json()["applied"]["first"].startswith("failed: "), r.text
