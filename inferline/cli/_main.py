@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Replicas are started with fork + exec while the server's gRPC channels are busy; gRPC's
+    # fork handlers then crashed about half the replicas started under load (SIGSEGV before
+    # the exec, integration/test_drift_live.py). Nothing of ours uses gRPC in a forked child
+    # without exec, so the handlers are not needed. Read once, when grpc is first imported.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
