@@ -44,8 +44,8 @@ class PlannerOptions:
     ``rate_margin``: judge every configuration on the planning trace compressed in time by
     ``1 + rate_margin`` (the same burstiness at a higher rate), so the plan keeps that much
     throughput slack over the sample. ``"auto"`` (the default) derives it from the spread of
-    the sample's windowed rates (``_margin.py``: about 2.6% for 120 s of Poisson traffic at
-    100 q/s, 10% at CV 4); a number overrides it, 0 being the paper's test. The sample is one
+    the sample's windowed rates (``_margin.py``: about 5.6% for 120 s of Poisson traffic at
+    100 q/s, 13% at CV 4); a number overrides it, 0 being the paper's test. The sample is one
     realization: the cheapest plan for it can sit so close to saturation that another
     realization of the same process misses the SLO (``benchmarks/plan_generalization.py``).
     ``inventory``: units of each hardware kind the deployment has (``{"cpu": 16, "gpu-k80":

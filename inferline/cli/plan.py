@@ -168,8 +168,8 @@ def _plan(args: argparse.Namespace) -> int:
     if options.rate_margin == AUTO_MARGIN and args.strategy == "inferline":
         print(
             f"rate margin: auto, {margin:.1%} (judged on the sample sped up by that much: the "
-            "spread of its 5 s rates says a fresh realization of the same process can run that "
-            "much faster; `--rate-margin 0` is the paper's test)"
+            "spread of its 5 s rates, plus a floor, says a fresh realization of the same process "
+            "can need that much; `--rate-margin 0` is the paper's test)"
         )
     if plan.tuner is not None and plan.tuner.ladder:
         print(
@@ -381,9 +381,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="M",
         help="judge configurations on the sample sped up by 1+M, keeping that much throughput "
         "slack. auto (the default): M from the spread of the sample's 5 s windowed rates, "
-        "2 x sqrt(2) standard errors of its mean rate (a fresh realization's rate differs by "
-        "both errors), at most 0.5: about 0.03 for 120 s of Poisson traffic at 100 q/s, 0.10 "
-        "at CV 4. A number overrides it; 0 is the paper's test. The cheapest plan for one "
+        "0.03 plus 2 x sqrt(2) standard errors of its mean rate (a fresh realization's rate "
+        "differs by both errors), at most 0.5: about 0.056 for 120 s of Poisson traffic at "
+        "100 q/s, 0.13 at CV 4. A number overrides it; 0 is the paper's test. The cheapest plan for one "
         "sample can sit near saturation and miss the SLO on the next realization of the same "
         "process (benchmarks/plan_generalization.py)",
     )
