@@ -338,9 +338,9 @@ def test_widen_takes_the_slack_of_equal_cost_batch_sizes():
     prof = Profiles.from_latencies({"m": {"gpu-k80": {1: 0.03, 2: 0.04, 4: 0.055, 8: 0.12}}})
     trace = gamma_trace(95.0, 1.0, 30.0, np.random.default_rng(5))
     tight = plan_inferline(
-        pipe, prof, trace, 1.0, options=PlannerOptions(escape=False, widen=False)
+        pipe, prof, trace, 1.0, options=PlannerOptions(escape=False, widen=False, rate_margin=0)
     )
-    wide = plan_inferline(pipe, prof, trace, 1.0)
+    wide = plan_inferline(pipe, prof, trace, 1.0, options=PlannerOptions(rate_margin=0))
     assert wide.cost_per_hour <= tight.cost_per_hour + 1e-9
     assert wide.estimated_latency_s < tight.estimated_latency_s
     assert wide.models["m"].max_batch_size > tight.models["m"].max_batch_size
