@@ -15,43 +15,9 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from inferline.core import ReplicaError
+from inferline.core.protocols import ReplicaBase
 
 __all__ = ["RemoteReplica", "ReplicaBase", "ReplicaOwner"]
-
-
-class ReplicaBase:
-    """The ``ReplicaHandle`` identity: ``id``, ``model`` and ``hardware``, written once.
-
-    ``hardware`` may change under a handle when its backend moves the model to another kind
-    of hardware without replacing the handle (``_hardware`` is the backend's to set).
-    """
-
-    def __init__(self, model: str, rid: str, hardware: str) -> None:
-        self._model = model
-        self._id = rid
-        self._hardware = hardware
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def hardware(self) -> str:
-        return self._hardware
-
-    @property
-    def alive(self) -> bool:
-        raise NotImplementedError
-
-    def _repr_fields(self) -> str:
-        return f"alive={self.alive}"
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self._id!r}, {self._repr_fields()})"
 
 
 class ReplicaOwner(Protocol):

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 from ._plan import ModelConfig
 from ._validate import as_int, as_mapping, as_str, no_extra_keys, req
 
-__all__ = ["Backend", "ModelSpec", "ReplicaHandle"]
+__all__ = ["Backend", "ModelSpec", "ReplicaBase", "ReplicaHandle"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,41 @@ class ReplicaHandle(Protocol):
     def alive(self) -> bool: ...
 
     async def predict_batch(self, inputs: Sequence[Any]) -> list[Any]: ...
+
+
+class ReplicaBase:
+    """The ``ReplicaHandle`` identity: ``id``, ``model`` and ``hardware``, written once.
+
+    ``hardware`` may change under a handle when its backend moves the model to another kind
+    of hardware without replacing the handle (``_hardware`` is the backend's to set).
+    """
+
+    def __init__(self, model: str, rid: str, hardware: str) -> None:
+        self._model = model
+        self._id = rid
+        self._hardware = hardware
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    @property
+    def hardware(self) -> str:
+        return self._hardware
+
+    @property
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    def _repr_fields(self) -> str:
+        return f"alive={self.alive}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._id!r}, {self._repr_fields()})"
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferline.core.errors import InferlineError, ReplicaError
+from inferline.core.protocols import ReplicaBase
 
 __all__ = ["InProcessReplica", "NoOpModel"]
 
@@ -28,7 +29,7 @@ class NoOpModel:
         return inputs
 
 
-class InProcessReplica:
+class InProcessReplica(ReplicaBase):
     """One in-process replica of ``model``.
 
     ``service_s`` is the time a batch keeps the replica busy: a number, or a function of the
@@ -47,28 +48,16 @@ class InProcessReplica:
         hardware: str = "cpu",
         replica_id: str | None = None,
     ) -> None:
-        self._model = model
+        super().__init__(
+            model, replica_id if replica_id is not None else f"{model}-{next(_ids)}", hardware
+        )
         self._container = container
         self._service = service_s
-        self._hardware = hardware
-        self._id = replica_id if replica_id is not None else f"{model}-{next(_ids)}"
         self._alive = True
         self.batches = 0
         self.batch_sizes: list[int] = []
         self.in_flight = 0
         self.max_in_flight = 0
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def hardware(self) -> str:
-        return self._hardware
 
     @property
     def alive(self) -> bool:

@@ -26,18 +26,19 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from inferline.adapters._subscribers import ModelRegistry, ReplicaSubscribers
+from inferline.adapters._slots import ModelRecord, Slot, SlotKeeper, check_source
+from inferline.adapters._subscribers import ReplicaSubscribers
 from inferline.core import (
     BackendError,
     ModelConfig,
     ModelSpec,
-    ReplicaHandle,
     ValidationError,
 )
 
+from .._supervised import ACTIVE, DRAINING, STARTING, STOPPED
 from . import _process
 from . import replica_pb2_grpc as pbg
-from ._handle import ACTIVE, DRAINING, STARTING, STOPPED, LocalReplica
+from ._handle import LocalReplica
 from ._inventory import Inventory, Placement, detect_cores, detect_gpus
 from ._process import REPLICA_MODULE, kill, reap, terminate
 
@@ -47,29 +48,13 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Slot:
-    """A replica position of a model: holds its placement across restarts."""
+class _Slot(Slot):
+    """A slot that holds its placement (cores, GPU) across restarts."""
 
-    index: int
-    placement: Placement
-    replica: LocalReplica | None = None
-    restart_task: asyncio.Task[None] | None = None
-    failures: int = 0  # consecutive failed starts
-    restarts: int = 0
-    given_up: bool = False  # restarts stopped after max_start_failures; scale() retries
+    placement: Placement = field(kw_only=True)
 
 
-@dataclass
-class _Model:
-    spec: ModelSpec
-    config: ModelConfig
-    slots: list[_Slot] = field(default_factory=list)
-    next_index: int = 0
-    restarts: int = 0
-    retired: list[dict[str, Any]] = field(default_factory=list)
-
-
-class LocalBackend(ModelRegistry):
+class LocalBackend(SlotKeeper):
     """The bundled runtime. All methods must be called from one asyncio event loop.
 
     Args:
@@ -148,7 +133,7 @@ class LocalBackend(ModelRegistry):
         self.env = dict(env or {})
         self.max_message_bytes = max_message_bytes
         self.replica_log_level = replica_log_level
-        self._models: dict[str, _Model] = {}
+        self._models: dict[str, ModelRecord] = {}
         self._subscribers = ReplicaSubscribers()
         self._ids = itertools.count()
         self._closed = False
@@ -181,10 +166,6 @@ class LocalBackend(ModelRegistry):
     def free(self) -> dict[str, int]:
         return self._inv.free()
 
-    def replicas(self, model: str) -> list[ReplicaHandle]:
-        m = self._get(model)
-        return [s.replica for s in m.slots if s.replica is not None and s.replica.state == ACTIVE]
-
     async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
         """Start ``config.replicas`` replicas of ``spec`` on ``config.hardware``; returns once
         all of them answer their first heartbeat."""
@@ -193,17 +174,9 @@ class LocalBackend(ModelRegistry):
             raise ValidationError(
                 "model", "a model that is not deployed yet (use scale() or remove())", spec.name
             )
-        mod, sep, attr = spec.source.partition(":")
-        if not sep or not mod or not attr:
-            raise ValidationError(f"{spec.name}.source", "'package.module:factory'", spec.source)
-        try:
-            json.dumps(dict(spec.params))
-        except (TypeError, ValueError):
-            raise ValidationError(
-                f"{spec.name}.params", "JSON-able keyword arguments", spec.params
-            ) from None
+        check_source(spec)
         placements = self._inv.allocate(spec.name, config.hardware, spec.threads, config.replicas)
-        m = _Model(spec, config)
+        m = ModelRecord(spec, config)
         self._models[spec.name] = m
         try:
             await self._start_slots(m, placements)
@@ -220,13 +193,7 @@ class LocalBackend(ModelRegistry):
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValidationError("replicas", "an integer >= 0", replicas)
         m = self._get(model)
-        # A slot given up on (it kept failing to start) is still counted, so a scale() to
-        # the same count would do nothing: an explicit scale is the operator's (or the
-        # tuner's) word to try those again.
-        for s in m.slots:
-            if s.given_up:
-                s.given_up, s.failures = False, 0
-                s.restart_task = asyncio.create_task(self._restart(m, s), name="restart-retry")
+        self._retry_given_up(m)
         cur = len(m.slots)
         m.config = ModelConfig(m.config.hardware, m.config.max_batch_size, replicas)
         if replicas > cur:
@@ -246,39 +213,16 @@ class LocalBackend(ModelRegistry):
             self._notify(model)
             await asyncio.gather(*(self._retire_slot(m, s) for s in victims))
 
-    async def remove(self, model: str) -> None:
-        """Drain and stop every replica of ``model`` and forget it."""
-        self._check_open()
-        m = self._get(model)
-        slots = list(m.slots)
-        m.slots.clear()
-        self._notify(model)
-        await asyncio.gather(*(self._retire_slot(m, s) for s in slots))
-        self._models.pop(model, None)
-
-    async def _start_slots(self, m: _Model, placements: list[Placement]) -> None:
+    async def _start_slots(self, m: ModelRecord, placements: list[Placement]) -> None:
         slots = []
         for p in placements:
-            slots.append(_Slot(m.next_index, p))
+            slots.append(_Slot(m.next_index, placement=p))
             m.next_index += 1
         m.slots.extend(slots)
-        results = await asyncio.gather(
-            *(self._start_replica(m, s) for s in slots), return_exceptions=True
-        )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for s in slots:  # all or nothing
-                if s in m.slots:
-                    m.slots.remove(s)
-            self._notify(m.spec.name)
-            await asyncio.gather(*(self._retire_slot(m, s) for s in slots))
-            raise errors[0]
+        await self._start_all(m, slots, [self._start_replica(m, s) for s in slots])
 
-    async def _retire_slot(self, m: _Model, s: _Slot) -> None:
-        if s.restart_task is not None and s.restart_task is not asyncio.current_task():
-            s.restart_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await s.restart_task
+    async def _retire_slot(self, m: ModelRecord, s: _Slot) -> None:
+        await self._cancel_restart(s)
         r = s.replica
         try:
             if r is not None:
@@ -286,14 +230,9 @@ class LocalBackend(ModelRegistry):
         finally:
             self._inv.release(s.placement)
 
-    async def _stop_all_slots(self, m: _Model) -> None:
-        slots = list(m.slots)
-        m.slots.clear()
-        await asyncio.gather(*(self._retire_slot(m, s) for s in slots), return_exceptions=True)
-
     # -- replica processes ------------------------------------------------------------------
 
-    async def _start_replica(self, m: _Model, s: _Slot) -> LocalReplica:
+    async def _start_replica(self, m: ModelRecord, s: _Slot) -> LocalReplica:
         """Spawn a process for slot ``s``, wait for its first healthy ping, make it active."""
         name = m.spec.name
         rid = f"{name}-{next(self._ids)}"
@@ -395,30 +334,16 @@ class LocalBackend(ModelRegistry):
             if r.state not in (ACTIVE, DRAINING) or r.died.done():
                 return
             if await r.ping(self.heartbeat_timeout_s):
-                r.heartbeat_misses = 0
-                r.unresponsive = False
-                r.last_heartbeat_mono = time.monotonic()
+                r.answered_ping()
                 continue
-            r.heartbeat_misses += 1
-            r.unresponsive = r.heartbeat_misses >= self.heartbeat_misses
-            # A container inside a long native call may hold the GIL and starve the replica's
-            # ping thread without being hung, so a busy replica gets far more slack.
-            limit = self.busy_heartbeat_misses if r.inflight else self.heartbeat_misses
-            log.warning(
-                "replica %s missed heartbeat %d/%d%s",
-                r.id,
-                r.heartbeat_misses,
-                limit,
-                " (busy)" if r.inflight else "",
-            )
-            if r.heartbeat_misses >= limit:
+            if r.missed_ping(self.heartbeat_misses, self.busy_heartbeat_misses):
                 # Alive but unresponsive (hung container, wedged server): kill it so the exit
                 # watcher handles it like any other death and restarts it.
                 r.death_reason = f"missed {r.heartbeat_misses} heartbeats"
                 kill(r)
                 return
 
-    async def _watch_exit(self, m: _Model, s: _Slot, r: LocalReplica) -> None:
+    async def _watch_exit(self, m: ModelRecord, s: _Slot, r: LocalReplica) -> None:
         assert r.proc is not None
         rc = await r.proc.wait()
         r.exit_code = rc
@@ -445,7 +370,7 @@ class LocalBackend(ModelRegistry):
         ):
             s.restart_task = asyncio.create_task(self._restart(m, s), name=f"restart-{r.id}")
 
-    async def _restart(self, m: _Model, s: _Slot) -> None:
+    async def _restart(self, m: ModelRecord, s: _Slot) -> None:
         delay = 0.0
         while not self._closed and s in m.slots:
             if delay:
@@ -455,25 +380,15 @@ class LocalBackend(ModelRegistry):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                s.failures += 1
-                log.warning("restart %d of a %r replica failed: %s", s.failures, m.spec.name, e)
-                if s.failures >= self.max_start_failures:
-                    log.error(
-                        "giving up on a replica of %r after %d failed starts (a scale() "
-                        "tries again)",
-                        m.spec.name,
-                        s.failures,
-                    )
-                    s.given_up = True
+                backoff = self._start_failed(m, s, e, "restart")
+                if backoff is None:
                     return
-                delay = min(10.0, 0.2 * 2**s.failures)
+                delay = backoff
                 continue
-            s.failures = 0
-            s.restarts += 1
-            m.restarts += 1
+            self._started(m, s)
             return
 
-    async def _drain_and_stop(self, m: _Model, r: LocalReplica) -> None:
+    async def _drain_and_stop(self, m: ModelRecord, r: LocalReplica) -> None:
         if r.state == ACTIVE:
             r.state = DRAINING
         elif r.state == STARTING:
@@ -500,29 +415,8 @@ class LocalBackend(ModelRegistry):
     async def stats(self, model: str) -> Mapping[str, Any]:
         """What the replicas measured: per replica batches, items, service times (measured
         inside the replica), activation delay (spawn to first healthy ping), state."""
-        m = self._get(model)
-        live = [s.replica for s in m.slots if s.replica is not None]
-        await asyncio.gather(*(r.info() for r in live if r.state == ACTIVE))
-        reps = [r.describe() for r in live]
-        delays = [d["activation_delay_s"] for d in reps + m.retired if d.get("activation_delay_s")]
-        return {
-            "model": model,
-            "backend": self._url,
-            "hardware": m.config.hardware,
-            "threads": m.spec.threads,
-            "target_replicas": len(m.slots),
-            "active_replicas": sum(1 for r in live if r.state == ACTIVE),
-            "restarts": m.restarts,
-            "batches": sum(d.get("batches") or 0 for d in reps),
-            "items": sum(d.get("items") or 0 for d in reps),
-            "activation_delay_s": {
-                "mean": sum(delays) / len(delays) if delays else None,
-                "max": max(delays) if delays else None,
-                "samples": len(delays),
-            },
-            "replicas": reps,
-            "retired": list(m.retired[-50:]),
-        }
+        _, stats = await self._stats_head(model, self._url)
+        return stats
 
     async def close(self) -> None:
         """Stop every replica (in-flight batches fail with ``ReplicaError``). Idempotent."""

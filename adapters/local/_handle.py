@@ -15,7 +15,7 @@ import grpc.aio
 
 from inferline.core import BackendError, ReplicaError, ValidationError
 
-from .._replica import ReplicaBase
+from .._supervised import ACTIVE, SupervisedReplica
 from . import _convert
 from . import replica_pb2 as pb
 from . import replica_pb2_grpc as pbg
@@ -24,9 +24,6 @@ from ._inventory import Placement
 __all__ = ["LocalReplica"]
 
 log = logging.getLogger(__name__)
-
-# Replica life cycle: starting -> active -> (draining -> stopped) | dead.
-STARTING, ACTIVE, DRAINING, STOPPED, DEAD = "starting", "active", "draining", "stopped", "dead"
 
 _EXIT_GRACE_S = 0.25
 
@@ -49,7 +46,7 @@ class _Owner(Protocol):
     max_message_bytes: int
 
 
-class LocalReplica(ReplicaBase):
+class LocalReplica(SupervisedReplica):
     """One replica process of a model (a ``ReplicaHandle``).
 
     A restarted replica is a new ``LocalReplica`` with a new ``id``, so a queue that keys its
@@ -62,39 +59,16 @@ class LocalReplica(ReplicaBase):
         super().__init__(model, rid, hardware)
         self._backend = backend
         self.placement = placement
-        self.state = STARTING
         self.proc: asyncio.subprocess.Process | None = None
         self.port = 0
-        self.pid = 0
-        self.spawned_at = time.time()  # wall clock, for reports only
         self._spawned_mono = time.monotonic()
-        self.activation_delay_s: float | None = None
-        self.load_s: float | None = None
         self.exit_code: int | None = None
-        self.death_reason = ""
         self.channel: grpc.aio.Channel | None = None
         self.stub: pbg.ReplicaStub | None = None
         # the backend's secret for its replicas' gRPC ports (see _server.TOKEN_ENV)
         self.metadata: tuple[tuple[str, str], ...] = ()
-        self.inflight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-        # Resolved (with a reason) the moment the process is known to be gone; every in-flight
-        # call races against it, so a kill -9 fails the batch without waiting for a timeout.
-        self.died: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.tasks: list[asyncio.Task[Any]] = []
-        self.heartbeat_misses = 0
-        self.last_heartbeat_mono: float | None = None
-        # missed as many pings in a row as an idle replica may (it may still be inside a
-        # long batch): /healthz does not count it as serving until it answers again
-        self.unresponsive = False
-        self.last_stats: dict[str, Any] = {}
 
-    # -- ReplicaHandle (id, model, hardware: ReplicaBase) -----------------------------------
-
-    @property
-    def alive(self) -> bool:
-        return self.state in (ACTIVE, DRAINING) and not self.died.done()
+    # -- ReplicaHandle (id, model, hardware, alive: SupervisedReplica) ---------------------
 
     def _repr_fields(self) -> str:
         return f"pid={self.pid}, state={self.state!r}"
@@ -208,40 +182,11 @@ class LocalReplica(ReplicaBase):
             self.last_stats = json.loads(resp.stats_json)
         return self.last_stats
 
-    def mark_dead(self, reason: str) -> None:
-        if not self.died.done():
-            self.died.set_result(reason)
-        if self.state != STOPPED:
-            self.state = DEAD
-        self.death_reason = self.death_reason or reason
+    def _where(self) -> dict[str, Any]:
+        return {"cores": list(self.placement.cores), "gpu": self.placement.gpu}
 
     def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self._id,
-            "state": self.state,
-            "pid": self.pid,
-            "hardware": self._hardware,
-            "cores": list(self.placement.cores),
-            "gpu": self.placement.gpu,
-            "spawned_at": self.spawned_at,
-            "activation_delay_s": self.activation_delay_s,
-            "load_s": self.load_s,
-            "inflight": self.inflight,
-        }
-        if self.last_heartbeat_mono is not None:
-            d["heartbeat_age_s"] = time.monotonic() - self.last_heartbeat_mono
-        for k in (
-            "batches",
-            "items",
-            "batch_errors",
-            "service_mean_s",
-            "service_p50_s",
-            "service_p99_s",
-            "service_max_s",
-        ):
-            d[k] = self.last_stats.get(k)
+        d = super().describe()
         if self.exit_code is not None:
             d["exit_code"] = self.exit_code
-        if self.death_reason:
-            d["death_reason"] = self.death_reason
         return d

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import time
 from collections import Counter
@@ -38,14 +37,15 @@ from inferline.core import (
     HardwareCatalog,
     ModelConfig,
     ModelSpec,
-    ReplicaHandle,
     ValidationError,
 )
 
+from .._slots import check_source
+from .._supervised import ACTIVE, DRAINING, STARTING, STOPPED
 from ._actor import ReplicaActor
 from ._address import parse_address
 from ._cluster import connect, disconnect, read_nodes
-from ._handle import ACTIVE, DRAINING, STARTING, STOPPED, RayReplica
+from ._handle import RayReplica
 from ._healing import Healing, ModelRecord, Slot
 from ._nodes import PLACEMENTS, NodeInfo
 from ._table import NodeTable
@@ -159,10 +159,6 @@ class RayBackend(Healing):
         self._refresh_if_stale()
         return self._table.totals("free")
 
-    def replicas(self, model: str) -> list[ReplicaHandle]:
-        m = self._get(model)
-        return [s.replica for s in m.slots if s.replica is not None and s.replica.state == ACTIVE]
-
     # -- node table -------------------------------------------------------------------------
 
     # -- deploy / scale / remove ------------------------------------------------------------
@@ -175,15 +171,7 @@ class RayBackend(Healing):
             raise ValidationError(
                 "model", "a model that is not deployed yet (use scale() or remove())", spec.name
             )
-        mod, sep, attr = spec.source.partition(":")
-        if not sep or not mod or not attr:
-            raise ValidationError(f"{spec.name}.source", "'package.module:factory'", spec.source)
-        try:
-            json.dumps(dict(spec.params))
-        except (TypeError, ValueError):
-            raise ValidationError(
-                f"{spec.name}.params", "JSON-able keyword arguments", spec.params
-            ) from None
+        check_source(spec)
         await self._refresh_nodes()
         m = ModelRecord(spec, config)
         nodes = self._plan(m, config.replicas)
@@ -212,10 +200,7 @@ class RayBackend(Healing):
         if node is not None and (not isinstance(node, str) or not node):
             raise ValidationError("node", "a node id of the cluster (NodeInfo.node_id)", node)
         m = self._get(model)
-        for s in m.slots:  # an explicit scale is the word to try given-up slots again
-            if s.given_up:
-                s.given_up, s.failures = False, 0
-                s.restart_task = asyncio.create_task(self._restart(m, s), name="restart-retry")
+        self._retry_given_up(m)
         m.config = ModelConfig(m.config.hardware, m.config.max_batch_size, replicas)
         if replicas < len(m.slots):
 
@@ -254,16 +239,6 @@ class RayBackend(Healing):
             m.slots.extend(unplaced)
             raise
 
-    async def remove(self, model: str) -> None:
-        """Drain and stop every replica of ``model`` and forget it."""
-        self._check_open()
-        m = self._get(model)
-        slots = list(m.slots)
-        m.slots.clear()
-        self._notify(model)
-        await asyncio.gather(*(self._retire_slot(m, s) for s in slots))
-        self._models.pop(model, None)
-
     async def _start_slots(self, m: ModelRecord, nodes: list[str]) -> None:
         slots, reps = [], []
         for node in nodes:  # hold the resources now, before any await, so plans never overlap
@@ -272,31 +247,14 @@ class RayBackend(Healing):
             slots.append(s)
             reps.append(self._new_replica(m, s, node))
         m.slots.extend(slots)
-        results = await asyncio.gather(
-            *(self._launch(m, s, r) for s, r in zip(slots, reps, strict=True)),
-            return_exceptions=True,
+        await self._start_all(
+            m, slots, [self._launch(m, s, r) for s, r in zip(slots, reps, strict=True)]
         )
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            for s in slots:  # all or nothing
-                if s in m.slots:
-                    m.slots.remove(s)
-            self._notify(m.spec.name)
-            await asyncio.gather(*(self._retire_slot(m, s) for s in slots))
-            raise errors[0]
 
     async def _retire_slot(self, m: ModelRecord, s: Slot) -> None:
-        if s.restart_task is not None and s.restart_task is not asyncio.current_task():
-            s.restart_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await s.restart_task
+        await self._cancel_restart(s)
         if s.replica is not None:
             await self._drain_and_stop(m, s.replica)
-
-    async def _stop_all_slots(self, m: ModelRecord) -> None:
-        slots = list(m.slots)
-        m.slots.clear()
-        await asyncio.gather(*(self._retire_slot(m, s) for s in slots), return_exceptions=True)
 
     # -- actors -----------------------------------------------------------------------------
 
@@ -396,31 +354,12 @@ class RayBackend(Healing):
     async def stats(self, model: str) -> Mapping[str, Any]:
         """Per replica: node id and address, state, batches, items, service times measured in
         the actor, activation delay; per model: replicas per node, shortfall, restarts."""
-        m = self._get(model)
-        live = [s.replica for s in m.slots if s.replica is not None]
-        await asyncio.gather(*(r.info() for r in live if r.state == ACTIVE))
-        reps = [r.describe() for r in live]
-        delays = [d["activation_delay_s"] for d in reps + m.retired if d.get("activation_delay_s")]
-        return {
-            "model": model,
-            "backend": self._url,
-            "hardware": m.config.hardware,
-            "threads": m.spec.threads,
+        m, stats = await self._stats_head(model, self._url)
+        active = [d["node"] for d in stats["replicas"] if d["state"] == ACTIVE]
+        return stats | {
             "placement": self.placement,
-            "target_replicas": len(m.slots),
-            "active_replicas": sum(1 for r in live if r.state == ACTIVE),
             "shortfall": sum(1 for s in m.slots if s.unplaced or s.given_up),
-            "restarts": m.restarts,
-            "batches": sum(d.get("batches") or 0 for d in reps),
-            "items": sum(d.get("items") or 0 for d in reps),
-            "activation_delay_s": {
-                "mean": sum(delays) / len(delays) if delays else None,
-                "max": max(delays) if delays else None,
-                "samples": len(delays),
-            },
-            "nodes": dict(Counter(r.node for r in live if r.state == ACTIVE)),
-            "replicas": reps,
-            "retired": list(m.retired[-50:]),
+            "nodes": dict(Counter(active)),
             "lost_nodes": list(self._lost[-20:]),
         }
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,13 +12,11 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from inferline.core import BackendError, ReplicaError
 
+from .._supervised import ACTIVE, DEAD, DRAINING, STARTING, STOPPED, SupervisedReplica
 from ._nodes import Demand
 from ._values import split_inputs, unpack_outputs
 
 __all__ = ["ACTIVE", "DEAD", "DRAINING", "STARTING", "STOPPED", "RayReplica"]
-
-# Replica life cycle: starting -> active -> (draining -> stopped) | dead.
-STARTING, ACTIVE, DRAINING, STOPPED, DEAD = "starting", "active", "draining", "stopped", "dead"
 
 
 def ray_reason(e: BaseException) -> str:
@@ -28,7 +25,7 @@ def ray_reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-class RayReplica:
+class RayReplica(SupervisedReplica):
     """One replica actor of a model (a ``ReplicaHandle``).
 
     ``node`` is the Ray node id the actor runs on (hex), ``address`` that node's IP. A replaced
@@ -48,54 +45,19 @@ class RayReplica:
         on_failure: Callable[[RayReplica, str], None],
         address: str = "",
     ) -> None:
+        super().__init__(model, rid, hardware)
         self._url = url
         self._on_failure = on_failure
-        self._model = model
-        self._id = rid
-        self._hardware = hardware
         self.node = node
         self.address = address
         self.demand = demand
         self.actor: ActorHandle | None = None
-        self.state = STARTING
-        self.pid = 0
-        self.spawned_at = time.time()  # wall clock, for reports only
-        self.activation_delay_s: float | None = None
-        self.load_s: float | None = None
-        self.death_reason = ""
-        self.inflight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
-        # Resolved (with a reason) the moment the replica is known to be gone (its node lost,
-        # its actor dead, stopped): every in-flight call races against it.
-        self.died: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.tasks: list[asyncio.Task[Any]] = []
-        self.heartbeat_misses = 0
-        self.last_heartbeat_mono: float | None = None
-        self.unresponsive = False
         self.released = False  # its resources given back to the backend's bookkeeping
-        self.last_stats: dict[str, Any] = {}
 
-    # -- ReplicaHandle ----------------------------------------------------------------------
+    # -- ReplicaHandle (id, model, hardware, alive: SupervisedReplica) ---------------------
 
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def hardware(self) -> str:
-        return self._hardware
-
-    @property
-    def alive(self) -> bool:
-        return self.state in (ACTIVE, DRAINING) and not self.died.done()
-
-    def __repr__(self) -> str:
-        return f"RayReplica({self._id!r}, node={self.node[:8]!r}, state={self.state!r})"
+    def _repr_fields(self) -> str:
+        return f"node={self.node[:8]!r}, state={self.state!r}"
 
     async def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         """One output (or ``InferlineError``) per input; ``ReplicaError`` if the batch failed
@@ -216,39 +178,5 @@ class RayReplica:
             pass
         return self.last_stats
 
-    def mark_dead(self, reason: str) -> None:
-        if not self.died.done():
-            self.died.set_result(reason)
-        if self.state != STOPPED:
-            self.state = DEAD
-        self.death_reason = self.death_reason or reason
-
-    def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "id": self._id,
-            "state": self.state,
-            "node": self.node,
-            "address": self.address,
-            "pid": self.pid,
-            "hardware": self._hardware,
-            "resources": self.demand.resources(),
-            "spawned_at": self.spawned_at,
-            "activation_delay_s": self.activation_delay_s,
-            "load_s": self.load_s,
-            "inflight": self.inflight,
-        }
-        if self.last_heartbeat_mono is not None:
-            d["heartbeat_age_s"] = time.monotonic() - self.last_heartbeat_mono
-        for k in (
-            "batches",
-            "items",
-            "batch_errors",
-            "service_mean_s",
-            "service_p50_s",
-            "service_p99_s",
-            "service_max_s",
-        ):
-            d[k] = self.last_stats.get(k)
-        if self.death_reason:
-            d["death_reason"] = self.death_reason
-        return d
+    def _where(self) -> dict[str, Any]:
+        return {"node": self.node, "address": self.address, "resources": self.demand.resources()}

@@ -14,16 +14,18 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ray.exceptions import RayError
 
-from inferline.adapters._subscribers import ModelRegistry
-from inferline.core import CapacityError, ModelConfig, ModelSpec
+from inferline.adapters._slots import ModelRecord, SlotKeeper
+from inferline.adapters._slots import Slot as BaseSlot
+from inferline.core import CapacityError
 
+from .._supervised import ACTIVE, DRAINING, STARTING
 from ._cluster import read_nodes
-from ._handle import ACTIVE, DRAINING, STARTING, RayReplica, ray_reason
+from ._handle import RayReplica, ray_reason
 from ._table import NodeTable
 
 __all__ = ["Healing", "ModelRecord", "Slot"]
@@ -32,29 +34,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Slot:
-    """A replica position of a model; survives its replica's replacements."""
-
-    index: int
-    replica: RayReplica | None = None
-    restart_task: asyncio.Task[None] | None = None
-    failures: int = 0  # consecutive failed starts
-    restarts: int = 0
-    given_up: bool = False  # restarts stopped after max_start_failures; scale() retries
+class Slot(BaseSlot):
     unplaced: bool = False  # lost and no node has room: the model's shortfall
 
 
-@dataclass
-class ModelRecord:
-    spec: ModelSpec
-    config: ModelConfig
-    slots: list[Slot] = field(default_factory=list)
-    next_index: int = 0
-    restarts: int = 0
-    retired: list[dict[str, Any]] = field(default_factory=list)
-
-
-class Healing(ModelRegistry):
+class Healing(SlotKeeper):
     """The self-repair half of ``RayBackend`` (see the module docstring). The backend keeps
     the attributes below and implements ``_new_replica``, ``_launch`` and ``_stop_actor``."""
 
@@ -67,7 +51,6 @@ class Healing(ModelRegistry):
     heartbeat_timeout_s: float
     heartbeat_misses: int
     busy_heartbeat_misses: int
-    max_start_failures: int
 
     def _new_replica(self, m: ModelRecord, s: Slot, node: str) -> RayReplica:
         raise NotImplementedError
@@ -194,22 +177,12 @@ class Healing(ModelRegistry):
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                s.failures += 1
-                log.warning("replacement %d of a %r replica failed: %s", s.failures, m.spec.name, e)
-                if s.failures >= self.max_start_failures:
-                    log.error(
-                        "giving up on a replica of %r after %d failed starts (a scale() tries "
-                        "again)",
-                        m.spec.name,
-                        s.failures,
-                    )
-                    s.given_up = True
+                backoff = self._start_failed(m, s, e, "replacement")
+                if backoff is None:
                     return
-                delay = min(10.0, 0.2 * 2**s.failures)
+                delay = backoff
                 continue
-            s.failures = 0
-            s.restarts += 1
-            m.restarts += 1
+            self._started(m, s)
             return
 
     # -- health -----------------------------------------------------------------------------
@@ -260,19 +233,8 @@ class Healing(ModelRegistry):
                 self._replica_failed(r, f"heartbeat: {ray_reason(e)}")
                 return
             if ok:
-                r.heartbeat_misses, r.unresponsive = 0, False
-                r.last_heartbeat_mono = time.monotonic()
+                r.answered_ping()
                 continue
-            r.heartbeat_misses += 1
-            r.unresponsive = r.heartbeat_misses >= self.heartbeat_misses
-            limit = self.busy_heartbeat_misses if r.inflight else self.heartbeat_misses
-            log.warning(
-                "replica %s missed heartbeat %d/%d%s",
-                r.id,
-                r.heartbeat_misses,
-                limit,
-                " (busy)" if r.inflight else "",
-            )
-            if r.heartbeat_misses >= limit:
+            if r.missed_ping(self.heartbeat_misses, self.busy_heartbeat_misses):
                 self._replica_failed(r, f"missed {r.heartbeat_misses} heartbeats")
                 return
