@@ -6,8 +6,10 @@ exploration in ``top_k``, versioned retraining triggered by staleness, rollback,
 user state (SQLite WAL by default, Redis optionally) partitioned by uid across frontends.
 """
 
+from ._bootstrap import Bootstrap
 from ._codec import decode_value, encode_value
-from ._config import StalenessConfig, VeloxConfig
+from ._config import StalenessConfig, StartingWeights, TrainingData, VeloxConfig
+from ._data import load_training_data, load_user_weights, parse_item
 from ._http import make_velox_router
 from ._mf import MFResult, train_mf
 from ._model import (
@@ -26,10 +28,11 @@ from ._redis import RedisStore
 from ._results import ObserveResult, Prediction, Ranked, RetrainJob, TopK
 from ._ridge import UserRidge, ridge_solve
 from ._service import VeloxService
-from ._staleness import LossStats, StalenessDetector, StalenessVerdict
+from ._staleness import LossStats, StalenessDetector, StalenessVerdict, retrain_blocker
 from ._store import SQLiteStore, UserRow, VeloxStore, VersionRecord
 
 __all__ = [
+    "Bootstrap",
     "FeatureFn",
     "FeatureTable",
     "LossStats",
@@ -47,8 +50,10 @@ __all__ = [
     "StalenessConfig",
     "StalenessDetector",
     "StalenessVerdict",
+    "StartingWeights",
     "TableModel",
     "TopK",
+    "TrainingData",
     "UserRidge",
     "UserRow",
     "VeloxConfig",
@@ -60,8 +65,12 @@ __all__ = [
     "check_features",
     "decode_value",
     "encode_value",
+    "load_training_data",
+    "load_user_weights",
     "make_velox_router",
+    "parse_item",
     "partition_of",
+    "retrain_blocker",
     "ridge_solve",
     "train_mf",
 ]

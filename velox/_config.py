@@ -7,7 +7,7 @@ from typing import Any
 
 from inferline.core.errors import ValidationError
 
-__all__ = ["StalenessConfig", "VeloxConfig"]
+__all__ = ["StalenessConfig", "StartingWeights", "TrainingData", "VeloxConfig"]
 
 
 def _check_keys(cls: type, d: Any, name: str) -> None:
@@ -39,7 +39,10 @@ class StalenessConfig:
     the slow one by roughly the rate at which the loss rises, so ``(fast - slow) / slow >
     threshold`` means "rising faster than ``threshold``". ``min_observations`` since the last
     (re)train must be seen before the rule can fire, and after a trigger it is re-armed only by
-    a new version. A retrain that follows an abrupt drift at once learns from few new
+    a new version. A stale verdict starts a retrain only when the retrain can change something
+    (:func:`~inferline.velox.retrain_blocker`): at least ``min_observations`` new observations
+    are in the log since the live version was built, and the model is retrainable (a split
+    model with the default retrain only when its feature model's version changed). A retrain that follows an abrupt drift at once learns from few new
     observations, and the new version's loss stays high but flat: then, ``min_observations``
     into the new version, a loss still above ``(1 + threshold)`` times the level before the
     drift triggers again (at most ``follow_up_retrains`` times per drift), each retrain with
@@ -153,4 +156,88 @@ class VeloxConfig:
             d["staleness"] = StalenessConfig.from_dict(d["staleness"])
         if d.get("owned_partitions") is not None:
             d["owned_partitions"] = tuple(d["owned_partitions"])
+        return cls(**d)
+
+
+def _path(v: Any, name: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValidationError(name, "a non-empty file path", v)
+    return v
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """Where a Velox model's training data lives: the ratings version 1 was trained on, which
+    every retrain uses together with everything observed since.
+
+    Exactly one source: ``file``, a CSV file with a header row naming ``uid``, ``item``,
+    ``rating`` (and optionally ``ts``); or ``sqlite`` with ``table``, a SQLite table with those
+    columns. An item that parses as JSON (``12``, ``"a"``, ``[0.5, 1]``) is that value,
+    anything else is the string itself, so CSV item ids match the ids clients send.
+    """
+
+    file: str | None = None
+    sqlite: str | None = None
+    table: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.file is None) == (self.sqlite is None):
+            raise ValidationError(
+                "training_data", "exactly one of 'file' or 'sqlite'", self.to_dict()
+            )
+        if self.file is not None:
+            _path(self.file, "training_data.file")
+            if self.table is not None:
+                raise ValidationError("training_data.table", "only with 'sqlite'", self.table)
+        else:
+            _path(self.sqlite, "training_data.sqlite")
+            t = self.table
+            if not isinstance(t, str) or not t.replace("_", "a").isalnum():
+                raise ValidationError("training_data.table", "a table name (letters, digits, _)", t)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> TrainingData:
+        _check_keys(cls, d, "training_data")
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """What version 1 starts from, when the model is first created (a resumed model keeps its
+    stored state).
+
+    - ``users``: an ``.npz`` file with ``ids`` (user ids) and ``matrix`` (one row of ``dim``
+      weights per user). With training data, each user's confidence starts from the feature
+      rows of their training ratings, so online updates continue a fit instead of restarting.
+    - ``fit``: train version 1 on the training data at start (the model's own retrain: matrix
+      factorisation for a table model, which also refits the item features; per-user ridge on
+      the feature model's features for a split model). Requires ``training_data``; ``users``
+      then overrides the fitted weights of the users it names.
+    """
+
+    users: str | None = None
+    fit: bool = False
+
+    def __post_init__(self) -> None:
+        if self.users is not None:
+            _path(self.users, "starting_weights.users")
+        if not isinstance(self.fit, bool):
+            raise ValidationError("starting_weights.fit", "true or false", self.fit)
+        if self.users is None and not self.fit:
+            raise ValidationError(
+                "starting_weights", "'users' (a weights file) and/or 'fit': true", {}
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"fit": self.fit}
+        if self.users is not None:
+            d["users"] = self.users
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Any) -> StartingWeights:
+        _check_keys(cls, d, "starting_weights")
         return cls(**d)

@@ -140,6 +140,23 @@ class VeloxModel(ABC):
         """Squared error by default."""
         return (y - y_hat) ** 2
 
+    def feature_version(self) -> str | None:
+        """The version of what computes features outside Velox (a backend model), or None.
+
+        It is part of every feature- and prediction-cache key, so features computed by a
+        backend model that has since been redeployed are never served again.
+        """
+        return None
+
+    def retrain_can_change(self, built_with: str | None) -> bool:
+        """Whether a retrain (given new observations) can produce other weights or features
+        than the live version, built when :meth:`feature_version` was ``built_with``."""
+        return True
+
+    # Whether retrain reads ``Observation.features``: the runtime then computes them for rows
+    # that have none (training data) and recomputes all when the feature version changed.
+    uses_logged_features: bool = False
+
     def encode_state(self, state: Any) -> Any:
         """JSON-safe form of a shared state, for the version store."""
         return encode_value(state)
@@ -313,8 +330,13 @@ class SplitModel(VeloxModel):
     ``SplitModel("songs", 64, features=lambda x: queue.predict("song-embedder", x))``.
     The shared state is a JSON value naming what the features came from (a backend model
     version, say); ``retrain`` defaults to refitting every user's ridge on the logged features
-    (the backend model itself is trained outside inferline), and can be replaced.
+    (the backend model itself is trained outside inferline), and can be replaced. ``version``
+    (optional) returns the feature model's current version: it keys the feature cache, and the
+    default retrain can change something only once it differs from the version the live
+    weights were fitted under (otherwise it reproduces what online learning already has).
     """
+
+    uses_logged_features = True
 
     def __init__(
         self,
@@ -325,9 +347,11 @@ class SplitModel(VeloxModel):
         state: Any = None,
         retrain_fn: RetrainFn | None = None,
         loss_fn: Callable[[float, float, Any, str], float] | None = None,
+        version: Callable[[], str | None] | None = None,
     ) -> None:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
             raise ValidationError("dim", "an int >= 1", dim)
+        self.version = version
         self.name = name
         self.dim = dim
         self.features = features
@@ -340,6 +364,12 @@ class SplitModel(VeloxModel):
 
     def featurizer(self, state: Any) -> FeatureFn:
         return self.features
+
+    def feature_version(self) -> str | None:
+        return None if self.version is None else self.version()
+
+    def retrain_can_change(self, built_with: str | None) -> bool:
+        return self.retrain_fn is not None or self.feature_version() != built_with
 
     def retrain(
         self,

@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 
 from inferline.core.errors import InferlineError, NotFoundError, ValidationError
-from inferline.queueing._cache import PredictionCache, cache_key, key_prefix
+from inferline.queueing._cache import PredictionCache, cache_key
 
+from ._bootstrap import Bootstrap, initial_result, with_features
 from ._config import VeloxConfig
+from ._live import Live
 from ._model import (
-    FeatureFn,
     NewObservation,
     Observation,
     RetrainResult,
@@ -46,56 +47,12 @@ from ._model import (
 from ._partition import WrongPartitionError, check_uid, partition_of
 from ._results import ObserveResult, Prediction, Ranked, RetrainJob, TopK
 from ._ridge import UserRidge
-from ._staleness import StalenessDetector
+from ._staleness import StalenessDetector, retrain_blocker
 from ._store import UserRow, VeloxStore, VersionRecord
 
 __all__ = ["Runtime"]
 
 log = logging.getLogger(__name__)
-
-
-class _Live:
-    """One loaded version: shared state, feature function, owned users."""
-
-    __slots__ = (
-        "default_w",
-        "dirty",
-        "featurizer",
-        "fprefix",
-        "pprefix",
-        "record",
-        "state",
-        "upto",
-        "users",
-        "version",
-        "w_sum",
-    )
-
-    def __init__(
-        self, model: str, record: VersionRecord, state: Any, featurizer: FeatureFn, dim: int
-    ) -> None:
-        self.version = record.version
-        self.record = record
-        self.state = state
-        self.featurizer = featurizer
-        self.users: dict[str, UserRidge] = {}
-        self.upto: dict[str, int] = {}  # uid -> seq of the last observation folded in
-        self.dirty: set[str] = set()
-        self.w_sum = np.zeros(dim)
-        self.default_w = np.zeros(dim)
-        self.fprefix = key_prefix(model, record.version)
-        self.pprefix = key_prefix(model, f"p{record.version}")
-
-    def average(self) -> np.ndarray:
-        """Bootstrap prior of a new user: the average of the existing user weights."""
-        return self.w_sum / len(self.users) if self.users else self.default_w.copy()
-
-    def add_user(self, uid: str, u: UserRidge) -> None:
-        old = self.users.get(uid)
-        if old is not None:
-            self.w_sum -= old.w
-        self.users[uid] = u
-        self.w_sum += u.w
 
 
 class Runtime:
@@ -109,8 +66,10 @@ class Runtime:
         fcache: PredictionCache,
         pcache: PredictionCache,
         clock: Callable[[], float],
+        bootstrap: Bootstrap | None = None,
     ) -> None:
         self.model = model
+        self.boot = bootstrap or Bootstrap()
         self.name = model.name
         self.dim = int(model.dim)
         self.config = config
@@ -119,7 +78,7 @@ class Runtime:
         self.pcache = pcache
         self.clock = clock
         self.detector = StalenessDetector(config.staleness)
-        self.live: _Live | None = None
+        self.live: Live | None = None
         self._epochs = itertools.count(1)
         self._since_checkpoint = 0
         self._checkpoint_task: asyncio.Task[None] | None = None
@@ -143,11 +102,20 @@ class Runtime:
             if p not in owned:
                 raise WrongPartitionError(uid, p, owned)
 
-    def _live(self) -> _Live:
+    def _live(self) -> Live:
         assert self.live is not None, "model not loaded"
         return self.live
 
-    async def features(self, live: _Live, x: Any) -> np.ndarray:
+    def _refresh(self, live: Live) -> None:
+        """Follow the feature model's version: a redeployed backend model gets new cache keys
+        (and its old entries are dropped), so its old features are never served again."""
+        old = live.tokens(live._fv)
+        if live.prefixes(self.model.feature_version()):
+            self.fcache.invalidate(model=self.name, version=old[0])
+            self.pcache.invalidate(model=self.name, version=old[1])
+
+    async def features(self, live: Live, x: Any) -> np.ndarray:
+        self._refresh(live)
         key = cache_key(self.name, live.version, x, prefix=live.fprefix)
         featurizer = live.featurizer
 
@@ -156,8 +124,9 @@ class Runtime:
 
         return await self.fcache.get_or_compute(key, compute)
 
-    async def feature_matrix(self, live: _Live, items: Sequence[Any]) -> np.ndarray:
+    async def feature_matrix(self, live: Live, items: Sequence[Any]) -> np.ndarray:
         """Features of many items: one batched cache read, misses computed concurrently."""
+        self._refresh(live)
         prefix = live.fprefix
         keys = [cache_key(self.name, live.version, x, prefix=prefix) for x in items]
         found = self.fcache.get_many(keys)
@@ -179,7 +148,7 @@ class Runtime:
                 rows[i] = v
         return np.array(rows)
 
-    def _user_or_new(self, live: _Live, uid: str) -> tuple[UserRidge, bool]:
+    def _user_or_new(self, live: Live, uid: str) -> tuple[UserRidge, bool]:
         u = live.users.get(uid)
         if u is not None:
             return u, False
@@ -193,6 +162,7 @@ class Runtime:
         self.check_owner(uid)
         while True:
             live = self._live()
+            self._refresh(live)
             u = live.users.get(uid)
             if u is not None:
                 hit, score = self.pcache.get(
@@ -282,9 +252,19 @@ class Runtime:
                 "threshold": self.config.staleness.threshold,
                 "version": live.version,
             }
-            self.store.record_event(self.name, "stale", detail, self.clock())
+            now = self.clock()
+            self.store.record_event(self.name, "stale", detail, now)
             log.info("model %r is stale: %s", self.name, detail)
-            if self.config.staleness.auto_retrain:
+            blocker = retrain_blocker(
+                self.config.staleness,
+                can_change=self.model.retrain_can_change(live.built_with),
+                new_observations=seq - live.record.base_seq,
+            )
+            if blocker is not None:
+                self.store.record_event(
+                    self.name, "retrain_skipped", {"why": blocker, "version": live.version}, now
+                )
+            else:
                 why = (
                     f"loss trend {verdict.trend:.3f} > {self.config.staleness.threshold}"
                     if verdict.reason == "loss rising"
@@ -298,7 +278,7 @@ class Runtime:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _snapshot_rows(self, live: _Live) -> list[UserRow]:
+    def _snapshot_rows(self, live: Live) -> list[UserRow]:
         rows = []
         for uid in live.dirty:
             u = live.users[uid]
@@ -319,7 +299,7 @@ class Runtime:
         if rows:
             self._checkpoint_task = asyncio.ensure_future(self._write_rows(live, rows))
 
-    async def _write_rows(self, live: _Live, rows: list[UserRow]) -> None:
+    async def _write_rows(self, live: Live, rows: list[UserRow]) -> None:
         try:
             await asyncio.to_thread(self.store.save_users, self.name, live.version, rows)
         except Exception:
@@ -361,9 +341,14 @@ class Runtime:
         return users, rows
 
     async def create_initial(self) -> None:
-        result = self.model.initial()
+        result = await initial_result(self.model, self.boot, self.config.ridge_lambda)
         upto = self.store.last_seq(self.name)
-        record = VersionRecord(1, None, self.clock(), "initial", upto, dict(result.info))
+        info = {
+            **dict(result.info),
+            "training_rows": len(self.boot.training),
+            "features_version": self.model.feature_version(),
+        }
+        record = VersionRecord(1, None, self.clock(), "initial", upto, info)
         encoded = self.model.encode_state(result.state)
         if not await asyncio.to_thread(self.store.put_version, self.name, record, encoded):
             # Another frontend created version 1 at the same moment: serve what it stored.
@@ -384,15 +369,15 @@ class Runtime:
         await self._catch_up(live, upto)
         self.live = live
 
-    def _make_live(self, record: VersionRecord, state: Any, users: dict[str, UserRidge]) -> _Live:
-        live = _Live(self.name, record, state, self.model.featurizer(state), self.dim)
+    def _make_live(self, record: VersionRecord, state: Any, users: dict[str, UserRidge]) -> Live:
+        live = Live(self.name, record, state, self.model.featurizer(state), self.dim)
         for uid, u in users.items():
             u.epoch = next(self._epochs)
             live.add_user(uid, u)
             live.upto[uid] = record.base_seq
         return live
 
-    async def load_version(self, version: int) -> _Live:
+    async def load_version(self, version: int) -> Live:
         """Materialize a stored version: its state, user snapshots, and the log after them."""
         records = {r.version: r for r in self.store.versions(self.name)}
         if version not in records:
@@ -415,7 +400,7 @@ class Runtime:
         await self._catch_up(live, start)
         return live
 
-    async def _catch_up(self, live: _Live, after_seq: int) -> int:
+    async def _catch_up(self, live: Live, after_seq: int) -> int:
         """Fold every owned observation after ``after_seq`` that ``live`` has not seen.
 
         Loops until the log has nothing new, and returns without awaiting after that last
@@ -446,7 +431,7 @@ class Runtime:
                 self._apply(live, o, f)
                 applied += 1
 
-    def _apply(self, live: _Live, o: Observation, f: np.ndarray) -> None:
+    def _apply(self, live: Live, o: Observation, f: np.ndarray) -> None:
         u = live.users.get(o.uid)
         if u is None:
             u = UserRidge(live.average(), self.config.ridge_lambda)
@@ -458,14 +443,14 @@ class Runtime:
         live.upto[o.uid] = o.seq
         live.dirty.add(o.uid)
 
-    def _switch(self, new: _Live, event: str, detail: dict[str, Any]) -> None:
+    def _switch(self, new: Live, event: str, detail: dict[str, Any]) -> None:
         """Make ``new`` live. Synchronous: callers must not await between catch-up and this."""
         old = self.live
         self.live = new
         self.store.set_current(self.name, new.version)
         self.detector.reset()
         if old is not None and old is not new:
-            self.pcache.invalidate(model=self.name, version=f"p{old.version}")
+            self.pcache.invalidate(model=self.name, version=old.tokens(old._fv)[1])
             rows = self._snapshot_rows(old)
             if rows:  # keep the retired version's users current, so a rollback replays little
                 task = asyncio.ensure_future(self._write_rows(old, rows))
@@ -509,12 +494,23 @@ class Runtime:
             live = self._live()
             upto = self.store.last_seq(self.name)
             obs = await asyncio.to_thread(self.store.observations, self.name, 0, upto)
+            fv = self.model.feature_version()
+            rows = [*self.boot.training, *obs]  # the training data, then everything observed
+            if self.model.uses_logged_features:
+                rows = await with_features(
+                    rows, lambda x: self.features(live, x), refresh_all=fv != live.built_with
+                )
             weights = {uid: u.w.copy() for uid, u in live.users.items()}
             result = await asyncio.to_thread(
-                self.model.retrain, live.state, obs, weights, self.config.ridge_lambda
+                self.model.retrain, live.state, rows, weights, self.config.ridge_lambda
             )
             async with self._switch_lock:
-                info = {**dict(result.info), "observations": len(obs)}
+                info = {
+                    **dict(result.info),
+                    "observations": len(obs),
+                    "training_rows": len(self.boot.training),
+                    "features_version": fv,
+                }
                 users, rows = await asyncio.to_thread(self._build_users, result, upto)
                 encoded = self.model.encode_state(result.state)
                 version = max(r.version for r in self.store.versions(self.name)) + 1

@@ -13,6 +13,7 @@ from typing import Any
 from inferline.core.errors import NotFoundError, ValidationError
 from inferline.queueing._cache import PredictionCache
 
+from ._bootstrap import Bootstrap
 from ._config import VeloxConfig
 from ._model import Observation, VeloxModel
 from ._results import ObserveResult, Prediction, RetrainJob, TopK
@@ -50,9 +51,16 @@ class VeloxService:
 
     # ------------------------------------------------------------------ registry
 
-    async def register(self, model: VeloxModel, config: VeloxConfig | None = None) -> None:
+    async def register(
+        self,
+        model: VeloxModel,
+        config: VeloxConfig | None = None,
+        *,
+        bootstrap: Bootstrap | None = None,
+    ) -> None:
         """Serve ``model``: resume its current stored version (replaying the log), or create
-        version 1 from ``model.initial()``."""
+        version 1 from ``model.initial()`` and ``bootstrap`` (starting weights, or a fit on the
+        training data). Every retrain uses ``bootstrap.training`` and the log."""
         if not isinstance(model, VeloxModel):
             raise ValidationError("model", "a VeloxModel", type(model).__name__)
         name = getattr(model, "name", None)
@@ -65,7 +73,13 @@ class VeloxService:
         release = claim(name, cfg.owned_partitions, cfg.partitions) if claim else None
         try:
             rt = Runtime(
-                model, cfg, self.store, self.feature_cache, self.prediction_cache, self.clock
+                model,
+                cfg,
+                self.store,
+                self.feature_cache,
+                self.prediction_cache,
+                self.clock,
+                bootstrap,
             )
             current = self.store.current(name)
             if current is None:

@@ -13,7 +13,27 @@ from typing import Any
 
 from ._config import StalenessConfig
 
-__all__ = ["LossStats", "StalenessDetector", "StalenessVerdict"]
+__all__ = ["LossStats", "StalenessDetector", "StalenessVerdict", "retrain_blocker"]
+
+
+def retrain_blocker(
+    config: StalenessConfig, *, can_change: bool, new_observations: int
+) -> str | None:
+    """Why a stale verdict must not start a retrain, or None when it may.
+
+    A retrain "can change something" when the model says its retrain can produce other
+    weights or features than the live version (``can_change``: always for a table model, which
+    refits the item features; for a split model only with its own retrain function or once its
+    feature model's version changed) and at least ``min_observations`` observations arrived
+    since the live version was built (the retrain's input differs from the last one's).
+    """
+    if not config.auto_retrain:
+        return "automatic retraining is off"
+    if not can_change:
+        return "a retrain would reproduce the live weights (the feature model has not changed)"
+    if new_observations < config.min_observations:
+        return f"{new_observations} new observations < min_observations {config.min_observations}"
+    return None
 
 
 def _decay(halflife: float) -> float:
