@@ -39,7 +39,7 @@ from ._codec import decode_value
 from ._partition import WrongPartitionError
 from ._service import VeloxService
 
-__all__ = ["error_response", "make_velox_router"]
+__all__ = ["VeloxRoutes", "error_response", "make_velox_router"]
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +87,35 @@ def _number(v: Any, name: str) -> float:
     return f
 
 
-def make_velox_router(
-    service: VeloxService, *, max_body_bytes: int = 8 << 20, dependencies: Sequence[Any] = ()
-) -> APIRouter:
-    """Routes under ``/velox`` serving ``service``; ``dependencies`` (e.g. a bearer-token check)
-    apply to every route."""
-    router = APIRouter(prefix="/velox", tags=["velox"], dependencies=list(dependencies))
+class VeloxRoutes:
+    """The ``/velox`` routes of one :class:`VeloxService`: one small method per route, each
+    parsing its body, calling the service and answering through :meth:`guarded` (errors in
+    the shape of every inferline route)."""
 
-    async def body_of(request: Request, allowed: set[str]) -> dict[str, Any]:
+    def __init__(self, service: VeloxService, *, max_body_bytes: int = 8 << 20) -> None:
+        self.service = service
+        self.max_body_bytes = max_body_bytes
+
+    def router(self, dependencies: Sequence[Any] = ()) -> APIRouter:
+        r = APIRouter(prefix="/velox", tags=["velox"], dependencies=list(dependencies))
+        for path, fn, method in (
+            ("/{model}/predict", self.predict, "POST"),
+            ("/{model}/top_k", self.top_k, "POST"),
+            ("/{model}/observe", self.observe, "POST"),
+            ("/{model}/retrain", self.retrain, "POST"),
+            ("/{model}/versions", self.versions, "GET"),
+            ("/{model}/rollback", self.rollback, "POST"),
+            ("/{model}/users/{uid:path}", self.user, "GET"),
+            ("/{model}/stats", self.stats, "GET"),
+            ("/{model}/events", self.events, "GET"),
+        ):
+            r.add_api_route(path, fn, methods=[method])
+        return r
+
+    async def body_of(self, request: Request, allowed: set[str]) -> dict[str, Any]:
         raw = await request.body()
-        if len(raw) > max_body_bytes:
-            raise BodyTooLarge(max_body_bytes)
+        if len(raw) > self.max_body_bytes:
+            raise BodyTooLarge(self.max_body_bytes)
         if not raw:
             return {}
         body = decode_json(raw, "a JSON object")
@@ -110,6 +128,7 @@ def make_velox_router(
             )
         return body
 
+    @staticmethod
     async def guarded(fn: Callable[[], Awaitable[Any]], status: int = 200) -> JSONResponse:
         try:
             result = await fn()
@@ -117,20 +136,18 @@ def make_velox_router(
             return error_response(e)
         return JSONResponse(_finite(result), status_code=status)
 
-    @router.post("/{model}/predict")
-    async def predict(model: str, request: Request) -> JSONResponse:
+    async def predict(self, model: str, request: Request) -> JSONResponse:
         async def run() -> Any:
-            b = await body_of(request, {"uid", "x"})
+            b = await self.body_of(request, {"uid", "x"})
             x = decode_value(_field(b, "x", "an item (JSON value or tensor)"), "x")
             uid = _field(b, "uid", "a user id string")
-            return (await service.predict(model, uid, x)).to_dict()
+            return (await self.service.predict(model, uid, x)).to_dict()
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.post("/{model}/top_k")
-    async def top_k(model: str, request: Request) -> JSONResponse:
+    async def top_k(self, model: str, request: Request) -> JSONResponse:
         async def run() -> Any:
-            b = await body_of(request, {"uid", "items", "k", "alpha"})
+            b = await self.body_of(request, {"uid", "items", "k", "alpha"})
             items = _field(b, "items", "a non-empty list of items")
             if not isinstance(items, list):
                 raise ValidationError("items", "a non-empty list of items", type(items).__name__)
@@ -138,95 +155,91 @@ def make_velox_router(
             alpha = b.get("alpha")
             if alpha is not None:
                 alpha = _number(alpha, "alpha")
-            res = await service.top_k(
-                model, _field(b, "uid", "a user id string"), items, b.get("k", 10), alpha
-            )
-            return res.to_dict()
+            uid = _field(b, "uid", "a user id string")
+            return (await self.service.top_k(model, uid, items, b.get("k", 10), alpha)).to_dict()
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.post("/{model}/observe")
-    async def observe(model: str, request: Request) -> JSONResponse:
+    async def observe(self, model: str, request: Request) -> JSONResponse:
         async def run() -> Any:
-            b = await body_of(request, {"uid", "x", "y"})
+            b = await self.body_of(request, {"uid", "x", "y"})
             x = decode_value(_field(b, "x", "an item (JSON value or tensor)"), "x")
             y = _number(_field(b, "y", "a number (the label)"), "y")
-            return (
-                await service.observe(model, _field(b, "uid", "a user id string"), x, y)
-            ).to_dict()
+            uid = _field(b, "uid", "a user id string")
+            return (await self.service.observe(model, uid, x, y)).to_dict()
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.post("/{model}/retrain")
-    async def retrain(model: str, request: Request) -> JSONResponse:
+    async def retrain(self, model: str, request: Request) -> JSONResponse:
         wait = False
 
         async def run() -> Any:
             nonlocal wait
-            b = await body_of(request, {"reason", "wait"})
+            b = await self.body_of(request, {"reason", "wait"})
             reason = b.get("reason", "manual")
             if not isinstance(reason, str) or not reason:
                 raise ValidationError("reason", "a non-empty string", reason)
             wait = b.get("wait", False)
             if not isinstance(wait, bool):
                 raise ValidationError("wait", "true or false", wait)
-            return (await service.retrain(model, reason, wait=wait)).to_dict()
+            return (await self.service.retrain(model, reason, wait=wait)).to_dict()
 
-        resp = await guarded(run, status=202)
+        resp = await self.guarded(run, status=202)
         if wait and resp.status_code == 202:
             resp.status_code = 200  # the job has finished (or failed): report, not accept
         return resp
 
-    @router.get("/{model}/versions")
-    async def versions(model: str) -> JSONResponse:
+    async def versions(self, model: str) -> JSONResponse:
         async def run() -> Any:
-            current = service.current_version(model)
+            current = self.service.current_version(model)
             return {
                 "model": model,
                 "current": current,
                 "versions": [
                     {**v.to_dict(), "current": v.version == current}
-                    for v in service.versions(model)
+                    for v in self.service.versions(model)
                 ],
-                "jobs": [j.to_dict() for j in service.jobs(model)],
+                "jobs": [j.to_dict() for j in self.service.jobs(model)],
             }
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.post("/{model}/rollback")
-    async def rollback(model: str, request: Request) -> JSONResponse:
+    async def rollback(self, model: str, request: Request) -> JSONResponse:
         async def run() -> Any:
-            b = await body_of(request, {"version"})
+            b = await self.body_of(request, {"version"})
             v = _field(b, "version", "an int (an existing version)")
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValidationError("version", "an int (an existing version)", v)
-            rec = await service.rollback(model, v)
+            rec = await self.service.rollback(model, v)
             return {"model": model, "current": rec.version, "version": rec.to_dict()}
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.get("/{model}/users/{uid:path}")
-    async def user(model: str, uid: str) -> JSONResponse:
+    async def user(self, model: str, uid: str) -> JSONResponse:
         async def run() -> Any:
-            return service.user(model, uid)
+            return self.service.user(model, uid)
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.get("/{model}/stats")
-    async def stats(model: str) -> JSONResponse:
+    async def stats(self, model: str) -> JSONResponse:
         async def run() -> Any:
-            return service.stats(model)
+            return self.service.stats(model)
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    @router.get("/{model}/events")
-    async def events(model: str) -> JSONResponse:
+    async def events(self, model: str) -> JSONResponse:
         async def run() -> Any:
-            return {"model": model, "events": service.events(model)}
+            return {"model": model, "events": self.service.events(model)}
 
-        return await guarded(run)
+        return await self.guarded(run)
 
-    return router
+
+def make_velox_router(
+    service: VeloxService, *, max_body_bytes: int = 8 << 20, dependencies: Sequence[Any] = ()
+) -> APIRouter:
+    """Routes under ``/velox`` serving ``service``; ``dependencies`` (e.g. a bearer-token check)
+    apply to every route."""
+    return VeloxRoutes(service, max_body_bytes=max_body_bytes).router(dependencies)
 
 
 def _finite(x: Any) -> Any:
