@@ -183,6 +183,9 @@ class VeloxService:
             "version": live.version,
             "users": len(live.users),
             "staleness": rt.detector.snapshot(),
+            # the feature model's version now, and the one this version was fitted under
+            "features_version": rt.model.feature_version(),
+            "built_with": live.built_with,
             "feature_cache": self.feature_cache.stats(),
             "prediction_cache": self.prediction_cache.stats(),
             "retrain": None if not rt.jobs else rt.jobs[-1].to_dict(),

@@ -53,6 +53,22 @@ def test_benchmark_pipeline_on_a_slice() -> None:
     # learning personalises; require a clear margin (observed: ~3%).
     assert scores["online"] < scores["static"] * 0.99, scores
     assert info2["version"] == 2 and info["version"] == 1
+    # the thesis hold-out: every held-out rating is by a user with streamed ratings, and each
+    # user's held-out ratings come after their streamed ones
+    streamed, held = b.per_user_split(test, 0.7)
+    assert len(streamed) + len(held) == len(test) and set(held.users) <= set(streamed.users)
+    mf_kw = {"k": 4, "lam": 0.1, "iters": 3, "seed": 0}
+    on_kw = {"ridge_lambda": 10.0, "mf_lambda": 0.1, "iters": 3, "seed": 0}
+    h = asyncio.run(b.heldout(mf, train, streamed, held, mf_kw, on_kw))
+    assert h["known_share"] == 1.0 and set(h["rows"]) == {
+        "no online updates",
+        "Velox online updates",
+        "full retraining",
+    }
+    r = {n: v["rmse"] for n, v in h["rows"].items()}
+    # seeded: online learning of seen users beats the frozen model on their later ratings
+    assert r["Velox online updates"] < r["no online updates"] * 0.99, r
+    assert h["recovered"] > 0.3, h
 
     bandit = asyncio.run(
         b.bandit_check(
