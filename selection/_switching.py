@@ -280,27 +280,22 @@ class SwitchingController:
     def decide(self, now_s: float, estimator: RateEstimator) -> SwitchDecision:
         rate = estimator.rate(now_s)
         t = self.table
+        j = t.rate_index(rate)
         if self.config.rule == "paper":
-            # Algorithm 1: variants in descending accuracy; the first whose best split meets D at P99
-            order = sorted(range(len(t.options)), key=lambda i: -t.accuracy[t.options[i].variant])
-            j = t.rate_index(rate)
-            best = None
-            for i in order:
-                if t.p99_s[i][j] <= self.config.deadline_s:
-                    best = i
-                    break
-            if best is None:
-                best = min(range(len(t.options)), key=lambda i: t.p99_s[i][j])
-            why = f"rate {rate:.1f} q/s: most accurate option with P99 {t.p99_s[best][j] * 1e3:.0f} ms <= deadline"
+            best = self._paper_choice(j)
+            why = (
+                f"rate {rate:.1f} q/s: most accurate variant meeting the deadline, its "
+                f"lowest-P99 split ({t.p99_s[best][j] * 1e3:.0f} ms)"
+            )
         else:
             scores = [t.effective_accuracy(i, rate) for i in range(len(t.options))]
-            # ties go to the more accurate variant, then to fewer replicas (less contention)
+            # ties go to the more accurate variant, then to the split with the lower P99
             best = max(
                 range(len(scores)),
                 key=lambda i: (
                     round(scores[i], 9),
                     t.accuracy[t.options[i].variant],
-                    -t.options[i].replicas,
+                    -t.p99_s[i][j],
                 ),
             )
             why = f"rate {rate:.1f} q/s: highest effective accuracy {scores[best]:.3f}"
@@ -312,3 +307,19 @@ class SwitchingController:
             t.effective_accuracy(best, rate),
             f"{o.variant} R{o.replicas}xT{o.threads}; {why}",
         )
+
+    def _paper_choice(self, j: int) -> int:
+        """Algorithm 1: variants by descending accuracy; the first with a replicas x threads
+        split whose P99 meets the deadline, served by its split with the *lowest* P99 (not the
+        first feasible one). None feasible: the option with the lowest P99 overall."""
+        t = self.table
+        d = self.config.deadline_s
+        for acc in sorted({t.accuracy[o.variant] for o in t.options}, reverse=True):
+            feasible = [
+                i
+                for i, o in enumerate(t.options)
+                if t.accuracy[o.variant] == acc and t.p99_s[i][j] <= d
+            ]
+            if feasible:
+                return min(feasible, key=lambda i: t.p99_s[i][j])
+        return min(range(len(t.options)), key=lambda i: t.p99_s[i][j])
