@@ -192,3 +192,27 @@ async def _test_fit_builds_version_one_from_the_training_data() -> None:
     # fitted MF predicts the training ratings' scale, unlike zero weights
     assert 2.0 < (await svc.predict("m", "u1", 1)).score < 6.0
     await svc.close()
+
+
+def test_fit_a_split_model_on_training_data_through_its_feature_function() -> None:
+    asyncio.run(_split_fit())
+
+
+async def _split_fit() -> None:
+    from inferline.velox import Observation
+
+    calls = []
+
+    async def f(x):
+        calls.append(x)
+        return 2.0 * np.asarray(x, dtype=float)
+
+    rng = np.random.default_rng(4)
+    w = np.array([1.0, -0.5])
+    xs = [rng.normal(size=2).tolist() for _ in range(20)]
+    rows = tuple(Observation("a", x, float(w @ (2.0 * np.array(x))), 0, 0.0, seq=0) for x in xs)
+    svc = VeloxService()
+    await svc.register(SplitModel("s", 2, f), bootstrap=Bootstrap(rows, fit=True))
+    assert len(calls) >= 20  # the training rows were featurized by the feature function
+    assert np.allclose(svc.user("s", "a")["weights"], w, atol=0.05)
+    await svc.close()
