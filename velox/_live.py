@@ -30,6 +30,7 @@ class Live:
         "featurizer",
         "fprefix",
         "model",
+        "observed",
         "pprefix",
         "record",
         "state",
@@ -52,6 +53,7 @@ class Live:
         self.users: dict[str, UserRidge] = {}
         self.upto: dict[str, int] = {}  # uid -> seq of the last observation folded in
         self.dirty: set[str] = set()
+        self.observed = 0  # observations after base_seq folded in (replayed or live)
         self.w_sum = np.zeros(dim)
         self.default_w = np.zeros(dim)
         self._fv: Any = ...

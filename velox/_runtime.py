@@ -47,7 +47,7 @@ from ._model import (
 from ._partition import WrongPartitionError, check_uid, partition_of
 from ._results import ObserveResult, Prediction, Ranked, RetrainJob, TopK
 from ._ridge import UserRidge
-from ._staleness import StalenessDetector, retrain_blocker
+from ._staleness import StalenessDetector, StalenessVerdict, retrain_blocker
 from ._store import UserRow, VeloxStore, VersionRecord
 
 __all__ = ["Runtime"]
@@ -243,38 +243,38 @@ class Runtime:
         live.w_sum += u.w
         u.epoch = next(self._epochs)
         live.upto[uid] = seq
+        live.observed += 1
         live.dirty.add(uid)
         verdict = self.detector.update(uid, loss)
-        job = None
-        if verdict.stale:
-            detail = {
-                **verdict.to_dict(),
-                "threshold": self.config.staleness.threshold,
-                "version": live.version,
-            }
-            now = self.clock()
-            self.store.record_event(self.name, "stale", detail, now)
-            log.info("model %r is stale: %s", self.name, detail)
-            blocker = retrain_blocker(
-                self.config.staleness,
-                can_change=self.model.retrain_can_change(live.built_with),
-                new_observations=seq - live.record.base_seq,
-            )
-            if blocker is not None:
-                self.store.record_event(
-                    self.name, "retrain_skipped", {"why": blocker, "version": live.version}, now
-                )
-            else:
-                why = (
-                    f"loss trend {verdict.trend:.3f} > {self.config.staleness.threshold}"
-                    if verdict.reason == "loss rising"
-                    else f"{verdict.reason} ({self.detector.reference:.4g})"
-                )
-                job = self.start_retrain(f"stale: {why} after {verdict.observations} observations")
+        job = self._on_stale(live, verdict) if verdict.stale else None
         self._since_checkpoint += 1
         if self._since_checkpoint >= self.config.checkpoint_every:
             self.start_checkpoint()
         return ObserveResult(uid, seq, y_hat, loss, live.version, new, verdict.stale, job)
+
+    def _on_stale(self, live: Live, verdict: StalenessVerdict) -> RetrainJob | None:
+        """Record the stale verdict; retrain only when the retrain can change something."""
+        cfg = self.config.staleness
+        detail = {**verdict.to_dict(), "threshold": cfg.threshold, "version": live.version}
+        now = self.clock()
+        self.store.record_event(self.name, "stale", detail, now)
+        log.info("model %r is stale: %s", self.name, detail)
+        blocker = retrain_blocker(
+            cfg,
+            can_change=self.model.retrain_can_change(live.built_with),
+            new_observations=live.observed,
+        )
+        if blocker is not None:
+            self.store.record_event(
+                self.name, "retrain_skipped", {"why": blocker, "version": live.version}, now
+            )
+            return None
+        why = (
+            f"loss trend {verdict.trend:.3f} > {cfg.threshold}"
+            if verdict.reason == "loss rising"
+            else f"{verdict.reason} ({self.detector.reference:.4g})"
+        )
+        return self.start_retrain(f"stale: {why} after {verdict.observations} observations")
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -441,6 +441,8 @@ class Runtime:
         live.w_sum += u.w
         u.epoch = next(self._epochs)
         live.upto[o.uid] = o.seq
+        if o.seq > live.record.base_seq:
+            live.observed += 1
         live.dirty.add(o.uid)
 
     def _switch(self, new: Live, event: str, detail: dict[str, Any]) -> None:
