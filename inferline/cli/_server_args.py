@@ -121,11 +121,28 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         "%(default)s: on)",
     )
     p.add_argument(
+        "--switching",
+        choices=("tuner", "model-switching", "off"),
+        default="tuner",
+        help="how a stage with model variants switches between them: 'tuner' (default) the "
+        "tuner may move a stage of a plan made with --variants to a cheaper variant instead of "
+        "adding replicas; 'model-switching' the variant of highest effective accuracy at the "
+        "measured rate within a core budget (Zhang et al.; needs --switching-config); 'off' "
+        "every stage stays on its planned variant (docs/variants.md)",
+    )
+    p.add_argument(
         "--no-variant-switching",
-        dest="variant_switching",
-        action="store_false",
-        help="with a plan made with --variants: keep every stage on the planned variant (by "
-        "default the tuner may switch a stage to a cheaper variant instead of adding replicas)",
+        dest="switching",
+        action="store_const",
+        const="off",
+        help="same as --switching off",
+    )
+    p.add_argument(
+        "--switching-config",
+        default=None,
+        metavar="FILE",
+        help="with --switching model-switching: the app, stage, variants with their measured "
+        "accuracy and profiles (format inferline.switching/1, docs/variants.md)",
     )
     add_ladder_knobs(p)
 

@@ -32,6 +32,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
     # built (and validated) before anything starts
     tuner_config = TunerConfig(**ladder_knobs(args))
     drift, profiles, pipeline = _drift_args(args)
+    switching = _switching_args(args)
     warn_open_host(args.host, token)
     from inferline.deploy import serve
 
@@ -50,13 +51,34 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
             read_timeout_s=args.read_timeout_s,
             ready=_print_serving,
             tuner=None if getattr(args, "tuner", "inferline") == "none" else tuner_config,
-            variant_switching=getattr(args, "variant_switching", True),
+            variant_switching=getattr(args, "switching", "tuner") == "tuner",
+            model_switching=switching,
             drift=drift,
             profiles=profiles,
             pipeline=pipeline,
         )
     )
     return 0
+
+
+def _switching_args(args: argparse.Namespace) -> Any:
+    """``--switching model-switching`` with its ``--switching-config`` file, read and checked
+    before anything starts; None for the tuner's variant moves or none."""
+    from inferline.core import ValidationError
+
+    mode = getattr(args, "switching", "tuner")
+    path = getattr(args, "switching_config", None)
+    if mode != "model-switching":
+        if path:
+            raise ValidationError("--switching-config", "--switching model-switching", mode)
+        return None
+    if not path:
+        raise ValidationError(
+            "--switching-config", "a switching file (inferline.switching/1)", None
+        )
+    from inferline.deploy._switching_serve import load_switching
+
+    return load_switching(path)
 
 
 def _drift_args(args: argparse.Namespace) -> tuple[Any, Any, Any]:

@@ -50,6 +50,7 @@ async def serve(
     drift: DriftConfig | None = None,
     profiles: Profiles | None = None,
     pipeline: Pipeline | None = None,
+    model_switching: Any = None,
 ) -> None:
     """Start ``dep`` with ``plan`` and serve it on ``host:port`` until SIGINT/SIGTERM or until
     ``stop`` is set. Binds before anything starts (a port in use fails fast).
@@ -62,6 +63,7 @@ async def serve(
     ``Host`` names the server answers to (None: the bound address and localhost).
     ``grpc_port``: serve the gRPC services of the deployment's ``front_doors`` there (0: any
     free port; None: none); their HTTP routes are always mounted on ``port``.
+    ``model_switching``: Model-Switching on one app (``start_service``).
     """
     if grpc_port is not None and not dep.front_doors:
         raise ValidationError(
@@ -78,6 +80,7 @@ async def serve(
             drift=drift,
             profiles=profiles,
             pipeline=pipeline,
+            model_switching=model_switching,
         )
     except BaseException:
         sock.close()

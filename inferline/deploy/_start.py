@@ -51,13 +51,16 @@ async def start_service(
     drift: DriftConfig | None = None,
     profiles: Profiles | None = None,
     pipeline: Pipeline | None = None,
+    model_switching: Any = None,
 ) -> Service:
     """Deploy every model (plan's configuration, or one CPU replica with batch 1), create the
     interposed queue and the apps; returns a ready ``Service``. On failure, undoes it all.
 
     ``tuner``: run the live tuner (InferLine §5) with this configuration when the plan has
     tuner inputs; ``variant_switching``: it may switch a variant stage of a plan made with
-    variants to a cheaper variant instead of adding replicas.
+    variants to a cheaper variant instead of adding replicas. ``model_switching`` (a
+    ``ServeSwitching``): switch one app's stage between variants by Model-Switching's
+    effective-accuracy rule (``--switching model-switching``); the tuner then stays off.
 
     ``drift``: run the drift loop (estimated vs measured P99 per app; with mode ``replan``,
     recalibration and re-planning, ``DriftMonitor``) with this configuration; it needs a
@@ -84,6 +87,10 @@ async def start_service(
 
         cache = PredictionCache(dep.queue.cache_entries)
     live = None
+    if model_switching is not None and tuner is not None:
+        # one controller owns the variants' replica counts: Model-Switching's core budget
+        log.info("tuner off: --switching model-switching sets the variants' replicas")
+        tuner = None
     if tuner is not None and plan is not None and plan.tuner is not None:
         live = LiveTuner(
             backend,
@@ -163,6 +170,11 @@ async def start_service(
             )
         if live is not None:
             await live.launch(svc, apps)
+        if model_switching is not None:
+            from inferline.deploy._switching_serve import launch_switching
+
+            specs = {s.name: s for s in dep.models}
+            await launch_switching(svc, backend, dispatcher, specs, model_switching)
         if monitor is not None:
             await monitor.launch(svc, apps)
     except BaseException:

@@ -115,7 +115,11 @@ class LiveSwitcher:
         min_dwell_s: float = 1.0,
         max_queue: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        stage: str | None = None,
     ) -> None:
+        """``stage``: a pipeline stage the dispatcher routes to the active variant (how
+        ``inferline serve`` runs it: the app's pipeline calls the stage, ``adopt`` and every
+        switch move the route); without one, queries come through ``predict``."""
         missing = sorted({o.variant for o in table.options} - set(specs))
         if missing:
             raise ValidationError("specs", "a ModelSpec for every variant in the table", missing)
@@ -146,6 +150,8 @@ class LiveSwitcher:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._renice_refused = False
+        self.stage = stage
+        self._metrics: _SwitchMetrics | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self, initial: SwitchOption | None = None) -> None:
@@ -179,6 +185,40 @@ class LiveSwitcher:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+    async def adopt(self, initial: SwitchOption | None = None) -> None:
+        """Take over variants that are already deployed and queued (``inferline serve``
+        deployed the deployment's models): the first option's variant scaled to its split and
+        routed to, the others shrunk to their warm replicas; then the controller loop."""
+        first = initial or self.controller.decide(self.clock(), RateEstimator(2)).option
+        await self._place(first)
+        for v in self.variants:
+            if v != first.variant:
+                await self.backend.scale(v, self.warm_replicas)
+        self.active = first
+        self._route(first.variant)
+        self._apply_priorities()
+        self.events.append(SwitchEvent(self.clock(), None, first, 0.0, "initial", 0.0))
+        self._task = asyncio.create_task(self._loop())
+
+    def attach(self, service: Any, app: str) -> None:
+        """Count the arrivals of ``service``'s ``app`` (the rate the controller estimates),
+        export switches to its ``/metrics``, and stop with it."""
+        a = service.app(app)
+        inner = a.handler
+
+        async def handler_counting_arrivals(x: Any, slo: float) -> Any:
+            self._estimator = self._estimator.add([self.clock()])
+            if self.active is not None:
+                self.served[self.active.variant] += 1
+            return await inner(x, slo)
+
+        a.handler = handler_counting_arrivals
+        registry = getattr(getattr(service, "metrics", None), "registry", None)
+        if registry is not None:
+            self._metrics = _SwitchMetrics(app, self.variants, registry)
+            self._metrics.update(self.active, switched=False)
+        service.on_close(self.close)
 
     # -- serving --------------------------------------------------------------------------
     async def predict(self, x: Any, *, slo_s: float | None = None) -> tuple[str, Any]:
@@ -236,22 +276,35 @@ class LiveSwitcher:
                 self._refused()
                 await self.backend.remove(new)
                 await self._deploy(new, option.threads, option.replicas, option.max_batch_size)
-            elif self._threads[new] != option.threads:
-                await self.backend.remove(new)
-                await self._deploy(new, option.threads, option.replicas, option.max_batch_size)
             else:
-                await self.backend.scale(new, option.replicas)
-
-            self.dispatcher.set_batching(
-                new, with_max_batch(self.dispatcher.batching(new), option.max_batch_size)
-            )
+                await self._place(option)
             self.active = option  # new queries go to the new variant from here on
+            self._route(new)
             if old is not None and old.variant != new:
                 await self.backend.scale(old.variant, self.warm_replicas)
             self._apply_priorities()
             self._last_switch = self.clock()
             self.events.append(SwitchEvent(t0, old, option, rate, reason, self.clock() - t0))
+            if self._metrics is not None:
+                self._metrics.update(option, switched=True)
             log.info("model switching: %s -> %s (%s)", old, option, reason)
+
+    async def _place(self, option: SwitchOption) -> None:
+        """``option``'s variant at its split (redeployed when the thread count changes) and
+        its queue's batch bound."""
+        v = option.variant
+        if self._threads[v] != option.threads:
+            await self.backend.remove(v)
+            await self._deploy(v, option.threads, option.replicas, option.max_batch_size)
+        else:
+            await self.backend.scale(v, option.replicas)
+        self.dispatcher.set_batching(
+            v, with_max_batch(self.dispatcher.batching(v), option.max_batch_size)
+        )
+
+    def _route(self, variant: str) -> None:
+        if self.stage is not None:
+            self.dispatcher.route(self.stage, variant)
 
     async def _deploy(self, variant: str, threads: int, replicas: int, batch: int) -> None:
         spec = replace(self.specs[variant], threads=threads)
@@ -284,6 +337,35 @@ class LiveSwitcher:
                 "raising a replica's CPU priority was refused (needs CAP_SYS_NICE); promoted "
                 "variants are restarted at normal priority instead of reusing warm replicas"
             )
+
+
+class _SwitchMetrics:
+    """Switches and the active variant as Prometheus series in the service's registry."""
+
+    def __init__(self, app: str, variants: Sequence[str], registry: Any) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self.app = app
+        self.variants = list(variants)
+        self.switches = Counter(
+            "inferline_switching_switches",
+            "Model-Switching: variant or replicas x threads changes",
+            ["app"],
+            registry=registry,
+        )
+        self.active = Gauge(
+            "inferline_switching_active",
+            "Model-Switching: 1 for the variant serving the app, 0 for warm spares",
+            ["app", "variant"],
+            registry=registry,
+        )
+
+    def update(self, option: SwitchOption | None, *, switched: bool) -> None:
+        if switched:
+            self.switches.labels(self.app).inc()
+        for v in self.variants:
+            on = option is not None and option.variant == v
+            self.active.labels(self.app, v).set(1.0 if on else 0.0)
 
 
 def _nice_or_zero(pid: int) -> int:
