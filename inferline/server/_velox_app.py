@@ -180,7 +180,7 @@ def _split_features(
     return features
 
 
-def _deployed_version(service: Any, model: str) -> str | None:
+def _deployed_version(service: Any, model: str, memo: dict[str, tuple[Any, str]]) -> str | None:
     """The feature model's deployed version: its spec's ``version`` plus a digest of its source
     and params, so a redeploy with new weights under the same version number counts too.
     Read from the backend's record of deployed specs (the bundled and Ray backends keep one);
@@ -192,8 +192,13 @@ def _deployed_version(service: Any, model: str) -> str | None:
     spec = getattr(rec, "spec", None)
     if spec is None:
         return None
+    hit = memo.get(model)
+    if hit is not None and hit[0] is spec:  # called per feature lookup: digest once per deploy
+        return hit[1]
     what = json.dumps([spec.source, dict(spec.params)], sort_keys=True, default=str)
-    return f"{spec.version}-{hashlib.sha1(what.encode()).hexdigest()[:10]}"
+    token = f"{spec.version}-{hashlib.sha1(what.encode()).hexdigest()[:10]}"
+    memo[model] = (spec, token)
+    return token
 
 
 def _table_model(m: VeloxModelSpec) -> Any:
@@ -225,7 +230,10 @@ def _split_model(service: Any, m: VeloxModelSpec) -> Any:
         spec_in = InputSpec.from_dict(m.features["input"])
     feature_model = m.features["model"]
     fn = _split_features(service, feature_model, timeout, m.features.get("output"), spec_in)
-    return SplitModel(m.name, m.dim, fn, version=lambda: _deployed_version(service, feature_model))
+    memo: dict[str, tuple[Any, str]] = {}  # the deployed spec and its version token
+    return SplitModel(
+        m.name, m.dim, fn, version=lambda: _deployed_version(service, feature_model, memo)
+    )
 
 
 def _bootstrap(m: VeloxModelSpec, dim: int) -> Any:
