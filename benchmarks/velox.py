@@ -11,7 +11,14 @@ timestamps; ships in the wheel, works offline). Ratings are put in time order an
    - full retraining: MF refitted on everything seen at each of ``--chunks`` points, frozen
      in between (the offline-only alternative);
    - Velox online + retrain: the service's own background retrain at the same points.
-   Predictions are clipped to the rating scale [0.5, 5] for every row alike.
+   Predictions are clipped to the rating scale [0.5, 5] for every row alike. The service gets
+   the first half as a served app does: a SQLite ``training_data`` table and a
+   ``starting_weights.users`` file of the first-half MF user weights.
+   Held out: learn online from 70% of the second half, predict the rest without learning, and
+   compare with an MF refit on everything learned from; the recovered fraction is
+   gain(online) / gain(retrain), gain = RMSE(no updates) - RMSE(with it). Two hold-outs: per
+   user (each user's last 30% of their second-half ratings; the thesis's protocol) and a time
+   cut (the last 30% of the second half, mostly users who never rated before).
 2. Bandit. New users are simulated from real heavy raters of the second half: the "true"
    preference of each is the ridge fit of all their real ratings onto the served features, and
    feedback is that plus N(0, 0.5^2) noise. Each round ``top_k(k=1)`` over the 1,000 most rated
