@@ -216,3 +216,32 @@ async def _split_fit() -> None:
     assert len(calls) >= 20  # the training rows were featurized by the feature function
     assert np.allclose(svc.user("s", "a")["weights"], w, atol=0.05)
     await svc.close()
+
+
+def test_serve_names_the_model_in_a_load_error(tmp_path) -> None:
+    from inferline.server._velox_app import _bootstrap
+
+    np.savez(tmp_path / "w.npz", ids=np.array(["a"]), matrix=np.ones((1, 3)))
+    spec = VeloxModelSpec.from_dict(
+        {
+            "name": "songs",
+            "features": {"table": "t.npz"},
+            "training_data": {"sqlite": str(tmp_path / "missing.db"), "table": "ratings"},
+        },
+        "velox.models[0]",
+    )
+    with pytest.raises(ValidationError) as e:
+        _bootstrap(spec, 3)
+    assert e.value.field == "velox.models.songs.training_data.sqlite"
+    spec = VeloxModelSpec.from_dict(
+        {
+            "name": "songs",
+            "features": {"table": "t.npz"},
+            "starting_weights": {"users": str(tmp_path / "w.npz")},
+        },
+        "velox.models[0]",
+    )
+    assert _bootstrap(spec, 3).user_weights["a"].tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(ValidationError) as e:
+        _bootstrap(spec, 4)
+    assert e.value.field == "velox.models.songs.starting_weights.users"
