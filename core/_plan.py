@@ -23,6 +23,7 @@ from ._variants import PipelineVariants
 from .errors import NotFoundError, ValidationError
 
 __all__ = [
+    "MAX_BATCH_WAIT_MS",
     "PLAN_FORMAT",
     "LadderStep",
     "ModelConfig",
@@ -33,39 +34,62 @@ __all__ = [
 ]
 
 PLAN_FORMAT = "inferline.plan/1"
+# A planned batch-wait timeout beyond this is no latency trade-off any SLO would make.
+MAX_BATCH_WAIT_MS = 60_000.0
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """How one model is served: hardware kind, maximum batch size and replica count."""
+    """How one model is served: hardware kind, maximum batch size and replica count.
+
+    ``batch_wait_ms``: the batch-wait timeout the planner chose (delayed batching: an idle
+    replica starts a batch when it is full or its oldest query has waited this long); 0, the
+    default, is greedy batching. In the plan file only when above 0, so older readers and
+    older plan files are unaffected."""
 
     hardware: str
     max_batch_size: int = 1
     replicas: int = 1
+    batch_wait_ms: float = 0.0
 
     def __post_init__(self) -> None:
         as_str(self.hardware, "hardware")
         as_int(self.max_batch_size, "max_batch_size", minimum=1)
         as_int(self.replicas, "replicas", minimum=0)
+        w = as_float(self.batch_wait_ms, "batch_wait_ms", lo=0.0, hi=MAX_BATCH_WAIT_MS)
+        object.__setattr__(self, "batch_wait_ms", w)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "hardware": self.hardware,
             "max_batch_size": self.max_batch_size,
             "replicas": self.replicas,
         }
+        if self.batch_wait_ms > 0:
+            d["batch_wait_ms"] = self.batch_wait_ms
+        return d
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "model") -> ModelConfig:
         m = as_mapping(d, where)
-        no_extra_keys(m, {"hardware", "max_batch_size", "replicas"}, where)
+        no_extra_keys(m, {"hardware", "max_batch_size", "replicas", "batch_wait_ms"}, where)
         return cls(
             hardware=as_str(req(m, "hardware", where), f"{where}.hardware"),
             max_batch_size=as_int(
                 req(m, "max_batch_size", where), f"{where}.max_batch_size", minimum=1
             ),
             replicas=as_int(req(m, "replicas", where), f"{where}.replicas", minimum=0),
+            batch_wait_ms=as_float(
+                m.get("batch_wait_ms", 0.0),
+                f"{where}.batch_wait_ms",
+                lo=0.0,
+                hi=MAX_BATCH_WAIT_MS,
+            ),
         )
+
+    @property
+    def batch_wait_s(self) -> float:
+        return self.batch_wait_ms / 1e3
 
     def cost_per_hour(self, catalog: HardwareCatalog) -> float:
         return self.replicas * catalog.cost(self.hardware)

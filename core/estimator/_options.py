@@ -22,7 +22,8 @@ class EstimatorOptions:
 
     ``hop_overhead_s``: fixed time before a query enters each model's queue (RPC per hop).
     ``batch_wait_s``: per model, an idle replica with fewer than ``max_batch_size`` queued
-    starts only when the batch fills or the oldest queued query has waited this long.
+    starts only when the batch fills or the oldest queued query has waited this long. A
+    model whose ``ModelConfig.batch_wait_ms`` is above 0 (a plan's wait) uses that instead.
     ``activation_delay_s``: time from requesting a replica to it serving.
     ``seed``: seed of the conditional-visit draws.
     ``wake_up``: a batch that starts on an idle replica also takes the profiled wake-up extra

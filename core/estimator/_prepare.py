@@ -107,7 +107,10 @@ def prepare(
                 if sp is not None:
                     spr_mu[r, b], spr_sig[r, b] = sp
     pools = _pools(pairs, options, catalog)
-    waitv = np.array([float(options.batch_wait_s.get(m, 0.0)) for m in order])
+    # a configuration's own wait (a plan's batch_wait_ms) wins over the option's
+    waitv = np.array(
+        [configs[m].batch_wait_s or float(options.batch_wait_s.get(m, 0.0)) for m in order]
+    )
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
     for j, m in enumerate(order):

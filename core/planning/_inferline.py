@@ -8,6 +8,9 @@ Escape (an extension, ``PlannerOptions(escape=False)`` turns it off)
     bottleneck loop) and keeps a result only if it is cheaper, so the answer is still a fixed
     point of Algorithm 2 with both guarantees.
 
+Batch waits (an extension, ``PlannerOptions(batch_wait=True)`` turns it on)
+    A batch-wait timeout per model where it lowers the cost (``_waits.py``).
+
 Widen (an extension, ``PlannerOptions(widen=False)`` turns it off)
     Equal-cost configurations differ in slack: the greedy keeps the first batch size that
     reached a replica count, which can leave a model just below saturation (a fragile plan on
@@ -29,19 +32,19 @@ from .._plan import ModelConfig, Plan
 from .._profiles import Profiles
 from ..estimator import simulate
 from ._options import PlannerOptions, ProgressFn
-from ._search import PlannerCore
 from ._space import _EPS, Configs, Key
 from ._tuner_inputs import tuner_inputs
+from ._waits import WaitSearch
 
 __all__ = ["Planner", "plan_inferline"]
 
 _ESCAPE_FLOOR_QUERIES = 2_000_000
 
 
-class Planner(PlannerCore):
+class Planner(WaitSearch):
     """InferLine's planner: ``plan()`` runs Algorithm 1, Algorithm 2, then the extensions
-    enabled in :class:`PlannerOptions` (both on by default), and returns a :class:`Plan`
-    with the tuner's inputs."""
+    enabled in :class:`PlannerOptions` (escape and widen on by default, batch waits off), and
+    returns a :class:`Plan` with the tuner's inputs."""
 
     # -- leaving a local optimum (an extension; off with escape=False) --------------------
     def escape(self, configs: Mapping[str, ModelConfig]) -> Configs:
@@ -185,6 +188,8 @@ class Planner(PlannerCore):
                 final = self.minimize_cost(wide)  # the slack may let a replica go
                 if final == wide:
                     break
+        if self.options.batch_wait:
+            final = self.add_waits(final)  # only ever a cheaper plan (_waits.py)
         return final
 
     def _sample_latency(self, key: Key) -> float:

@@ -165,7 +165,7 @@ def plan_ladder(
     t = np.asarray(trace, dtype=np.float64)
     if t.size < 2:
         raise ValidationError("trace", "at least 2 arrivals", int(t.size))
-    opts = resolve_margin(options or PlannerOptions(), t)  # one margin for every step
+    opts = _with_plan_waits(resolve_margin(options or PlannerOptions(), t), plan)
     pinned = pin_hardware(profiles, plan)
     base = plan.tuner.mean_rate_qps
 
@@ -213,6 +213,16 @@ def plan_ladder(
         first = (1.0, dict(plan.models), plan.cost_per_hour)
         cands = [s for s in pool.map(capacity, [first, *found]) if s is not None]
     return _cheapest_steps(cands)
+
+
+def _with_plan_waits(options: PlannerOptions, plan: Plan) -> PlannerOptions:
+    """Steps are judged with the plan's batch waits: the live tuner changes batch sizes and
+    replicas and keeps each model's batching policy (the plan's delayed batching)."""
+    waits = {m: c.batch_wait_s for m, c in plan.models.items() if c.batch_wait_ms > 0}
+    if not waits:
+        return options
+    est = replace(options.estimator, batch_wait_s={**waits, **options.estimator.batch_wait_s})
+    return replace(options, estimator=est, batch_wait=False)
 
 
 def _cheapest_steps(cands: Sequence[LadderStep]) -> tuple[LadderStep, ...]:

@@ -41,6 +41,10 @@ class PlannerOptions:
     two million simulated queries, so small problems are always searched well).
     ``widen``: finally move each model to the batch size with the most latency slack at the
     same cost (:meth:`Planner.widen`).
+    ``batch_wait``: then give a model a batch-wait timeout (delayed batching, from a ladder
+    of fractions of the SLO) where that makes the plan cheaper (``_waits.py``); a plan is never
+    dearer with it. Off by default in the library (the paper's planner and the exhaustive
+    comparisons know no waits); ``inferline plan`` turns it on (``--no-batch-wait`` off).
     ``rate_margin``: judge every configuration on the planning trace compressed in time by
     ``1 + rate_margin`` (the same burstiness at a higher rate), so the plan keeps that much
     throughput slack over the sample. ``"auto"`` (the default) derives it from the spread of
@@ -73,6 +77,7 @@ class PlannerOptions:
     escape_rounds: int = 3
     escape_budget: float = 1.0
     widen: bool = True
+    batch_wait: bool = False
     rate_margin: float | str = AUTO_MARGIN
     inventory: Mapping[str, int] = field(default_factory=dict)
     replica_units: Mapping[str, int] = field(default_factory=dict)
@@ -129,6 +134,7 @@ class PlannerOptions:
             "escape_rounds": self.escape_rounds,
             "escape_budget": self.escape_budget,
             "widen": self.widen,
+            "batch_wait": self.batch_wait,
             "rate_margin": self.rate_margin,
             "inventory": dict(self.inventory),
             "replica_units": dict(self.replica_units),
@@ -140,10 +146,11 @@ class PlannerOptions:
     def from_dict(cls, d: Any) -> PlannerOptions:
         m = as_mapping(d, "planner options")
         keys = {"estimator", "prune", "reuse_infeasible", "max_replicas", "escape", "widen"}
+        keys.add("batch_wait")
         extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
         extra |= {"inventory", "replica_units", "gpu_host_units", "nodes"}
         no_extra_keys(m, keys | extra, "")
-        for k in ("prune", "reuse_infeasible", "escape", "widen"):
+        for k in ("prune", "reuse_infeasible", "escape", "widen", "batch_wait"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
         return cls(
@@ -158,6 +165,7 @@ class PlannerOptions:
             escape_rounds=as_int(m.get("escape_rounds", 3), "escape_rounds", minimum=0),
             escape_budget=as_float(m.get("escape_budget", 1.0), "escape_budget", nonneg=True),
             widen=m.get("widen", True),
+            batch_wait=m.get("batch_wait", False),
             rate_margin=check_rate_margin(m.get("rate_margin", AUTO_MARGIN)),
             inventory=as_mapping(m.get("inventory", {}), "inventory"),
             replica_units=as_mapping(m.get("replica_units", {}), "replica_units"),

@@ -334,10 +334,20 @@ class PlannerCore(SearchSpace):
             r_max = min(r_max, math.floor((prev_cost - _EPS) / price))
         return self._local(key, model, hw, self._batch_ladder(model, hw), r_max)
 
-    def _local(self, key: Key, model: str, hw: str, batches: list[int], r_max: int) -> Key | None:
+    def _local(
+        self,
+        key: Key,
+        model: str,
+        hw: str,
+        batches: list[int],
+        r_max: int,
+        wait_ms: float | None = None,
+    ) -> Key | None:
         """Localized re-optimization of one model, the others frozen: the cheapest feasible
         (batch, replicas) on ``hw`` with a batch from ``batches`` and at most ``r_max``
-        replicas (ties keep the smaller batch); None if there is none.
+        replicas (ties keep the smaller batch); None if there is none. The model keeps its
+        batch-wait timeout on the same hardware (``wait_ms`` sets one; another hardware
+        starts without).
 
         Same result as the paper's local steps (batch 1 and replicas added until feasible,
         then replicas removed while feasible, else the batch doubled) whenever one more
@@ -349,6 +359,9 @@ class PlannerCore(SearchSpace):
             return None
         if self._latency_floor(key, model, hw) > self.slo_s:
             return None  # too slow on ``hw`` even without any queueing
+        if wait_ms is None:
+            cur = key[self._index[model]]
+            wait_ms = cur.batch_wait_ms if cur.hardware == hw else 0.0
         best: tuple[int, int] | None = None
         for b in batches:
             if r_max < 1:
@@ -358,7 +371,7 @@ class PlannerCore(SearchSpace):
                 continue
 
             def ok(n: int, b: int = b) -> bool:
-                return self._feasible(self._with(key, model, ModelConfig(hw, b, n)))
+                return self._feasible(self._with(key, model, ModelConfig(hw, b, n, wait_ms)))
 
             if not ok(r_max):
                 continue
@@ -380,7 +393,7 @@ class PlannerCore(SearchSpace):
             r_max = hi - 1
         if best is None:
             return None
-        return self._with(key, model, ModelConfig(hw, best[0], best[1]))
+        return self._with(key, model, ModelConfig(hw, best[0], best[1], wait_ms))
 
     def _latency_floor(self, key: Key, model: str, hw: str) -> float:
         """The percentile latency with no queueing at all: every model at its fastest batch

@@ -20,6 +20,7 @@ from inferline.deploy._planned import (
     planned_models,
     stage_routes,
 )
+from inferline.queueing import BatchingPolicy
 from inferline.server._service import Service
 
 __all__ = ["apply_deployment_plan", "apply_plan"]
@@ -34,6 +35,15 @@ async def apply_plan(svc: Service, plan: Plan) -> dict[str, str]:
     if svc.plan_target is None:
         raise ValidationError("service", "a service started from a deployment or attachment", None)
     return await svc.plan_target.apply(svc, plan)
+
+
+def _policy(svc: Service, dep: Deployment, name: str, cfg: ModelConfig) -> BatchingPolicy:
+    """A policy the deployment names keeps its state with the new bound (AIMD's learned
+    size); otherwise the new plan decides: its batch wait (delayed batching) or fixed."""
+    assert svc.dispatcher is not None
+    if name in dep.batching:
+        return with_max_batch(svc.dispatcher.batching(name), cfg.max_batch_size)
+    return dep.policy_for(name, cfg, min((a.slo_s for a in dep.apps), default=1.0))
 
 
 async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> dict[str, str]:
@@ -98,10 +108,10 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
             else:
                 await svc.backend.scale(name, cfg.replicas)
                 done[name] = f"{cfg.replicas} replicas"
-            svc.dispatcher.set_batching(
-                name, with_max_batch(svc.dispatcher.batching(name), cfg.max_batch_size)
-            )
+            svc.dispatcher.set_batching(name, _policy(svc, dep, name, cfg))
             done[name] += f", max batch {cfg.max_batch_size}"
+            if name not in dep.batching and cfg.batch_wait_ms > 0:
+                done[name] += f", batch wait {cfg.batch_wait_ms:g} ms"
             if svc.plugins is not None:
                 svc.plugins.notify_config(
                     name, old, cfg, backend=dep.backend, reason="plan applied"

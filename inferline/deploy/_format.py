@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferline.core import (
+    ModelConfig,
     ModelSpec,
     NotFoundError,
     ValidationError,
@@ -49,6 +50,7 @@ from inferline.core._validate import (
     req,
 )
 from inferline.deploy._batching import BatchingSpec
+from inferline.queueing import BatchingPolicy, DelayedBatching, FixedBatching
 from inferline.server._service import InputSpec
 
 __all__ = [
@@ -170,19 +172,40 @@ class AppSpec:
         return obj  # type: ignore[no-any-return]
 
 
+# ``queue.expire_grace_ms``: the default (the dispatcher's) and the largest accepted. Past the
+# cap a hung replica would hold a caller for seconds past its deadline, what expiry prevents.
+DEFAULT_EXPIRE_GRACE_MS = 50.0
+MAX_EXPIRE_GRACE_MS = 10_000.0
+
+
 @dataclass(frozen=True)
 class QueueSpec:
-    """Queue settings applied to every model."""
+    """Queue settings applied to every model.
+
+    ``expire_late``: a query still queued at its deadline plus ``expire_grace_ms`` is
+    answered then (the app's default output with its explanation, or a 504) by a timer, not
+    when a replica frees up (``queueing/_expiry.py``). ``expire_grace_ms``: that grace,
+    0 to 10000 ms, 50 by default."""
 
     max_queue: int = 1000
     expire_late: bool = False
     max_retries: int = 1
     cache_entries: int = 0
+    expire_grace_ms: float = DEFAULT_EXPIRE_GRACE_MS
+
+    def __post_init__(self) -> None:
+        g = _grace_ms(self.expire_grace_ms, "queue.expire_grace_ms")
+        object.__setattr__(self, "expire_grace_ms", g)
+
+    @property
+    def expire_grace_s(self) -> float:
+        return self.expire_grace_ms / 1e3
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "max_queue": self.max_queue,
             "expire_late": self.expire_late,
+            "expire_grace_ms": self.expire_grace_ms,
             "max_retries": self.max_retries,
             "cache_entries": self.cache_entries,
         }
@@ -190,13 +213,27 @@ class QueueSpec:
     @classmethod
     def from_dict(cls, d: Any, where: str = "queue") -> QueueSpec:
         m = as_mapping(d, where)
-        no_extra_keys(m, {"max_queue", "expire_late", "max_retries", "cache_entries"}, where)
+        keys = {"max_queue", "expire_late", "expire_grace_ms", "max_retries", "cache_entries"}
+        no_extra_keys(m, keys, where)
         return cls(
             max_queue=as_int(m.get("max_queue", 1000), f"{where}.max_queue", minimum=1),
             expire_late=bool(m.get("expire_late", False)),
             max_retries=as_int(m.get("max_retries", 1), f"{where}.max_retries", minimum=0),
             cache_entries=as_int(m.get("cache_entries", 0), f"{where}.cache_entries", minimum=0),
+            expire_grace_ms=_grace_ms(
+                m.get("expire_grace_ms", DEFAULT_EXPIRE_GRACE_MS), f"{where}.expire_grace_ms"
+            ),
         )
+
+
+def _grace_ms(value: Any, field_: str) -> float:
+    """A grace in milliseconds, 0 to ``MAX_EXPIRE_GRACE_MS``, or an error naming the field."""
+    expected = f"a number of milliseconds from 0 to {MAX_EXPIRE_GRACE_MS:g}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValidationError(field_, expected, value)
+    if not 0.0 <= float(value) <= MAX_EXPIRE_GRACE_MS:  # NaN fails this too
+        raise ValidationError(field_, expected, value)
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -234,11 +271,24 @@ class Deployment:
         if unknown:
             raise ValidationError("batching", "policies of models of the deployment", unknown)
 
-    def batching_of(self, model: str) -> BatchingSpec:
-        return self.batching.get(model, BatchingSpec())
         apps = [a.name for a in self.apps]
         if len(set(apps)) != len(apps):
             raise ValidationError("apps", "unique app names", apps)
+
+    def batching_of(self, model: str) -> BatchingSpec:
+        return self.batching.get(model, BatchingSpec())
+
+    def policy_for(self, model: str, config: ModelConfig, slo_s: float) -> BatchingPolicy:
+        """The live batching policy of ``model`` under a planned ``config``. Precedence: a
+        policy the deployment names for the model (its ``"batching"``, even ``fixed``) is
+        kept, with the plan's max batch size as its bound; otherwise the plan's batch-wait
+        timeout (``batch_wait_ms`` above 0) gives delayed batching with that wait; otherwise
+        fixed batching (the planner's and the estimator's greedy rule)."""
+        if model in self.batching:
+            return self.batching[model].build(config.max_batch_size, slo_s)
+        if config.batch_wait_ms > 0:
+            return DelayedBatching(config.max_batch_size, config.batch_wait_s)
+        return FixedBatching(config.max_batch_size)
 
     def model(self, name: str) -> ModelSpec:
         for m in self.models:

@@ -126,11 +126,11 @@ async def start_service(
         for s in dep.models:
             dispatcher.add_model(
                 s.name,
-                batching=dep.batching_of(s.name).build(
-                    configs[s.name].max_batch_size, _slo_of(dep, s.name)
-                ),
+                # the deployment's policy, else the plan's batch wait, else fixed
+                batching=dep.policy_for(s.name, configs[s.name], _slo_of(dep, s.name)),
                 max_queue=dep.queue.max_queue,
                 expire_late=dep.queue.expire_late,
+                expire_grace_s=dep.queue.expire_grace_s,
                 max_retries=dep.queue.max_retries,
             )
         for stage, model in stage_routes(plan).items():
