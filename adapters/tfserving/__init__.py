@@ -5,6 +5,9 @@
 preformed batches, model status and metadata, model management through
 ``ModelService/HandleReloadConfigRequest`` (carrying the models it does not change), one replica
 per server endpoint (given, or launched from a ``tensorflow_model_server`` binary).
+The operator's entries round-trip exactly through every reload, and
+``TFServingBackend.restore_operator_settings()`` / ``restore_snapshot(url, snapshot)`` put the
+operator's model sets back when attach stops.
 """
 
 from ._backend import SCHEMES, TFServingBackend
@@ -15,10 +18,11 @@ from ._client import (
     TFServingInvalidArgument,
     TFServingNotFound,
 )
-from ._config import ServedModel, format_text, parse_text
+from ._config import ServedModel, format_text, from_proto, parse_text, to_proto
 from ._protos import available as grpc_available
 from ._replica import TFServingReplica
 from ._servers import Endpoint, find_model_server
+from ._snapshot import restore_snapshot
 
 __all__ = [
     "SCHEMES",
@@ -33,6 +37,9 @@ __all__ = [
     "TFServingReplica",
     "find_model_server",
     "format_text",
+    "from_proto",
     "grpc_available",
     "parse_text",
+    "restore_snapshot",
+    "to_proto",
 ]

@@ -29,6 +29,7 @@ from ._client import TFServingFailure, TFServingNotFound
 from ._config import ServedModel, format_text
 from ._replica import TFServingReplica, _Managed
 from ._servers import Endpoint, start_server, stop_server
+from ._snapshot import make_snapshot, reload_and_wait
 
 __all__ = ["TFServingModelSets"]
 
@@ -48,6 +49,14 @@ class TFServingModelSets(RemoteBackend):
         self._endpoints = endpoints
         self._started = started
         self._ids = itertools.count()
+        self._restored = False
+        # the operator's model sets as first read, for restore_operator_settings (servers
+        # inferline launched are its own: they stop with it)
+        self._operator_sets = [
+            (ep, list(ep.models.values()))
+            for ep in endpoints
+            if ep.models is not None and ep.command is None
+        ]
 
     def _lock(self, ep: Endpoint) -> asyncio.Lock:
         if ep.lock is None:
@@ -197,12 +206,49 @@ class TFServingModelSets(RemoteBackend):
                 models = {k: v for k, v in ep.models.items() if k != m.server_name}
                 await self._set_models(ep, models, [])
 
+    # -- the operator's model sets -------------------------------------------------------------
+
+    def operator_snapshot(self) -> dict[str, Any]:
+        """What ``restore_operator_settings`` puts back, as JSON: per given server, its model
+        set as inferline first read it (``restore_snapshot(url, snapshot)`` reloads it)."""
+        return make_snapshot(
+            self._url, [(ep.rest, ep.grpc, models) for ep, models in self._operator_sets]
+        )
+
+    async def restore_operator_settings(self) -> None:
+        """Put back every given server's model set exactly as inferline first read it: the
+        models inferline added are unloaded, adopted and scaled ones get their operator
+        entries back. For when attach stops: recovery stops and the managed handles leave
+        service first (a recovery would otherwise reload inferline's set). Every server is
+        tried; failures are raised together as ``BackendError``."""
+        self._restored = True
+        await self._stop_loops()
+        self._take_down([h for m in self._models.values() for h in m.handles])
+        errors = []
+        for ep, models in self._operator_sets:
+            if ep.control is None:
+                errors.append(f"{ep.name}: no gRPC address (model management is gRPC only)")
+                continue
+            async with self._lock(ep):
+                try:
+                    await reload_and_wait(ep.control, models, self._url, self.load_timeout_s)
+                except (BackendError, TFServingFailure) as e:
+                    errors.append(f"{ep.name}: {e}")
+                    continue
+                ep.models = {m.name: m for m in models}
+        if errors:
+            raise BackendError(self._url, "model sets not restored on " + "; ".join(errors))
+        log.info("restored the operator's model sets on %d server(s)", len(self._operator_sets))
+
     # -- a lost server ------------------------------------------------------------------------
 
     def _lost(self, h: TFServingReplica, reason: str) -> None:
         """``h``'s server could not be reached or lost the model: every handle on that server
         leaves the active set and the server is recovered."""
         ep = h.endpoint
+        if self._restored:  # the operator's set is back: nothing of ours to recover
+            self._take_down([h])
+            return
         on_ep = [hh for mm in self._models.values() for hh in mm.handles if hh.endpoint is ep]
         log.warning("TF Serving server %s lost (%s); recovering", ep.name, reason)
         self._take_down(on_ep)

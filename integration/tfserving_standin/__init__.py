@@ -78,14 +78,23 @@ def export_model(
 class TFServer:
     """One server process (real or stand-in) on 127.0.0.1, same ports across restarts."""
 
-    def __init__(self, workdir: Path, models: Sequence[ServedModel] = ()) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        models: Sequence[ServedModel] = (),
+        *,
+        config_text: str | None = None,
+        flags: Sequence[str] = (),
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.kind = server_kind()
         self.grpc_port = free_port()
         self.rest_port = free_port()
         self.config_file = self.workdir / f"models-{self.rest_port}.conf"
-        self.config_file.write_text(format_text(list(models)))
+        # config_text: an operator's own file, written as is
+        self.config_file.write_text(config_text or format_text(list(models)))
+        self.flags = list(flags)
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = self.workdir / f"server-{self.rest_port}.log"
 
@@ -103,6 +112,7 @@ class TFServer:
             f"--port={self.grpc_port}",
             f"--rest_api_port={self.rest_port}",
             f"--model_config_file={self.config_file}",
+            *self.flags,
         ]
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(

@@ -2,7 +2,9 @@
 
 No ``tensorflow_model_server`` binary installs from the package registries, so the integration
 tests run, when none is present, against this stand-in. It keeps TF Serving's semantics:
-versioned model directories under ``base_path``, a model set replaced whole by each reload,
+versioned model directories under ``base_path`` served by each model's version policy
+(``latest {num_versions}``, ``all``, ``specific``), version labels that may only name an
+AVAILABLE version and resolve requests by label, a model set replaced whole by each reload,
 version states ``START -> LOADING -> AVAILABLE -> UNLOADING -> END``, ``NOT_FOUND`` for a
 model with no available version. Its model format is its own (a real server loads
 SavedModels): ``base_path/<version>/model.npz`` with dense layers ``W0, b0, W1, b1, ...``
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from inferline.adapters.tfserving import ServedModel
 
 __all__ = ["Loaded", "ModelManager", "ServingError", "save_dense_model"]
 
@@ -99,23 +103,41 @@ class Loaded:
 @dataclass
 class _Entry:
     base_path: str
-    versions: tuple[int, ...] | None
+    policy: tuple[str, Any]  # ServedModel.policy: which versions under base_path are served
     states: dict[int, tuple[str, str, str]] = field(
         default_factory=dict
     )  # version -> state, code, msg
     loaded: dict[int, Loaded] = field(default_factory=dict)
 
 
-class ModelManager:
-    """The stand-in's model set. Thread-safe: the REST and gRPC servers share it."""
+def _chosen(policy: tuple[str, Any], found: list[int]) -> list[int]:
+    """The versions a version policy serves among those ``found`` (sorted): TF Serving's
+    ``ServableVersionPolicy`` (tensorflow_serving/config/file_system_storage_path_source.proto):
+    ``latest {num_versions: N}`` the N highest, ``all`` every one, ``specific`` the listed."""
+    kind, arg = policy
+    if kind == "specific":
+        return [v for v in found if v in arg]
+    if kind == "all":
+        return list(found)
+    return found[-int(arg) :]
 
-    def __init__(self) -> None:
+
+class ModelManager:
+    """The stand-in's model set. Thread-safe: the REST and gRPC servers share it.
+
+    ``allow_unavailable_labels``: the real server's
+    ``--allow_version_labels_for_unavailable_models``."""
+
+    def __init__(self, allow_unavailable_labels: bool = False) -> None:
         self._lock = threading.Lock()
         self._models: dict[str, _Entry] = {}
         self._gone: dict[str, dict[int, tuple[str, str, str]]] = {}
+        self._labels: dict[str, dict[str, int]] = {}
+        self.allow_unavailable_labels = allow_unavailable_labels
+        self.config_text = ""  # the config as last received (STAND-IN-only readback)
 
-    def _load(self, name: str, base_path: str, versions: tuple[int, ...] | None) -> _Entry:
-        e = _Entry(base_path, versions)
+    def _load(self, name: str, base_path: str, policy: tuple[str, Any]) -> _Entry:
+        e = _Entry(base_path, policy)
         root = Path(base_path)
         if not root.is_dir():
             raise ServingError(
@@ -124,7 +146,7 @@ class ModelManager:
         found = sorted(
             int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "model.npz").exists()
         )
-        chosen = [v for v in found if v in versions] if versions is not None else found[-1:]
+        chosen = _chosen(policy, found)
         if not chosen:
             raise ServingError(
                 "NOT_FOUND", f"No versions of servable {name} found under base path {base_path}"
@@ -139,26 +161,39 @@ class ModelManager:
             e.states[v] = ("AVAILABLE", "OK", "")
         return e
 
-    def reload(self, config: list[dict[str, Any]]) -> None:
-        """Make the model set exactly ``config`` (dicts: name, base_path, versions)."""
+    def _label_map(self, config: list[ServedModel]) -> dict[str, dict[str, int]]:
+        """The new label map, checked as the real server's ``UpdateModelVersionLabelMap``
+        (tensorflow_serving/model_servers/server_core.cc) does: a label may only name a
+        version that is AVAILABLE, else FAILED_PRECONDITION and the old map stays."""
+        out: dict[str, dict[str, int]] = {}
+        for c in config:
+            for label, v in c.labels:
+                e = self._models.get(c.name)
+                if not self.allow_unavailable_labels and (e is None or v not in e.loaded):
+                    raise ServingError(
+                        "FAILED_PRECONDITION",
+                        f"Request to assign label to version {v} of model {c.name}, "
+                        "which is not currently available for inference",
+                    )
+                out.setdefault(c.name, {})[label] = v
+        return out
+
+    def reload(self, config: list[ServedModel], text: str = "") -> None:
+        """Make the model set exactly ``config``: models first, then the label map."""
         with self._lock:
+            self.config_text = text  # the real server keeps the new config even if a load fails
             new: dict[str, _Entry] = {}
             errors = []
             for c in config:
-                name = c["name"]
-                old = self._models.get(name)
-                if (
-                    old is not None
-                    and old.base_path == c["base_path"]
-                    and old.versions == c.get("versions")
-                ):
-                    new[name] = old  # unchanged: stays loaded
+                old = self._models.get(c.name)
+                if old is not None and old.base_path == c.base_path and old.policy == c.policy:
+                    new[c.name] = old  # unchanged: stays loaded
                     continue
                 try:
-                    new[name] = self._load(name, c["base_path"], c.get("versions"))
+                    new[c.name] = self._load(c.name, c.base_path, c.policy)
                 except ServingError as err:
                     errors.append(err)
-                    self._gone[name] = {0: ("END", err.code, err.message)}
+                    self._gone[c.name] = {0: ("END", err.code, err.message)}
             for name, e in self._models.items():
                 if name not in new:  # replaced set: everything not listed is unloaded
                     self._gone[name] = {v: ("END", "OK", "") for v in e.states}
@@ -167,6 +202,16 @@ class ModelManager:
                 self._gone.pop(name, None)
             if errors:
                 raise errors[0]
+            self._labels = self._label_map(config)
+
+    def resolve(self, name: str, label: str) -> int:
+        """The version a label names; unknown: INVALID_ARGUMENT as the real server's
+        ``ServerCore::GetModelVersionForLabel`` (REST 400)."""
+        with self._lock:
+            v = self._labels.get(name, {}).get(label)
+        if v is None:
+            raise ServingError("INVALID_ARGUMENT", f"Unrecognized servable version label: {label}")
+        return v
 
     def status(self, name: str, version: int | None = None) -> list[tuple[int, str, str, str]]:
         with self._lock:

@@ -7,7 +7,13 @@ Flags mirror ``tensorflow_model_server``: ``--port`` (gRPC), ``--rest_api_port``
 ``inputs`` format). gRPC (when ``tensorflow-serving-api`` is installed): ``PredictionService``
 (``Predict``, ``GetModelMetadata``) and ``ModelService`` (``GetModelStatus``,
 ``HandleReloadConfigRequest``). Errors use TF Serving's codes: NOT_FOUND -> 404,
-INVALID_ARGUMENT -> 400 and ``{"error": message}``.
+INVALID_ARGUMENT -> 400 and ``{"error": message}``. Version policies and labels as the real
+server (``_models``); ``/labels/{l}`` routes and ``model_spec.version_label`` resolve labels.
+
+STAND-IN ONLY (no such route in TF Serving): ``GET /standin/model_config`` answers
+``{"model_config": text}``, the ``ModelServerConfig`` the stand-in last loaded (its
+``--model_config_file`` text, or the last ``HandleReloadConfigRequest`` in protobuf text
+form), so tests can read back exactly what a reload left on the server.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from inferline.adapters.tfserving._config import from_proto, parse_text
+from inferline.adapters.tfserving import ServedModel, from_proto, parse_text
 from inferline.adapters.tfserving._protos import (
     available,
     from_tensor_proto,
     stubs,
     to_tensor_proto,
 )
+from inferline.core import ValidationError
 
 from ._models import DT, ModelManager, ServingError
 
@@ -45,10 +52,18 @@ _HTTP = {
     "UNIMPLEMENTED": 501,
 }
 _ROUTE = re.compile(
-    r"^/v1/models/(?P<m>[^/:]+)(?:/versions/(?P<v>\d+))?(?P<rest>/metadata|:predict)?$"
+    r"^/v1/models/(?P<m>[^/:]+)(?:/versions/(?P<v>\d+)|/labels/(?P<l>[^/:]+))?"
+    r"(?P<rest>/metadata|:predict)?$"
 )
 _STATE_NUM = {"START": 10, "LOADING": 20, "AVAILABLE": 30, "UNLOADING": 40, "END": 50}
-_CODE_NUM = {"OK": 0, "INVALID_ARGUMENT": 3, "NOT_FOUND": 5, "INTERNAL": 13}
+_CODE_NUM = {
+    "OK": 0,
+    "INVALID_ARGUMENT": 3,
+    "NOT_FOUND": 5,
+    "FAILED_PRECONDITION": 9,
+    "INTERNAL": 13,
+}
+STANDIN_CONFIG_ROUTE = "/standin/model_config"  # STAND-IN ONLY: not a TF Serving route
 
 
 def _status_json(rows: list[tuple[int, str, str, str]]) -> dict[str, Any]:
@@ -117,12 +132,21 @@ def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
                 self._send(404, {"error": f"Malformed request: {self.command} {self.path}"})
             return m
 
+        def _version(self, m: re.Match[str]) -> int | None:
+            if m["l"]:
+                return mgr.resolve(m["m"], m["l"])
+            return int(m["v"]) if m["v"] else None
+
         def do_GET(self) -> None:
+            if self.path.split("?")[0] == STANDIN_CONFIG_ROUTE:
+                self._send(200, {"model_config": mgr.config_text, "stand_in_only": True})
+                return
             m = self._route()
             if m is None:
                 return
-            name, v = m["m"], int(m["v"]) if m["v"] else None
+            name = m["m"]
             try:
+                v = self._version(m)
                 if m["rest"] == "/metadata":
                     loaded = mgr.get(name, v)
                     self._send(200, _sig_json(name, loaded.version, loaded.signature))
@@ -147,7 +171,7 @@ def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
                     body = json.loads(raw)
                 except ValueError as e:
                     raise ServingError("INVALID_ARGUMENT", f"JSON Parse error: {e}") from None
-                loaded = mgr.get(m["m"], int(m["v"]) if m["v"] else None)
+                loaded = mgr.get(m["m"], self._version(m))
                 sig = loaded.signature
                 (alias,) = sig["inputs"]
                 dt = DT[sig["inputs"][alias]["dtype"]]
@@ -191,7 +215,10 @@ def _grpc_services(mgr: ModelManager) -> tuple[Any, Any]:
         ctx.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), e.message)
 
     def version_of(spec: Any) -> int | None:
-        return int(spec.version.value) if spec.HasField("version") else None
+        which = spec.WhichOneof("version_choice")
+        if which == "version_label":
+            return mgr.resolve(spec.name, spec.version_label)
+        return int(spec.version.value) if which == "version" else None
 
     class Prediction(st.prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc,name-defined]
         def Predict(self, request: Any, context: Any) -> Any:
@@ -249,8 +276,14 @@ def _grpc_services(mgr: ModelManager) -> tuple[Any, Any]:
 
         def HandleReloadConfigRequest(self, request: Any, context: Any) -> Any:
             resp = st.model_management_pb2.ReloadConfigResponse()
+            from google.protobuf import text_format
+
             try:
-                mgr.reload([m.to_dict() for m in from_proto(request.config)])
+                models = from_proto(request.config)
+                mgr.reload(models, text_format.MessageToString(request.config, as_utf8=True))
+            except ValidationError as e:
+                resp.status.error_code = _CODE_NUM["INVALID_ARGUMENT"]
+                resp.status.error_message = str(e)
             except ServingError as e:
                 resp.status.error_code = _CODE_NUM.get(e.code, 13)
                 resp.status.error_message = e.message
@@ -268,16 +301,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model_config_file", default="")
     p.add_argument("--model_name", default="")
     p.add_argument("--model_base_path", default="")
+    p.add_argument(
+        "--allow_version_labels_for_unavailable_models",
+        type=lambda t: t.lower() in ("1", "true"),
+        default=False,
+    )
     args, unknown = p.parse_known_args(argv)
     if unknown:
         print(f"tfserving-standin: ignoring flags {unknown}", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s standin %(message)s")
-    mgr = ModelManager()
+    mgr = ModelManager(args.allow_version_labels_for_unavailable_models)
     if args.model_config_file:
         with open(args.model_config_file) as f:
-            mgr.reload([m.to_dict() for m in parse_text(f.read())])
+            text = f.read()
+        mgr.reload(parse_text(text), text)
     elif args.model_name:
-        mgr.reload([{"name": args.model_name, "base_path": args.model_base_path}])
+        mgr.reload([ServedModel(args.model_name, args.model_base_path)])
     servers: list[Any] = []
     if args.port and available():
         import grpc

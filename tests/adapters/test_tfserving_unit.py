@@ -32,7 +32,7 @@ def test_model_set_text_parse_and_round_trip() -> None:
     ms = parse_text(CONFIG)
     assert ms == [
         ServedModel("resnet", "/models/resnet", "tensorflow", (1, 3)),
-        ServedModel("bert", "/models/bert"),
+        ServedModel("bert", "/models/bert", latest=1),
     ]
     assert parse_text(format_text(ms)) == ms
     for m in ms:
