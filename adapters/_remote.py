@@ -111,6 +111,21 @@ class RemoteBackend(RecoveryLoops, ModelRegistry):
         """A protocol client's failure as inferline's error."""
         return BackendError(self._url, str(e))
 
+    # -- the operator's settings ----------------------------------------------------------------
+
+    def operator_snapshot(self) -> dict[str, Any]:
+        """What ``restore_operator_settings`` would put back, as JSON (``{"kind": ..., "url":
+        ...}`` plus the backend's own fields): written by ``inferline attach --snapshot`` so
+        ``inferline detach URL --snapshot PATH`` can restore it after a crash, through the
+        adapter package's ``restore_snapshot(url, snapshot)``."""
+        raise NotImplementedError(f"{type(self).__name__}.operator_snapshot")
+
+    async def restore_operator_settings(self) -> None:
+        """Put back what inferline changed on the server since it first saw it (instance
+        counts, batching settings; the models it loaded itself are unloaded), and stop
+        managing: called when attach stops (SIGTERM/SIGINT or ``inferline detach``)."""
+        raise NotImplementedError(f"{type(self).__name__}.restore_operator_settings")
+
     # -- checks -------------------------------------------------------------------------------
 
     def _check_new(self, spec: ModelSpec, param_keys: Iterable[str]) -> None:

@@ -38,9 +38,9 @@ from inferline.core import (
 
 from .._remote import bearer_headers, settle_options
 from ._client import TritonClient, TritonFailure, TritonModelMissing
-from ._config import BatcherSettings, TritonModelInfo, build_config, instance_count
-from ._recovery import TritonRecovery
+from ._config import KEEP_BATCHER, BatcherSettings, TritonModelInfo, build_config, instance_count
 from ._replica import TritonReplica, _Managed
+from ._snapshot import TritonOperatorSettings
 from ._stats import cumulative_figures, interval_figures
 from ._tensors import ModelIO
 from ._url import SCHEMES, URL_OPTIONS, parse_triton_url
@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 _PARAM_KEYS = frozenset({"outputs", "dynamic_batching"})
 
 
-class TritonBackend(TritonRecovery):
+class TritonBackend(TritonOperatorSettings):
     """A Triton Inference Server in explicit model-control mode, as an inferline backend.
 
     Args:
@@ -138,6 +138,7 @@ class TritonBackend(TritonRecovery):
             headers=bearer_headers(token),
         )
         self._seen_configs: dict[str, dict[str, Any]] = {}  # server model -> last config
+        self._init_operator_settings()
 
     # -- views ------------------------------------------------------------------------------
 
@@ -223,6 +224,7 @@ class TritonBackend(TritonRecovery):
         self._check_open()
         name = name or server_name
         self._check_adoptable(name)
+        await self.check_model_control()
         async with self._control_lock():
             try:
                 if not await self._client.model_ready(server_name):
@@ -232,6 +234,7 @@ class TritonBackend(TritonRecovery):
                 self._seen_configs[server_name] = cfg
             except TritonFailure as e:
                 raise self._error(e) from None
+            self._remember_operator(server_name, cfg)
             io = ModelIO.from_config(cfg)
             gpu = any(g.get("kind") == "KIND_GPU" for g in cfg.get("instance_group", []))
             config = ModelConfig(
@@ -249,6 +252,7 @@ class TritonBackend(TritonRecovery):
                 io=io,
                 outputs=self._outputs(io, outputs, name),
                 batcher=BatcherSettings.from_config(db) if isinstance(db, Mapping) else None,
+                adopted=True,
             )
             self._models[name] = m
             self._add_handles(m, config.replicas)
@@ -265,12 +269,26 @@ class TritonBackend(TritonRecovery):
 
     # -- deploy / scale / remove ----------------------------------------------------------
 
-    def _hardware_gpus(self, hardware: str) -> list[int] | None:
+    def _hardware_gpus(self, hardware: str) -> list[int]:
+        """Where ``hardware`` places a model: [] for CPU, the server's GPUs for GPU."""
         if hardware == self.cpu_kind:
-            return None
+            return []
         if hardware == self.gpu_kind and self._gpus:
             return list(self._gpus)
         raise NotFoundError("hardware", hardware, sorted(self.inventory()))
+
+    def _placement(self, m: _Managed, hardware: str) -> list[int] | None:
+        """``build_config``'s ``gpus`` for moving ``m`` to ``hardware``: None (keep the
+        instance group's kind and GPUs) when the hardware does not change, so an adopted
+        ``KIND_GPU`` or ``KIND_MODEL`` group scales without ``gpus=``."""
+        return None if hardware == m.config.hardware else self._hardware_gpus(hardware)
+
+    def _units(self, m: _Managed, hardware: str) -> int:
+        """Inventory units one replica of ``m`` takes on ``hardware`` (0: not counted, a
+        GPU the server places itself and this backend was not told of)."""
+        if hardware == self.cpu_kind:
+            return m.spec.threads
+        return 1 if hardware in self.inventory() else 0
 
     def _check_capacity(self, hardware: str, need: int) -> None:
         if self.oversubscribe or need <= 0:
@@ -309,7 +327,7 @@ class TritonBackend(TritonRecovery):
             else None
         )
         gpus = self._hardware_gpus(config.hardware)
-        per = spec.threads if gpus is None else 1
+        per = spec.threads if not gpus else 1
         self._check_capacity(config.hardware, config.replicas * per)
         server_name = spec.source or spec.name
         async with self._control_lock():
@@ -334,6 +352,7 @@ class TritonBackend(TritonRecovery):
                 outputs = self._outputs(
                     ModelIO.from_config(current), spec.params.get("outputs"), spec.name
                 )
+                self._remember_operator(server_name, current if was_ready else None)
                 desired = build_config(
                     current,
                     max_batch_size=config.max_batch_size,
@@ -383,9 +402,9 @@ class TritonBackend(TritonRecovery):
             cur = m.config.replicas
             if replicas == cur and len([h for h in m.handles if h.alive]) == cur:
                 return
-            gpus = self._hardware_gpus(m.config.hardware)
-            per = m.spec.threads if gpus is None else 1
-            self._check_capacity(m.config.hardware, (replicas - cur) * per)
+            self._check_capacity(
+                m.config.hardware, (replicas - cur) * self._units(m, m.config.hardware)
+            )
             if replicas < cur:
                 victims = m.handles[replicas:]
                 m.handles = m.handles[:replicas]
@@ -405,8 +424,7 @@ class TritonBackend(TritonRecovery):
                         m.triton_config,
                         max_batch_size=m.config.max_batch_size,
                         replicas=replicas,
-                        gpus=gpus,
-                        batcher=m.batcher,
+                        batcher=KEEP_BATCHER if m.adopted else m.batcher,
                     )
                     await self._client.load(m.server_name, desired)
                     m.triton_config = desired
@@ -431,11 +449,11 @@ class TritonBackend(TritonRecovery):
         ):
             await self.scale(model, config.replicas)
             return
-        gpus = self._hardware_gpus(config.hardware)
-        per = m.spec.threads if gpus is None else 1
-        if not self.oversubscribe:
+        gpus = self._placement(m, config.hardware)
+        per = self._units(m, config.hardware)
+        if not self.oversubscribe and per:
             used = self._used()
-            mine = m.config.replicas * (m.spec.threads if m.config.hardware == self.cpu_kind else 1)
+            mine = m.config.replicas * self._units(m, m.config.hardware)
             used[m.config.hardware] = used.get(m.config.hardware, 0) - mine
             free = self.inventory().get(config.hardware, 0) - used.get(config.hardware, 0)
             if config.replicas * per > free:
@@ -456,7 +474,7 @@ class TritonBackend(TritonRecovery):
                         max_batch_size=config.max_batch_size,
                         replicas=1,
                         gpus=gpus,
-                        batcher=m.batcher,
+                        batcher=KEEP_BATCHER if m.adopted else m.batcher,
                     )
                     m.state = "unloaded"
                 else:
@@ -465,7 +483,7 @@ class TritonBackend(TritonRecovery):
                         max_batch_size=config.max_batch_size,
                         replicas=config.replicas,
                         gpus=gpus,
-                        batcher=m.batcher,
+                        batcher=KEEP_BATCHER if m.adopted else m.batcher,
                     )
                     await self._client.load(m.server_name, desired)
                     loaded = await self._client.model_config(m.server_name)

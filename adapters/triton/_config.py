@@ -20,6 +20,7 @@ from inferline.core import ValidationError
 from ._tensors import ModelIO
 
 __all__ = [
+    "KEEP_BATCHER",
     "BatcherSettings",
     "TritonModelInfo",
     "build_config",
@@ -75,14 +76,67 @@ class BatcherSettings:
         )
 
 
+KEEP_BATCHER = object()  # build_config: leave dynamic_batching as the server has it
+
+
 def instance_count(cfg: Mapping[str, Any]) -> int:
     """Total instances of a configuration (each group's count, times its GPUs if any)."""
-    total = 0
-    for g in cfg.get("instance_group", []) or []:
-        n = int(g.get("count", 1) or 1)
-        gpus = g.get("gpus") or []
-        total += n * max(1, len(gpus)) if g.get("kind") == "KIND_GPU" else n
-    return total
+    return sum(_group_instances(g) for g in cfg.get("instance_group", []) or [])
+
+
+def _group_instances(g: Mapping[str, Any]) -> int:
+    """A group's instances: its count, times its GPUs for ``KIND_GPU`` (count is per GPU)."""
+    n = int(g.get("count", 1) or 1)
+    return n * max(1, len(g.get("gpus") or [])) if g.get("kind") == "KIND_GPU" else n
+
+
+def _scaled_groups(
+    groups: list[dict[str, Any]], replicas: int, gpus: Sequence[int] | None, name: str
+) -> list[dict[str, Any]]:
+    """``groups`` with ``replicas`` instances in all. inferline manages the first group only
+    (the model's only group, usually); it changes that group's ``count`` and keeps each of its
+    other fields (name, kind, gpus, rate limiter, host policy, profile, passive, secondary
+    devices) and every other group exactly. ``gpus`` given (placing on GPU hardware) and a
+    first group that is not ``KIND_GPU``: that group becomes one ``KIND_GPU`` group per GPU,
+    round-robin (a hardware change inferline was asked to make)."""
+    first = groups[0] if groups else {"kind": "KIND_GPU" if gpus else "KIND_CPU"}
+    others = groups[1:]
+    held = sum(_group_instances(g) for g in others)
+    mine = replicas - held
+    if mine < 1:
+        raise ValidationError(
+            f"{name}.replicas",
+            f"more than {held}: the model's other instance groups hold {held} instance(s) "
+            "inferline does not change (it scales the first group)",
+            replicas,
+        )
+    kind = first.get("kind", "KIND_CPU")
+    if gpus and kind != "KIND_GPU":
+        per: dict[int, int] = {}
+        for i in range(mine):
+            g = int(gpus[i % len(gpus)])
+            per[g] = per.get(g, 0) + 1
+        base = {k: v for k, v in first.items() if k not in ("name", "count", "kind", "gpus")}
+        made = [
+            {**base, "count": n, "kind": "KIND_GPU", "gpus": [g]} for g, n in sorted(per.items())
+        ]
+        return made + others
+    group = dict(first)
+    if (
+        gpus is not None and not gpus and kind == "KIND_GPU"
+    ):  # placing on CPU hardware: asked to move it off GPU
+        group["kind"] = "KIND_CPU"
+        group.pop("gpus", None)
+    per_gpu = len(group.get("gpus") or []) if group.get("kind") == "KIND_GPU" else 0
+    if per_gpu > 1 and mine % per_gpu:
+        raise ValidationError(
+            f"{name}.replicas",
+            f"{held} + a multiple of {per_gpu}: the first instance group is KIND_GPU on "
+            f"{per_gpu} GPUs and its count is per GPU (replicas = count x GPUs)",
+            replicas,
+        )
+    group["count"] = mine // max(1, per_gpu)
+    return [group, *others]
 
 
 def build_config(
@@ -91,36 +145,40 @@ def build_config(
     max_batch_size: int,
     replicas: int,
     gpus: Sequence[int] | None = None,
-    batcher: BatcherSettings | None = None,
+    batcher: BatcherSettings | object | None = None,
 ) -> dict[str, Any]:
-    """``current`` with inferline's settings: ``replicas`` instances (``KIND_CPU``, or
-    ``KIND_GPU`` spread round-robin over ``gpus``), ``max_batch_size``, the batcher on or off."""
+    """``current`` with inferline's settings: ``replicas`` instances, ``max_batch_size`` and
+    the batcher; every other field as it is.
+
+    ``gpus``: None keeps the first instance group's kind and placement (``KIND_CPU``,
+    ``KIND_MODEL`` or ``KIND_GPU`` with its ``gpus``: scaling changes its count only); a list
+    of GPU ids places the model on GPU hardware (a group already ``KIND_GPU`` keeps its own
+    ``gpus``); ``[]`` places it on CPU hardware (a ``KIND_GPU`` group becomes ``KIND_CPU``).
+    ``batcher``: ``KEEP_BATCHER`` leaves ``dynamic_batching`` exactly as it is (an adopted
+    model: the operator's), None turns it off, settings turn it on.
+    """
     if replicas < 1:
         raise ValidationError("replicas", "an int >= 1 (0 unloads the model)", replicas)
     cfg = copy.deepcopy(dict(current))
+    name = str(cfg.get("name", "model"))
     cur_mb = int(cfg.get("max_batch_size", 0) or 0)
     if cur_mb == 0:
         if max_batch_size > 1:
             raise ValidationError(
-                f"{cfg.get('name', 'model')}.max_batch_size",
+                f"{name}.max_batch_size",
                 "1 (the model's configuration has max_batch_size 0: it takes no batch dimension)",
                 max_batch_size,
             )
-    else:
+    elif cur_mb != max_batch_size:
         cfg["max_batch_size"] = int(max_batch_size)
-    if gpus:
-        per: dict[int, int] = {}
-        for i in range(replicas):
-            g = int(gpus[i % len(gpus)])
-            per[g] = per.get(g, 0) + 1
-        cfg["instance_group"] = [
-            {"count": n, "kind": "KIND_GPU", "gpus": [g]} for g, n in sorted(per.items())
-        ]
-    else:
-        cfg["instance_group"] = [{"count": int(replicas), "kind": "KIND_CPU"}]
+    groups = [dict(g) for g in cfg.get("instance_group", []) or []]
+    cfg["instance_group"] = _scaled_groups(groups, int(replicas), gpus, name)
+    if batcher is KEEP_BATCHER:
+        return cfg
     if batcher is None or cur_mb == 0:
         cfg.pop("dynamic_batching", None)
     else:
+        assert isinstance(batcher, BatcherSettings)
         db = batcher.to_config()
         # Triton rejects preferred sizes above max_batch_size (a smaller planned batch)
         pref = [b for b in db.get("preferred_batch_size", []) if b <= max_batch_size]

@@ -71,7 +71,7 @@ class TritonRecovery(RemoteBackend):
         self._start_recovery(None, str(failure))
 
     def _start_recovery(self, models: set[str] | None, reason: str) -> None:
-        if self._closed:
+        if self._closed or getattr(self, "_restored", False):  # the operator's again
             return
         targets = set(self._models) if models is None else models & set(self._models)
         handles = []

@@ -34,6 +34,8 @@ class _Managed(ManagedModel):
     io: ModelIO
     outputs: tuple[str, ...]
     batcher: BatcherSettings | None
+    # adopted from the operator: its dynamic_batching stays as the operator set it
+    adopted: bool = False
     generation: int = 0
     next_index: int = 0
     restarts: int = 0

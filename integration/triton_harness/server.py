@@ -29,7 +29,8 @@ def free_port() -> int:
 
 
 class TritonServer:
-    """One ``tritonserver`` in explicit model-control mode, bound to 127.0.0.1.
+    """One ``tritonserver`` bound to 127.0.0.1, in explicit model-control mode unless
+    ``model_control_mode`` says otherwise (``none``/``poll``: to check that attach refuses it).
 
     Ports are chosen once, so a restart comes back on the same addresses (clients reconnect).
     """
@@ -41,7 +42,11 @@ class TritonServer:
         load: Sequence[str] = (),
         log_path: Path | None = None,
         extra_args: Sequence[str] = (),
+        model_control_mode: str = "explicit",
     ) -> None:
+        if model_control_mode not in ("explicit", "none", "poll"):
+            raise ValueError(f"model_control_mode: explicit, none or poll, not {model_control_mode!r}")
+        self.model_control_mode = model_control_mode
         self.install = install
         self.repository = Path(repository)
         self.load = tuple(load)
@@ -78,7 +83,7 @@ class TritonServer:
             "--backend-directory",
             str(self.install.backends),
             "--model-control-mode",
-            "explicit",
+            self.model_control_mode,
             "--http-address",
             "127.0.0.1",
             "--http-port",
@@ -98,8 +103,8 @@ class TritonServer:
             "--pinned-memory-pool-byte-size",
             "0",
         ]
-        for name in self.load:
-            cmd += ["--load-model", name]
+        for name in self.load:  # only explicit mode takes --load-model (others load all)
+            cmd += ["--load-model", name] if self.model_control_mode == "explicit" else []
         return cmd + list(self.extra_args)
 
     def start(self, timeout_s: float = 60.0) -> TritonServer:

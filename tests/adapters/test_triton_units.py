@@ -169,7 +169,8 @@ def test_build_config_cpu_gpu_batcher_and_no_mutation() -> None:
     cpu = build_config(CONFIG, max_batch_size=8, replicas=3)
     assert CONFIG == before  # the server's configuration is not changed in place
     assert cpu["max_batch_size"] == 8
-    assert cpu["instance_group"] == [{"count": 3, "kind": "KIND_CPU"}]
+    # the count of the model's group changes; its name and other fields stay
+    assert cpu["instance_group"] == [{"name": "clf_0", "kind": "KIND_CPU", "count": 3, "gpus": []}]
     assert "dynamic_batching" not in cpu  # inferline's queue forms batches
     assert cpu["input"] == CONFIG["input"] and cpu["name"] == "clf"
     gpu = build_config(CONFIG, max_batch_size=8, replicas=5, gpus=[0, 1])
