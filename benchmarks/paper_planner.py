@@ -15,6 +15,7 @@ pipeline on a 10-minute trace at 100 queries/s (target: at most 20 s).
 
     .venv/bin/python benchmarks/paper_planner.py            # about 4 minutes on 2 busy cores
     .venv/bin/python benchmarks/paper_planner.py --quick    # under a minute
+    .venv/bin/python benchmarks/paper_planner.py --batch-wait   # planned batch waits: cost saved
 """
 
 from __future__ import annotations
@@ -238,6 +239,82 @@ def timing(duration_s: float) -> None:
             )
 
 
+def batch_wait_savings(args: argparse.Namespace) -> list[dict]:
+    """The planner with and without batch-wait timeouts (``PlannerOptions(batch_wait=True)``)
+    on the same grid: cost, the waits chosen, the P99 and miss rate of each plan on a fresh
+    trace of the same process, and the planning time (process CPU)."""
+    print(
+        f"\n{'pipeline':<17}{'rate':>5}{'cv':>3}{'slo_s':>6} {'greedy $/h':>10} {'wait $/h':>9} "
+        f"{'saved':>6} {'miss':>6} {'w miss':>6} {'w p99':>6} {'cpu_s':>6} {'w cpu_s':>7}  waits"
+    )
+    rows: list[dict] = []
+    for i, name in enumerate(args.pipelines):
+        pipeline, profiles = PIPELINES[name]()
+        for j, rate in enumerate(args.rates):
+            for k, cv in enumerate(args.cvs):
+                seed = 1000 * i + 100 * j + 10 * k  # the grid's traces
+                plan_trace = gamma_trace(rate, cv, args.duration_s, np.random.default_rng(seed + 1))
+                eval_trace = gamma_trace(
+                    rate, cv, args.eval_duration_s, np.random.default_rng(seed + 2)
+                )
+                for slo in args.slos:
+                    row = _wait_row(pipeline, profiles, plan_trace, eval_trace, slo)
+                    if row is None:
+                        continue
+                    row.update(pipeline=name, rate=rate, cv=cv, slo_s=slo)
+                    rows.append(row)
+                    waits = ", ".join(f"{m} {w:g} ms" for m, w in row["waits_ms"].items())
+                    print(
+                        f"{name:<17}{rate:>5.0f}{cv:>3.0f}{slo:>6.2f} {row['greedy']:>10.3f} "
+                        f"{row['waited']:>9.3f} {row['saved']:>6.1%} {row['miss']:>6.2%} "
+                        f"{row['wait_miss']:>6.2%} {row['wait_p99_s']:>6.3f} "
+                        f"{row['cpu_s']:>6.1f} {row['wait_cpu_s']:>7.1f}  {waits or '-'}",
+                        flush=True,
+                    )
+    if rows:
+        saved = [r["saved"] for r in rows]
+        with_w = [r for r in rows if r["waits_ms"]]
+        print(
+            f"batch waits: {len(with_w)} of {len(rows)} plans carry one; cost saved mean "
+            f"{np.mean(saved):.1%}, max {max(saved):.1%}, total "
+            f"{1 - sum(r['waited'] for r in rows) / sum(r['greedy'] for r in rows):.1%}; "
+            f"fresh-trace miss rate of plans with waits: max "
+            f"{max((r['wait_miss'] for r in with_w), default=0.0):.2%} (greedy plans max "
+            f"{max(r['miss'] for r in rows):.2%}); planning CPU {sum(r['cpu_s'] for r in rows):.0f} s "
+            f"-> {sum(r['wait_cpu_s'] for r in rows):.0f} s"
+        )
+    return rows
+
+
+def _wait_row(pipeline, profiles, plan_trace, eval_trace, slo: float) -> dict | None:
+    out: dict = {}
+    for key, on in (("greedy", False), ("waited", True)):
+        c0 = time.process_time()
+        try:
+            plan = make_plan(
+                "inferline",
+                pipeline,
+                profiles,
+                plan_trace,
+                slo,
+                options=PlannerOptions(batch_wait=on),
+            )
+        except InfeasibleError:
+            return None
+        cpu = time.process_time() - c0
+        miss, p99 = evaluate(pipeline, profiles, plan, eval_trace)
+        pre = "" if key == "greedy" else "wait_"
+        out[key] = plan.cost_per_hour
+        out.update({f"{pre}miss": miss, f"{pre}p99_s": p99, f"{pre}cpu_s": cpu})
+        if on:
+            out["waits_ms"] = {
+                m: c.batch_wait_ms for m, c in plan.models.items() if c.batch_wait_ms
+            }
+            out["models"] = {m: c.to_dict() for m, c in plan.models.items()}
+    out["saved"] = 1.0 - out["waited"] / out["greedy"]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_grid_arguments(ap)
@@ -277,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
         help="folder for paper_planner.json and the plot (default %(default)s)",
     )
     ap.add_argument("--quick", action="store_true", help="one rate, three SLOs, 60 s traces")
+    ap.add_argument(
+        "--batch-wait",
+        action="store_true",
+        help="instead: InferLine's planner with and without batch-wait timeouts (cost saved, "
+        "fresh-trace misses, planning time)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.rates = [100.0]
@@ -290,6 +373,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.eval_duration_s:g} s; cost in $/h, miss = SLO miss rate on the fresh trace, "
         "cpu_s = InferLine planning time (process CPU)"
     )
+    if args.batch_wait:
+        rows = batch_wait_savings(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "paper_planner_batch_wait.json").write_text(json.dumps(rows, indent=1))
+        print(
+            f"reproduce: .venv/bin/python benchmarks/paper_planner.py {' '.join(argv or sys.argv[1:])}"
+        )
+        return 0
     print(header())
     rows = run_grid(args)
     summarize(rows)

@@ -204,9 +204,10 @@ def plan_ladder(
                     if progress is not None:
                         progress(f, None)
                     break
-                found.append((f, dict(p.models), p.cost_per_hour))
+                models = _carry_waits(p.models, plan)
+                found.append((f, models, p.cost_per_hour))
                 if progress is not None:
-                    progress(f, LadderStep(base * f, dict(p.models), p.cost_per_hour))
+                    progress(f, LadderStep(base * f, models, p.cost_per_hour))
         finally:
             for fut in futures:
                 fut.cancel()  # the ladder stops at the first infeasible factor (or an error)
@@ -223,6 +224,12 @@ def _with_plan_waits(options: PlannerOptions, plan: Plan) -> PlannerOptions:
         return options
     est = replace(options.estimator, batch_wait_s={**waits, **options.estimator.batch_wait_s})
     return replace(options, estimator=est, batch_wait=False)
+
+
+def _carry_waits(models: Mapping[str, ModelConfig], plan: Plan) -> dict[str, ModelConfig]:
+    """A step's configurations with the plan's batch waits written in (what they were judged
+    with and what the live policy keeps)."""
+    return {m: replace(c, batch_wait_ms=plan.models[m].batch_wait_ms) for m, c in models.items()}
 
 
 def _cheapest_steps(cands: Sequence[LadderStep]) -> tuple[LadderStep, ...]:

@@ -80,6 +80,7 @@ def _plan(args: argparse.Namespace) -> int:
         ),
         escape=not args.paper_only,
         widen=not args.paper_only,
+        batch_wait=args.batch_wait and not args.paper_only,
         rate_margin=args.rate_margin,
         inventory=args.inventory,
         replica_units=args.cpu_threads,
@@ -316,7 +317,9 @@ def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> 
     from rich.table import Table
 
     t = Table(title=f"plan ({plan.strategy})")
-    for col in ("model", "hardware", "max batch", "replicas", "$/h"):
+    waits = any(c.batch_wait_ms > 0 for c in plan.models.values())
+    cols = ("model", "hardware", "max batch", *(("batch wait ms",) if waits else ()), "replicas")
+    for col in (*cols, "$/h"):
         t.add_column(col, justify="left" if col in ("model", "hardware") else "right")
     for m in pipeline.models:
         c = plan.config(m)
@@ -325,6 +328,7 @@ def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> 
             m if served == m else f"{m} ({served})",
             c.hardware,
             str(c.max_batch_size),
+            *((f"{c.batch_wait_ms:g}" if c.batch_wait_ms else "-",) if waits else ()),
             str(c.replicas),
             f"{c.cost_per_hour(catalog):.4f}",
         )
@@ -373,6 +377,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--paper-only",
         action="store_true",
         help="InferLine's Algorithms 1-2 only (no escape from local optima, no slack polish)",
+    )
+    p.add_argument(
+        "--batch-wait",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="let the planner give a model a batch-wait timeout (delayed batching, "
+        "batch_wait_ms in the plan; serve installs it) where that makes the plan cheaper: "
+        "a plan is never dearer with it, and carries a wait only where the SLO needs it at the "
+        "lower cost (default on; --no-batch-wait: greedy batching everywhere; docs/planner.md)",
     )
     p.add_argument(
         "--rate-margin",

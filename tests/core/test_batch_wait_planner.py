@@ -128,3 +128,31 @@ def test_planned_waits_agree_with_the_simpy_model() -> None:
     np.testing.assert_allclose(ours, ref, rtol=0, atol=1e-9)
     greedy = simulate(PIPE, plain, PROF, arr).latencies_s
     assert not np.allclose(ours, greedy)  # the wait does change the schedule
+
+
+def test_inferline_plan_writes_the_wait_and_no_batch_wait_turns_it_off(tmp_path, capsys) -> None:
+    from inferline.cli import main
+    from inferline.core import load_plan, save, save_trace
+
+    save(PIPE, tmp_path / "p.json")
+    save(PROF, tmp_path / "prof.json")
+    save_trace(TRACE, tmp_path / "t.trace")
+    base = ["plan", "--pipeline", str(tmp_path / "p.json"), "--profiles"]
+    base += [str(tmp_path / "prof.json"), "--trace", str(tmp_path / "t.trace")]
+    base += ["--slo-s", "0.11", "--rate-margin", "0", "--no-ladder", "-o"]
+    assert main([*base, str(tmp_path / "on.json")]) == 0
+    assert "batch wait ms" in capsys.readouterr().out
+    assert main([*base, str(tmp_path / "off.json"), "--no-batch-wait"]) == 0
+    on, off = load_plan(tmp_path / "on.json"), load_plan(tmp_path / "off.json")
+    assert on.models["a"].batch_wait_ms > 0 and off.models["a"].batch_wait_ms == 0
+    assert on.cost_per_hour < off.cost_per_hour
+
+
+def test_ladder_steps_are_judged_with_and_carry_the_plan_s_waits() -> None:
+    from inferline.core import plan_ladder
+
+    plan = plan_inferline(PIPE, PROF, TRACE, 0.11, options=ON)
+    steps = plan_ladder(PIPE, PROF, TRACE, plan, options=ON, factors=(1.5,), workers=1)
+    assert steps and all(
+        c.batch_wait_ms == plan.models["a"].batch_wait_ms for s in steps for c in s.models.values()
+    )
