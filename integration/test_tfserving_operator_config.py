@@ -13,6 +13,7 @@ of ``inferline detach`` after a crash) put back the whole config exactly.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -245,3 +246,39 @@ def test_restore_snapshot_after_a_crash(setup: tuple[Digits, Path, str], tmp_pat
     finally:
         for s in servers:
             s.stop()
+
+
+def test_label_rules_match_the_real_server(setup: tuple[Digits, Path, str], tmp_path: Path) -> None:
+    """The stand-in's label rules (tensorflow_serving/model_servers/server_core.cc): a reload
+    labelling a version that is not served fails FAILED_PRECONDITION and keeps the old labels;
+    gRPC ``version_label`` resolves; an unknown label is INVALID_ARGUMENT."""
+    from inferline.adapters.tfserving import TFServingClient, TFServingFailure, parse_text
+
+    digits, _, text = setup
+    (server,) = [TFServer(tmp_path / "s", config_text=text).start()]
+
+    async def main() -> None:
+        c = TFServingClient(None, server.grpc, "grpc", timeout_s=10)
+        try:
+            models = parse_text(text)
+            spec = next(m for m in models if m.name == "op_specific")
+            bad = dataclasses.replace(spec, labels=(("stable", 2),), text=None)
+            with pytest.raises(TFServingFailure) as e:
+                await c.reload([bad if m is spec else m for m in models])
+            assert e.value.code == "FAILED_PRECONDITION" and "version 2" in e.value.message
+            st = requests.get(
+                f"http://{server.rest}/v1/models/op_specific/labels/stable", timeout=10
+            ).json()
+            assert [int(r["version"]) for r in st["model_version_status"]] == [1]
+            out = await c.predict("op_latest", {"x": digits.x[:3]}, label="canary")
+            assert list(out["classes"]) == list(digits.lr.predict(digits.x[:3]))
+            with pytest.raises(TFServingFailure) as e:
+                await c.predict("op_latest", {"x": digits.x[:3]}, label="nope")
+            assert e.value.code == "INVALID_ARGUMENT"
+        finally:
+            await c.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.stop()

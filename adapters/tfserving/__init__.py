@@ -18,7 +18,7 @@ from ._client import (
     TFServingInvalidArgument,
     TFServingNotFound,
 )
-from ._config import ServedModel, format_text, from_proto, parse_text, to_proto
+from ._config import ServedModel, format_text, from_proto, merged, parse_text, to_proto
 from ._protos import available as grpc_available
 from ._replica import TFServingReplica
 from ._servers import Endpoint, find_model_server
@@ -39,6 +39,7 @@ __all__ = [
     "format_text",
     "from_proto",
     "grpc_available",
+    "merged",
     "parse_text",
     "restore_snapshot",
     "to_proto",

@@ -319,10 +319,14 @@ class TFServingClient:
         *,
         signature: str = "serving_default",
         version: int | None = None,
+        label: str | None = None,
         output_dtypes: Mapping[str, str] | None = None,
         output_filter: Sequence[str] = (),
     ) -> dict[str, np.ndarray]:
-        """Named batched arrays in, named batched arrays out."""
+        """Named batched arrays in, named batched arrays out (``version`` or a version
+        ``label`` picks the servable; neither: the latest)."""
+        if version is not None and label is not None:
+            raise ValidationError("model_spec", "a version or a version_label, not both", label)
         if self.protocol == "rest":
             body: dict[str, Any] = {
                 "signature_name": signature,
@@ -331,6 +335,7 @@ class TFServingClient:
             path = (
                 f"/v1/models/{model}"
                 + (f"/versions/{version}" if version is not None else "")
+                + (f"/labels/{label}" if label is not None else "")
                 + ":predict"
             )
             resp = await self._rest("POST", path, body)
@@ -353,6 +358,8 @@ class TFServingClient:
         req.model_spec.signature_name = signature
         if version is not None:
             req.model_spec.version.value = int(version)
+        if label is not None:
+            req.model_spec.version_label = label
         for k, v in inputs.items():
             req.inputs[k].CopyFrom(to_tensor_proto(v, st))
         req.output_filter.extend(output_filter)

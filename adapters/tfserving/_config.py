@@ -31,7 +31,7 @@ from typing import Any
 
 from inferline.core import ValidationError
 
-__all__ = ["ServedModel", "format_text", "from_proto", "parse_text", "to_proto"]
+__all__ = ["ServedModel", "format_text", "from_proto", "merged", "parse_text", "to_proto"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,19 @@ class ServedModel:
             tuple(sorted((str(k), int(x)) for k, x in labels.items())),
             None if d.get("text") is None else str(d["text"]),
         )
+
+
+def merged(
+    current: Mapping[str, ServedModel],
+    put: Sequence[ServedModel] = (),
+    drop: Sequence[str] = (),
+) -> dict[str, ServedModel]:
+    """The model set to send: ``current`` with ``put`` replaced in place or appended and
+    ``drop`` removed. Every other entry is passed on as the same object (its own text)."""
+    out = {k: v for k, v in current.items() if k not in drop}
+    for m in put:
+        out[m.name] = m
+    return out
 
 
 # -- text format --------------------------------------------------------------------------------
@@ -236,7 +249,7 @@ def _entry(c: _Msg, text: str) -> ServedModel:
         latest,
         all_versions,
         tuple(sorted(labels.items())),
-        "\n".join(ln.strip() for ln in text[start:end].strip().splitlines()),
+        "\n".join(ln.strip(" \t\r") for ln in text[start:end].split("\n")).strip(),
     )
 
 
@@ -285,7 +298,9 @@ def format_text(models: Sequence[ServedModel]) -> str:
     lines = ["model_config_list {"]
     for m in models:
         lines.append("  config {")
-        lines.extend("    " + ln for ln in entry_text(m).splitlines())
+        lines.extend(
+            "    " + ln for ln in entry_text(m).split("\n")
+        )  # not splitlines(): a string may hold U+2028
         lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ from inferline.core import BackendError, ValidationError
 
 from .._remote import RemoteBackend
 from ._client import TFServingFailure, TFServingNotFound
-from ._config import ServedModel, format_text
+from ._config import ServedModel, format_text, merged
 from ._replica import TFServingReplica, _Managed
 from ._servers import Endpoint, start_server, stop_server
 from ._snapshot import make_snapshot, reload_and_wait
@@ -186,8 +186,7 @@ class TFServingModelSets(RemoteBackend):
         try:
             for ep in eps:
                 async with self._lock(ep):
-                    models = dict(ep.models or {})
-                    models[m.server_name] = m.entry
+                    models = merged(ep.models or {}, put=[m.entry])
                     await self._set_models(ep, models, [m.server_name])
                 done.append(ep)
             if not m.inputs and eps:
@@ -203,8 +202,7 @@ class TFServingModelSets(RemoteBackend):
     async def _shrink_endpoint(self, m: _Managed, ep: Endpoint) -> None:
         async with self._lock(ep):
             if ep.models is not None and m.server_name in ep.models:
-                models = {k: v for k, v in ep.models.items() if k != m.server_name}
-                await self._set_models(ep, models, [])
+                await self._set_models(ep, merged(ep.models, drop=[m.server_name]), [])
 
     # -- the operator's model sets -------------------------------------------------------------
 
