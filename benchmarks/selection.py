@@ -616,8 +616,11 @@ def sec_rafiki(args: argparse.Namespace, out: Path) -> tuple[str, dict[str, Any]
         for pol, st in runs.items():
             rate = np.array([sine_rate(r_ref, t, period) for t, *_ in st.timeline])
             m = np.array([k for *_, k in st.timeline], dtype=float)
-            hi = float(m[rate > np.median(rate)].mean()) if m.size else 0.0
-            lo = float(m[rate <= np.median(rate)].mean()) if m.size else 0.0
+            # low / high: the lowest and the top third of the sine's range (the median split
+            # put most of the rising and falling flanks into both)
+            span = (rate.max() - rate.min()) / 3 if m.size else 0.0
+            hi = float(m[rate >= rate.max() - span].mean()) if m.size else 0.0
+            lo = float(m[rate <= rate.min() + span].mean()) if m.size else 0.0
             s = st.summary()
             res[name][pol] = {**s, "models_high_rate": hi, "models_low_rate": lo}
             rows.append(

@@ -21,5 +21,8 @@ hookimpl = pluggy.HookimplMarker("inferline")
 
 @hookimpl
 def inferline_selection_policies() -> dict[str, Callable[..., Any]]:
-    """``name -> factory(models, rng=None, **params)`` for every built-in policy."""
-    return dict(BUILTIN_POLICIES)
+    """``name -> factory(models, rng=None, **params)`` for every built-in policy (Rafiki's
+    actor-critic selector too; it imports torch only when constructed)."""
+    from ._rafiki_policy import RafikiPolicy
+
+    return {**BUILTIN_POLICIES, "rafiki": RafikiPolicy}

@@ -170,6 +170,8 @@ def build_policy(name: str, spec: SelectionAppSpec, host: Any) -> Any:
         )
     except ValidationError as e:
         field = e.field if e.field in ("policy", "models") else "params"
+        if field == "params" and e.field and " " not in e.field:  # a named parameter
+            field = f"params.{e.field}"
         raise ValidationError(f"{where}.{field}", e.expected, e.got) from None
 
 

@@ -12,6 +12,10 @@ only once the store has it (durable with SQLite). Answers ``{"query_id", "contex
 same as ``/predict`` but in ``user``'s context (per-user policy state, Clipper's
 contextualization).
 
+``GET /apps/{app}/selection``: the policy's name and configuration, and its live status where
+it has one (the ``rafiki`` policy: models per query and arrival rate over its recent window,
+queries in flight).
+
 Mounted by ``inferline serve`` when a deployment has selection apps, or by naming
 ``inferline.server._selection_routes:make_selection_router`` in ``create_app(routers=...)``.
 """
@@ -95,6 +99,23 @@ def make_selection_router(service: Any) -> APIRouter:
         # in a thread: a durable store's commit waits for the disk (fsync), not the loop
         answer = await asyncio.to_thread(sel.feedback, label, query_id=qid, x=x, user=user)
         return json_response(answer)
+
+    @router.get("/apps/{app}/selection", summary="A selection app's policy and live status")
+    async def status(app: str) -> Response:
+        sel = sel_of(app)
+        pol = sel.policy
+        cfg = getattr(pol, "config", None)
+        stat = getattr(pol, "status", None)
+        body = {
+            "app": app,
+            "policy": pol.name,
+            "models": list(pol.models),
+            "config": cfg() if callable(cfg) else None,
+            "status": stat() if callable(stat) else None,
+        }
+        return Response(
+            json.dumps(body, default=str), status_code=200, media_type="application/json"
+        )
 
     @router.post("/apps/{app}/select", summary="Predict in a user's selection context")
     async def select(app: str, request: Request) -> Response:
