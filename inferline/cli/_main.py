@@ -30,6 +30,7 @@ VERBS = (
     "deploy",
     "replay",
     "attach",
+    "detach",
     "calibrate",
     "plugins",
     "demo",

@@ -4,6 +4,8 @@
 profiles them through the live server and prints what it found. With ``--pipeline``,
 ``--slo-ms`` and ``--trace`` it also plans and starts serving through inferline (HTTP, plus the
 KServe v2 and TF Serving front doors over HTTP and gRPC) without restarting the backend.
+Serving, it first writes the operator's settings to ``--snapshot`` and puts them back when it
+stops (SIGTERM, SIGINT or ``inferline detach``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from inferline.core import (
 __all__ = ["TOKEN_ENV", "register"]
 
 TOKEN_ENV = "INFERLINE_TOKEN"
+SNAPSHOT_DEFAULT = "inferline-attach-snapshot.json"
 
 
 def _options(pairs: list[str]) -> dict[str, Any]:
@@ -66,6 +69,32 @@ def _server_url(text: str) -> str:
                 f"expected a URL with ports in [1, 65535], got {text!r}"
             )
     return text
+
+
+def _write_snapshot(backend: Any, path: str) -> str | None:
+    """The operator's settings as inferline found them, written before anything changes, so
+    ``inferline detach URL --snapshot PATH`` can put them back after a crash; None where the
+    backend cannot restore (then nothing is written)."""
+    take = getattr(backend, "operator_snapshot", None)
+    if not callable(take):
+        return None
+    try:
+        snapshot = take()
+    except NotImplementedError:
+        return None
+    out = Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(snapshot, indent=2) + "\n")
+    os.replace(tmp, out)  # never a half-written snapshot
+    print(f"inferline: the operator's settings are in {out} (inferline detach restores them)")
+    return str(out)
+
+
+def _restored(snapshot: str | None) -> None:
+    """Restored on stop: the snapshot is spent (a stale one would undo later changes)."""
+    print("inferline: restored the operator's settings", flush=True)
+    if snapshot:
+        Path(snapshot).unlink(missing_ok=True)
 
 
 def _print_found(att: Any) -> None:
@@ -176,6 +205,7 @@ def _attach(args: argparse.Namespace) -> int:
                 f"plan: cost ${plan.cost_per_hour:.3f}/h, estimated P{plan.percentile:g} {plan.estimated_latency_s * 1e3:.1f} ms"
             )
             fn = import_object(args.pipeline_fn, "--pipeline-fn") if args.pipeline_fn else None
+            snapshot = _write_snapshot(att.backend, args.snapshot or SNAPSHOT_DEFAULT)
             svc, door = await start_attachment_service(
                 att, plan, pipeline, pipeline_fn=fn, app=args.app, slo_s=args.slo_ms / 1e3
             )
@@ -187,6 +217,7 @@ def _attach(args: argparse.Namespace) -> int:
 
             def ready(info: dict[str, Any]) -> None:
                 info["pid"] = os.getpid()
+                info["snapshot"] = snapshot
                 if args.ready_file:
                     tmp = Path(args.ready_file).with_suffix(".tmp")
                     tmp.write_text(json.dumps(info))
@@ -208,6 +239,8 @@ def _attach(args: argparse.Namespace) -> int:
                 allowed_hosts=args.allowed_hosts,
                 ready=ready,
                 read_timeout_s=args.read_timeout_s,
+                restore_on_exit=True,
+                restored=lambda: _restored(snapshot),
             )
             return 0
         finally:
@@ -288,6 +321,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="write the plan made from --trace here",
     )
-    a.add_argument("--dry-run", action="store_true", help="plan and apply, do not serve")
+    a.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="plan and apply, do not serve (the plan stays applied: --snapshot has what to restore)",
+    )
+    a.add_argument(
+        "--snapshot",
+        type=output_path(),
+        default=None,  # not checked unless serving (discovery alone writes nothing)
+        metavar="PATH",
+        help="where serving writes the operator's settings before changing them (default "
+        f"{SNAPSHOT_DEFAULT}); they are put back on SIGTERM/SIGINT or `inferline detach`, "
+        "and `inferline detach URL --snapshot PATH` restores them after a crash",
+    )
     add_listen_args(a, grpc=True)
     a.set_defaults(func=_attach)

@@ -462,14 +462,21 @@ async def serve_attachment(
     stop: asyncio.Event | None = None,
     read_timeout_s: float = 30.0,
     allowed_hosts: Sequence[str] | None = None,
+    restore_on_exit: bool = False,
+    restored: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``svc`` over HTTP (inferline's routes plus the KServe v2 and TF Serving front
-    doors) and, unless ``grpc_port`` is None, gRPC front doors; until ``stop`` is set."""
-    from inferline.server._admin import make_admin_router
+    doors) and, unless ``grpc_port`` is None, gRPC front doors; until ``stop`` is set.
+
+    A backend that can put the operator's settings back (``restore_operator_settings``) gets
+    ``POST /admin/detach``: restore, then stop. ``restore_on_exit``: restore too when serving
+    stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done."""
     from inferline.server._http import create_app
     from inferline.server._run import bind_socket, serve_app
     from inferline.server.frontdoors import make_kserve_router, make_tfserving_router
 
+    stop = stop if stop is not None else asyncio.Event()
+    restorer = _Restorer(svc.backend, stop, restored)
     sock = bind_socket(host, port)
     bound = sock.getsockname()[1]
     g = None
@@ -482,7 +489,7 @@ async def serve_attachment(
         svc,
         token=token,
         max_body_bytes=max_body_bytes,
-        routers=[make_admin_router, make_kserve_router(door), make_tfserving_router(door)],
+        routers=[restorer.admin_router, make_kserve_router(door), make_tfserving_router(door)],
         allowed_hosts=allowed_hosts,
     )
     shown = host if ":" not in host else f"[{host}]"
@@ -504,3 +511,43 @@ async def serve_attachment(
     finally:
         if g is not None:
             await g.stop()
+        if restore_on_exit:
+            await restorer.restore()
+
+
+class _Restorer:
+    """Puts the operator's settings back once, on ``POST /admin/detach`` (then stops the
+    server) or when serving stops; any backend with ``restore_operator_settings``."""
+
+    def __init__(
+        self, backend: Any, stop: asyncio.Event, restored: Callable[[], None] | None
+    ) -> None:
+        self.backend = backend
+        self.stop = stop
+        self.restored = restored
+        self.done = False
+        self._lock = asyncio.Lock()
+
+    @property
+    def can(self) -> bool:
+        return callable(getattr(self.backend, "restore_operator_settings", None))
+
+    async def restore(self) -> None:
+        async with self._lock:  # a detach request and a SIGTERM at once restore once
+            if self.done or not self.can:
+                return
+            await self.backend.restore_operator_settings()
+            self.done = True
+            log.info("restored the operator's settings on %s", getattr(self.backend, "url", ""))
+            if self.restored is not None:
+                self.restored()
+
+    async def detach(self) -> dict[str, Any]:
+        await self.restore()
+        self.stop.set()
+        return {"backend": str(getattr(self.backend, "url", ""))}
+
+    def admin_router(self, svc: Service) -> Any:
+        from inferline.server._admin import make_admin_router
+
+        return make_admin_router(svc, self.detach if self.can else None)

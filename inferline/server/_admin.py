@@ -6,12 +6,15 @@ and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends;
 keeps its old configuration in ``GET /admin/plan``);
 ``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
 activation delays; with model variants, every variant's ``serves_stages``: the stages it serves
-now, empty when idle). They sit behind the same bearer token as every other endpoint.
+now, empty when idle); ``POST /admin/detach`` (an attach server only: ``inferline detach
+--server URL``) puts the operator's backend settings back and stops the server. They sit behind
+the same bearer token as every other endpoint.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -80,6 +83,12 @@ _PLAN_BODY = {
         },
     }
 }
+_DETACH_BODY = {
+    "requestBody": {
+        "required": False,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+}
 _APPLIED = {
     "type": "object",
     "properties": {"applied": {"type": "object", "additionalProperties": {"type": "string"}}},
@@ -91,10 +100,17 @@ def _json(body: Any, status: int = 200) -> Response:
 
 
 class AdminRoutes:
-    """The ``/admin`` routes of one ``Service``; plans go to its ``plan_target``."""
+    """The ``/admin`` routes of one ``Service``; plans go to its ``plan_target``. ``detach``
+    (an attach server): restores the operator's settings and stops the server, answering what
+    it restored; it mounts ``POST /admin/detach``."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(
+        self,
+        service: Service,
+        detach: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    ) -> None:
         self.service = service
+        self.detach = detach
 
     def router(self) -> APIRouter:
         r = APIRouter(prefix="/admin", tags=["admin"])
@@ -126,7 +142,31 @@ class AdminRoutes:
             methods=["GET"],
             summary="Queue and backend statistics per model",
         )
+        if self.detach is not None:
+            r.add_api_route(
+                "/detach",
+                self.post_detach,
+                methods=["POST"],
+                summary="Put the operator's backend settings back and stop the attach server",
+                openapi_extra=_DETACH_BODY,
+                responses={
+                    200: {
+                        "description": "Restored; the server stops",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    },
+                    400: {"description": "Malformed JSON", **_ERR},
+                    502: {"description": "The backend did not take the settings back", **_ERR},
+                },
+            )
         return r
+
+    async def post_detach(self, request: Request) -> Response:
+        raw = await request.body()
+        body = decode_json(raw, "a JSON object ({})") if raw.strip() else {}
+        if not isinstance(body, dict):
+            raise ValidationError("body", "a JSON object ({})", type(body).__name__)
+        assert self.detach is not None
+        return _json({"detached": True, **(await self.detach())})
 
     async def get_plan(self) -> Response:
         plan = self.service.plan
@@ -179,6 +219,8 @@ class AdminRoutes:
         return _json(out)
 
 
-def make_admin_router(service: Service) -> APIRouter:
+def make_admin_router(
+    service: Service, detach: Callable[[], Awaitable[dict[str, Any]]] | None = None
+) -> APIRouter:
     """The ``/admin`` router of ``service`` (a factory for ``create_app(routers=...)``)."""
-    return AdminRoutes(service).router()
+    return AdminRoutes(service, detach).router()

@@ -45,7 +45,9 @@ class TritonServer:
         model_control_mode: str = "explicit",
     ) -> None:
         if model_control_mode not in ("explicit", "none", "poll"):
-            raise ValueError(f"model_control_mode: explicit, none or poll, not {model_control_mode!r}")
+            raise ValueError(
+                f"model_control_mode: explicit, none or poll, not {model_control_mode!r}"
+            )
         self.model_control_mode = model_control_mode
         self.install = install
         self.repository = Path(repository)
