@@ -1,0 +1,293 @@
+"""Model-Switching live: the two Azure traces replayed through ``inferline serve`` (docs/variants.md).
+
+Variants: random forests of 200, 100 and 30 trees on scikit-learn's digits
+(``inferline.selection.digits``), trained at start inside their replica processes. Queries are
+the held-out 30% of the digits with Gaussian pixel noise (sigma 5 on 0..16), so the variants
+differ in accuracy. Measured at start through a real ``inferline serve`` (one app per variant,
+one replica each): each variant's accuracy on the 540 held-out images and its batch-1 service
+time (median of the same sequential queries, HTTP included), which is the profile the
+effective-accuracy table is estimated from.
+
+Then, per trace (Azure LLM inference 2023 ``conv`` and ``code``; a contiguous slice from the
+start, time compressed so its mean rate is ``--mean-qps``, peaks above what the most accurate
+variant sustains), one server per run on the same replay: ``--switching model-switching`` over
+the three variants, and each variant alone (the same switching file with only that variant:
+same replicas, same code path). Core budget 2 (two replicas, one thread each, batch size 1, as
+in the paper); warm spares keep two replicas, so a switch is a route change and a priority
+change.
+
+Effective accuracy (Zhang et al., eq. 1, counted per query): the share of queries answered
+with the right label within the deadline; a query answered late, with an error or not at all
+counts as wrong. Deadline = the app's SLO (``--slo-ms``).
+
+Run: ``.venv/bin/python benchmarks/switching_live.py [--quick]``. Traces: Azure LLM inference
+2023 (Patel et al., Splitwise, ISCA 2024; CC-BY 4.0, Azure Public Dataset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from inferline.core import load_csv_trace, peak_rate
+from inferline.measure._replay import encode_bodies, replay
+from inferline.measure._server_proc import ServerProcess
+from inferline.selection.digits import digits_data, distort
+
+TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
+SRC = "inferline.selection.digits:digits_classifier"
+TREES = {"f200": 200, "f100": 100, "f30": 30}
+
+
+def held_out(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out split (never trained on) with pixel noise: inputs and labels."""
+    _, _, xte, yte = digits_data()
+    return distort(xte, "noise:5", seed).astype(np.float32), yte
+
+
+def deployment(variants: list[str], apps: dict[str, str], slo_ms: float) -> dict[str, Any]:
+    """Models ``variants`` (forests) and apps ``{app: stage}`` (one-stage pipelines)."""
+    return {
+        "format": "inferline.deployment/1",
+        "name": "switching-live",
+        "backend": "local://?oversubscribe=1",
+        "models": [
+            {"name": v, "source": SRC, "params": {"kind": "forest", "trees": TREES[v]}}
+            for v in variants
+        ],
+        "apps": {
+            a: {
+                "pipeline": "inferline.demo.simple:passthrough",
+                "pipeline_params": {"model": stage},
+                "slo_ms": slo_ms,
+                "input": {"dtype": "float32", "shape": [64]},
+            }
+            for a, stage in apps.items()
+        },
+        "queue": {"max_queue": 100000},
+    }
+
+
+def label_of(body: bytes) -> int:
+    try:
+        d = json.loads(body)
+    except ValueError:
+        return -1
+    out = d.get("output", d) if isinstance(d, dict) else d
+    while isinstance(out, list) and out:
+        out = out[0]
+    return int(out) if isinstance(out, (int, float)) else -1
+
+
+async def run_replay(
+    url: str, app: str, times: np.ndarray, xs: np.ndarray, slo_s: float
+) -> tuple[Any, np.ndarray]:
+    """Replay ``times``; query i carries image ``i % len(xs)``. Returns (result, labels)."""
+    n = times.size
+    labels = np.full(n, -1)
+
+    def got(i: int, status: int, body: bytes) -> None:
+        if status == 200:
+            labels[i] = label_of(body)
+
+    bodies = encode_bodies([xs[i % len(xs)] for i in range(n)])
+    res = await replay(times, url, app, bodies, slo_s=slo_s, on_answer=got)
+    return res, labels
+
+
+async def closed_loop(
+    url: str, app: str, xs: np.ndarray, clients: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``clients`` callers, each sending its next query when the previous one is answered:
+    (labels, latencies) in the order of ``xs``."""
+    import httpx
+
+    labels = np.full(len(xs), -1)
+    lat = np.zeros(len(xs))
+
+    async def caller(c: Any, idx: range) -> None:
+        for i in idx:
+            t0 = time.perf_counter()
+            r = await c.post(f"/apps/{app}/predict", json={"input": xs[i].tolist()})
+            lat[i] = time.perf_counter() - t0
+            labels[i] = label_of(r.content) if r.status_code == 200 else -1
+
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+        await asyncio.gather(*(caller(c, range(k, len(xs), clients)) for k in range(clients)))
+    return labels, lat
+
+
+def measure_variants(tmp: Path, slo_ms: float) -> tuple[dict[str, float], dict[str, float]]:
+    """Per variant, through ``inferline serve`` as it will be served (two replicas): accuracy
+    on the held-out split, and its service time under load, the median latency with two
+    closed-loop callers (one per replica; the server and the caller share the two cores, as
+    in the replays)."""
+    xs, ys = held_out()
+    acc, lat = {}, {}
+    guess = {v: 1e-4 * n for v, n in TREES.items()}  # only orders the options; one here
+    for v in TREES:
+        dep = tmp / f"measure-{v}.json"
+        dep.write_text(json.dumps(deployment([v], {"digits": v}, slo_ms)))
+        sw = switching_file(tmp, [v], {v: 1.0}, guess)
+        args = ["--switching", "model-switching", "--switching-config", str(sw)]
+        with ServerProcess(dep, extra_args=args) as srv:
+            asyncio.run(closed_loop(srv.url, "digits", xs[:40], 2))  # warm-up
+            labels, t = asyncio.run(closed_loop(srv.url, "digits", xs, 2))
+        acc[v] = float(np.mean(labels == ys))
+        lat[v] = float(np.median(t))
+    return acc, lat
+
+
+def trace_slice(name: str, mean_qps: float, seconds: float) -> np.ndarray:
+    """The first ``mean_qps x seconds`` arrivals of a trace, time compressed (shape kept) to
+    last ``seconds``."""
+    raw = load_csv_trace(TRACES / f"azure_llm_2023_{name}.csv")
+    n = int(mean_qps * seconds)
+    t = np.asarray(raw[: n + 1], dtype=float)
+    t = (t - t[0]) * (seconds / (t[-1] - t[0]))
+    return t[:n]
+
+
+def switching_file(
+    tmp: Path, variants: list[str], acc: dict[str, float], lat: dict[str, float]
+) -> Path:
+    prof = tmp / "profiles.json"
+    from inferline.core import Profiles
+
+    prof.write_text(
+        json.dumps(Profiles.from_latencies({v: {"cpu": {1: lat[v]}} for v in lat}).to_dict())
+    )
+    path = tmp / f"switching-{'-'.join(variants)}.json"
+    cfg = {
+        "format": "inferline.switching/1",
+        "app": "digits",
+        "stage": variants[0],
+        "variants": [{"name": v, "accuracy": round(acc[v], 4)} for v in variants],
+        "profiles": str(prof),
+        "core_budget": 2,
+        "warm_replicas": 2,
+        "rate_window": 32,
+        "interval_s": 0.2,
+        "min_dwell_s": 1.0,
+    }
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def serve_and_replay(
+    tmp: Path, variants: list[str], sw: Path, times: np.ndarray, slo_ms: float
+) -> dict[str, Any]:
+    xs, ys = held_out()
+    dep = tmp / f"dep-{'-'.join(variants)}.json"
+    dep.write_text(json.dumps(deployment(variants, {"digits": variants[0]}, slo_ms)))
+    log = tmp / f"serve-{'-'.join(variants)}.log"
+    args = ["--switching", "model-switching", "--switching-config", str(sw)]
+    with ServerProcess(dep, extra_args=args, log_path=log) as srv:
+        res, labels = asyncio.run(run_replay(srv.url, "digits", times, xs, slo_ms / 1e3))
+    truth = ys[np.arange(times.size) % len(ys)]
+    right = labels == truth
+    on_time = res.ok & (res.latency_s <= slo_ms / 1e3)
+    switches = re.findall(
+        r"model switching: (.*?) -> (SwitchOption\(variant='(\w+)')", log.read_text()
+    )
+    return {
+        "effective_accuracy": float(np.mean(right & on_time)),
+        "accuracy_answered": float(np.mean(right[res.ok])) if res.ok.any() else 0.0,
+        "deadline_met": float(np.mean(on_time)),
+        "p99_ms": res.percentile(99) * 1e3,
+        "switches": len(switches),
+        "to": [s[2] for s in switches],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20 s per replay (a few minutes)")
+    ap.add_argument(
+        "--seconds", type=float, default=None, help="replay length (default 60, quick 20)"
+    )
+    ap.add_argument(
+        "--mean-qps",
+        type=float,
+        default=None,
+        help="mean replay rate (default 0.9 x the most accurate variant's capacity)",
+    )
+    ap.add_argument(
+        "--load",
+        type=float,
+        default=0.8,
+        help="mean rate over the most accurate variant's measured capacity (default 0.8)",
+    )
+    ap.add_argument("--slo-ms", type=float, default=100.0)
+    ap.add_argument("--traces", nargs="*", default=["conv", "code"])
+    args = ap.parse_args(argv)
+    t_all = time.perf_counter()
+    seconds = args.seconds or (20.0 if args.quick else 60.0)
+    with tempfile.TemporaryDirectory(prefix="switching-live-") as d:
+        tmp = Path(d)
+        acc, lat = measure_variants(tmp, args.slo_ms)
+        print(
+            "variants (measured through inferline serve, 2 replicas, 2 closed-loop callers, "
+            "held-out noisy digits, n=540):"
+        )
+        for v in TREES:
+            print(
+                f"  {v:<5} {TREES[v]:>3} trees  accuracy {acc[v]:.4f}  latency under load {lat[v] * 1e3:.1f} ms"
+            )
+        cap = 2 / lat["f200"]
+        mean_qps = args.mean_qps or args.load * cap
+        rows = []
+        for name in args.traces:
+            if not (TRACES / f"azure_llm_2023_{name}.csv").exists():
+                print(f"trace {name} missing under {TRACES}: skipped")
+                continue
+            times = trace_slice(name, mean_qps, seconds)
+            info = f"{times.size} queries over {seconds:.0f} s, mean {times.size / seconds:.1f} q/s, peak(1 s) {peak_rate(times, 1.0):.0f} q/s"
+            runs = {
+                "switching": serve_and_replay(
+                    tmp, list(TREES), switching_file(tmp, list(TREES), acc, lat), times, args.slo_ms
+                )
+            }
+            for v in TREES:
+                runs[v] = serve_and_replay(
+                    tmp, [v], switching_file(tmp, [v], acc, lat), times, args.slo_ms
+                )
+            rows.append((name, info, runs))
+            best = max(runs[v]["effective_accuracy"] for v in TREES)
+            print(f"\n{name}: {info}")
+            print(
+                f"  {'server':<10} {'eff. acc':>8} {'acc(answered)':>13} {'met':>6} {'P99 ms':>7} {'switches':>8}"
+            )
+            for k, r in runs.items():
+                print(
+                    f"  {k:<10} {r['effective_accuracy']:>8.4f} {r['accuracy_answered']:>13.4f} {r['deadline_met']:>6.3f} {r['p99_ms']:>7.0f} {r['switches']:>8}"
+                )
+            sw = runs["switching"]["effective_accuracy"]
+            print(
+                f"  switching {'>=' if sw >= best else '<'} best single variant ({sw:.4f} vs {best:.4f})",
+                flush=True,
+            )
+    print(
+        f"\ncapacity of f200 R2 (2/latency): {cap:.0f} q/s; mean rate {mean_qps:.1f} q/s; deadline {args.slo_ms:.0f} ms"
+    )
+    print(
+        "traces: Azure LLM inference 2023 (Patel et al., Splitwise, ISCA 2024; CC-BY 4.0, Azure Public Dataset)"
+    )
+    cmd = " ".join(["benchmarks/switching_live.py", *(argv if argv is not None else sys.argv[1:])])
+    print(f"({time.perf_counter() - t_all:.0f} s) reproduce: .venv/bin/python {cmd}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
