@@ -1,0 +1,117 @@
+"""Model-Switching through a real ``inferline serve --switching model-switching``: two digits
+classifiers trained in their replica processes (an RBF SVM made expensive by 30 ms per batch,
+and naive Bayes), accuracy measured here on the held-out split. A rate step moves the app to the
+cheap variant. Queries are held-out images on which the two models disagree, so each answer
+says which real model produced it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import numpy as np
+import pytest
+
+from inferline.core import Profiles
+from inferline.measure._replay import encode_bodies, replay
+from inferline.measure._server_proc import ServerProcess
+from inferline.selection.digits import digits_data, fit_classifier
+
+pytestmark = pytest.mark.integration
+
+SRC = "inferline.selection.digits:digits_classifier"
+SLO_MS = 150.0
+
+
+def _files(tmp_path, acc):
+    dep = {
+        "format": "inferline.deployment/1",
+        "name": "switching-it",
+        "backend": "local://?oversubscribe=1",
+        "models": [
+            {"name": "big", "source": SRC, "params": {"kind": "svc", "delay_s": 0.03}},
+            {"name": "small", "source": SRC, "params": {"kind": "nb"}},
+        ],
+        "apps": {
+            "digits": {
+                "pipeline": "inferline.demo.simple:passthrough",
+                "pipeline_params": {"model": "big"},
+                "slo_ms": SLO_MS,
+                "input": {"dtype": "float32", "shape": [64]},
+            }
+        },
+    }
+    prof = Profiles.from_latencies(
+        {"big": {"cpu": {1: 0.036}}, "small": {"cpu": {1: 0.004}}}
+    )  # what the two containers cost per query here (sleep + model + RPC)
+    sw = {
+        "format": "inferline.switching/1",
+        "app": "digits",
+        "stage": "big",
+        "variants": [{"name": v, "accuracy": a} for v, a in acc.items()],
+        "profiles": "profiles.json",
+        "core_budget": 1,
+        "rate_window": 16,
+        "interval_s": 0.1,
+        "min_dwell_s": 0.5,
+        "sim_queries": 600,
+    }
+    (tmp_path / "profiles.json").write_text(json.dumps(prof.to_dict()))
+    (tmp_path / "dep.json").write_text(json.dumps(dep))
+    (tmp_path / "switching.json").write_text(json.dumps(sw))
+    return tmp_path / "dep.json", tmp_path / "switching.json"
+
+
+def test_rate_step_switches_to_the_cheap_real_model(tmp_path):
+    _, _, xte, yte = digits_data()
+    # the same fits as in the replica processes (same seed, same split)
+    models = {"big": fit_classifier("svc"), "small": fit_classifier("nb")}
+    pred = {k: m.predict(xte / 16.0) for k, m in models.items()}
+    acc = {k: round(float(np.mean(p == yte)), 4) for k, p in pred.items()}
+    assert acc["big"] > acc["small"] + 0.05
+    differ = np.flatnonzero(pred["big"] != pred["small"])
+    assert differ.size >= 20
+    dep, sw = _files(tmp_path, acc)
+
+    rng = np.random.default_rng(0)
+    calm = np.cumsum(rng.exponential(1 / 4.0, 12))  # ~3 s at 4 q/s
+    spike = calm[-1] + np.cumsum(rng.exponential(1 / 120.0, 480))  # ~4 s at 120 q/s
+    times = np.concatenate([calm, spike])
+    idx = differ[np.arange(times.size) % differ.size]
+    labels = np.full(times.size, -1)
+
+    def got(i: int, status: int, body: bytes) -> None:
+        if status == 200:
+            out = json.loads(body)
+            out = out.get("output") if isinstance(out, dict) else out
+            labels[i] = int(out[0] if isinstance(out, list) else out)
+
+    log = tmp_path / "serve.log"
+    args = ["--switching", "model-switching", "--switching-config", str(sw)]
+    with ServerProcess(dep, extra_args=args, log_path=log) as srv:
+        res = asyncio.run(
+            replay(times, srv.url, "digits", encode_bodies(list(xte[idx])), on_answer=got)
+        )
+        import httpx
+
+        metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    text = log.read_text()
+    assert res.ok.mean() > 0.95, res.summary()
+    # every answer is one of the two real models' predictions for its image
+    answered = labels >= 0
+    is_big = labels == pred["big"][idx]
+    is_small = labels == pred["small"][idx]
+    assert np.all(is_big[answered] | is_small[answered])
+    # calm: the accurate model serves; late in the spike: the cheap one
+    first = slice(0, calm.size)
+    late = times >= spike[0] + 2.0
+    assert is_big[first][answered[first]].mean() >= 0.9, labels[first]
+    assert is_small[late & answered].mean() >= 0.8, text[-2000:]
+    assert re.search(
+        r"model switching: SwitchOption\(variant='big'.*-> SwitchOption\(variant='small'", text
+    )
+    assert re.search(r'inferline_switching_switches_total\{app="digits"\} [1-9]', metrics), metrics
+    # one variant active (after the replay the lull may already have brought "big" back)
+    active = re.findall(r'inferline_switching_active\{app="digits",variant="\w+"\} (\S+)', metrics)
+    assert sorted(float(a) for a in active) == [0.0, 1.0], metrics
