@@ -4,8 +4,8 @@
 * the operator loads ``digits_pre`` with a named, rate-limited, host-policy instance group and
   its own dynamic batcher; ``inferline attach`` serves it with a plan of 2 replicas and a
   bigger batch: during attach only ``instance_group[0].count`` and ``max_batch_size`` differ;
-* ``inferline detach --server``, SIGTERM to the attach process, and ``inferline detach URL
-  --snapshot PATH`` after a SIGKILL each give back the configuration exactly as before;
+* ``inferline detach --server``, SIGTERM or SIGINT to the attach process, and ``inferline
+  detach URL --snapshot PATH`` after a SIGKILL each give back the configuration exactly;
 * a server not in explicit model-control mode is refused with one line naming
   ``--model-control-mode=explicit``.
 """
@@ -176,17 +176,19 @@ def test_detach_by_request_restores_the_operators_configuration(
     assert "no attach server answered" in again.stderr and "--snapshot" in again.stderr
 
 
-def test_sigterm_restores_and_a_crash_is_restored_from_the_snapshot(
+def test_sigterm_and_sigint_restore_and_a_crash_is_restored_from_the_snapshot(
     triton: tuple[TritonServer, Path],
 ) -> None:
     server, root = triton
     before = _config(server)
-    att = _Attach(server, root, "sigterm")
-    _check_during(server, before)
-    att.proc.send_signal(signal.SIGTERM)
-    assert att.wait() == 0, att.log()[-3000:]
-    assert "restored the operator's settings" in att.log()
-    assert _config(server) == before
+    for sig, status in ((signal.SIGTERM, 0), (signal.SIGINT, 130)):
+        att = _Attach(server, root, sig.name)
+        _check_during(server, before)
+        att.proc.send_signal(sig)
+        assert att.wait() == status, att.log()[-3000:]
+        assert "restored the operator's settings" in att.log()
+        assert _config(server) == before, sig.name
+        assert not att.snapshot.exists()
 
     crashed = _Attach(server, root, "crash")
     _check_during(server, before)

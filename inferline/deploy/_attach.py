@@ -515,6 +515,25 @@ async def serve_attachment(
             await restorer.restore()
 
 
+async def _finish(coro: Awaitable[None]) -> None:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (SIGINT cancels the
+    main task while the restore runs: the server was left half restored); the cancellation
+    is raised once it is done."""
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                break
+            cancelled = True
+    if cancelled:
+        task.result()  # its own failure first
+        raise asyncio.CancelledError
+    task.result()
+
+
 class _Restorer:
     """Puts the operator's settings back once, on ``POST /admin/detach`` (then stops the
     server) or when serving stops; any backend with ``restore_operator_settings``."""
@@ -536,11 +555,18 @@ class _Restorer:
         async with self._lock:  # a detach request and a SIGTERM at once restore once
             if self.done or not self.can:
                 return
-            await self.backend.restore_operator_settings()
-            self.done = True
-            log.info("restored the operator's settings on %s", getattr(self.backend, "url", ""))
-            if self.restored is not None:
-                self.restored()
+            try:
+                await _finish(self.backend.restore_operator_settings())
+            except asyncio.CancelledError:  # raised once restored (SIGINT meanwhile)
+                self._done()
+                raise
+            self._done()
+
+    def _done(self) -> None:
+        self.done = True
+        log.info("restored the operator's settings on %s", getattr(self.backend, "url", ""))
+        if self.restored is not None:
+            self.restored()
 
     async def detach(self) -> dict[str, Any]:
         await self.restore()
