@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,13 @@ import pytest
 import requests
 from tfserving_standin import Digits, TFServer, export_model, server_kind
 
-from inferline.adapters.tfserving import TFServingBackend, grpc_available, restore_snapshot
+from inferline.adapters.tfserving import (
+    ServedModel,
+    TFServingBackend,
+    format_text,
+    grpc_available,
+    restore_snapshot,
+)
 from inferline.core import ModelConfig, ModelSpec, ReplicaError
 
 KIND = server_kind()
@@ -109,8 +116,7 @@ def _check_operator_models(servers: list[TFServer], original: Any, x: np.ndarray
             assert got[name] == want[name], (s.rest, name, got.get(name))
         base = f"http://{s.rest}/v1/models"
         for name, versions in SERVED.items():
-            st = requests.get(f"{base}/{name}", timeout=10).json()["model_version_status"]
-            assert sorted(int(v["version"]) for v in st) == versions
+            assert _available(f"{base}/{name}") == versions
             for label, v in LABELS[name].items():
                 st = requests.get(f"{base}/{name}/labels/{label}", timeout=10).json()
                 assert [int(r["version"]) for r in st["model_version_status"]] == [v]
@@ -122,6 +128,18 @@ def _check_operator_models(servers: list[TFServer], original: Any, x: np.ndarray
                 assert r.status_code == 200, r.text
         r = requests.get(f"{base}/op_all/labels/nope", timeout=10)
         assert r.status_code == 400 and "Unrecognized servable version label" in r.text
+
+
+def _available(url: str, timeout_s: float = 15.0) -> list[int]:
+    """The versions the status lists, once none is LOADING any more (the servers load the
+    versions other than the latest after a reload returns, as TF Serving does)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = requests.get(url, timeout=10).json()["model_version_status"]
+        if all(r["state"] == "AVAILABLE" for r in st) or time.monotonic() > deadline:
+            assert all(r["state"] == "AVAILABLE" for r in st), st
+            return sorted(int(r["version"]) for r in st)
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -142,11 +160,35 @@ def _servers(root: Path, text: str) -> list[TFServer]:
     return [TFServer(root / f"s{i}", config_text=text, flags=flags).start() for i in range(2)]
 
 
-def _backend(servers: list[TFServer]) -> TFServingBackend:
+def _servers_labelled_at_runtime(root: Path, text: str) -> tuple[list[TFServer], Path]:
+    """Servers started without the labels flag (so with no labels), labelled by the
+    operator's reload once their versions are AVAILABLE; and the file of that config."""
+    from inferline.adapters.tfserving import TFServingClient, parse_text
+    from inferline.adapters.tfserving._config import without_labels
+
+    models = parse_text(text)
+    plain = format_text([without_labels(m) for m in models])
+    servers = [TFServer(root / f"s{i}", config_text=plain).start() for i in range(2)]
+
+    async def label() -> None:
+        for s in servers:
+            for name, versions in SERVED.items():
+                assert _available(f"http://{s.rest}/v1/models/{name}") == versions
+            c = TFServingClient(None, s.grpc, "grpc", timeout_s=10)
+            await c.reload(models)
+            await c.close()
+
+    asyncio.run(label())
+    path = root / "operator.conf"
+    path.write_text(text)
+    return servers, path
+
+
+def _backend(servers: list[TFServer], config_file: Path | None = None) -> TFServingBackend:
     return TFServingBackend(
         "tfserving://" + ",".join(s.rest for s in servers),
         servers=[{"rest": s.rest, "grpc": s.grpc} for s in servers],
-        model_config_file=str(servers[0].config_file),
+        model_config_file=str(config_file or servers[0].config_file),
         load_timeout_s=30,
         recovery_timeout_s=60,
     )
@@ -220,13 +262,15 @@ def test_deploy_scale_adopt_recover_keep_the_operator_config(
 
 
 def test_restore_snapshot_after_a_crash(setup: tuple[Digits, Path, str], tmp_path: Path) -> None:
-    """``inferline detach`` after attach died: only the URL and the saved snapshot."""
+    """``inferline detach`` after attach died: only the URL and the saved snapshot. The
+    servers refuse labels on versions still loading, so the labelled model that comes back
+    is loaded first and labelled after (``reload_staged``)."""
     digits, _, text = setup
     original = _proto(text)
-    servers = _servers(tmp_path, text)
+    servers, config_file = _servers_labelled_at_runtime(tmp_path, text)
 
     async def main() -> None:
-        b = _backend(servers)
+        b = _backend(servers, config_file)
         snap = json.loads(json.dumps(b.operator_snapshot()))
         spec = ModelSpec("lr", "digits_lr", {"base_path": str(digits.paths["digits_lr"])})
         await b.deploy(spec, ModelConfig("cpu", 8, 2))
@@ -249,18 +293,25 @@ def test_restore_snapshot_after_a_crash(setup: tuple[Digits, Path, str], tmp_pat
 
 
 def test_label_rules_match_the_real_server(setup: tuple[Digits, Path, str], tmp_path: Path) -> None:
-    """The stand-in's label rules (tensorflow_serving/model_servers/server_core.cc): a reload
-    labelling a version that is not served fails FAILED_PRECONDITION and keeps the old labels;
+    """The stand-in's label rules (tensorflow_serving/model_servers/server_core.cc): a label
+    on a version that is not AVAILABLE fails the reload with FAILED_PRECONDITION (the old
+    labels stay), also for a version the same reload loads, which ``reload_staged`` handles;
     gRPC ``version_label`` resolves; an unknown label is INVALID_ARGUMENT."""
     from inferline.adapters.tfserving import TFServingClient, TFServingFailure, parse_text
+    from inferline.adapters.tfserving._config import without_labels
+    from inferline.adapters.tfserving._snapshot import reload_staged
 
     digits, _, text = setup
-    (server,) = [TFServer(tmp_path / "s", config_text=text).start()]
+    models = parse_text(text)
+    plain = format_text([without_labels(m) for m in models])
+    server = TFServer(tmp_path / "s", config_text=plain).start()  # no labels: it starts
 
     async def main() -> None:
         c = TFServingClient(None, server.grpc, "grpc", timeout_s=10)
         try:
-            models = parse_text(text)
+            for name, versions in SERVED.items():
+                assert _available(f"http://{server.rest}/v1/models/{name}") == versions
+            await c.reload(models)  # every labelled version is AVAILABLE now
             spec = next(m for m in models if m.name == "op_specific")
             bad = dataclasses.replace(spec, labels=(("stable", 2),), text=None)
             with pytest.raises(TFServingFailure) as e:
@@ -270,6 +321,18 @@ def test_label_rules_match_the_real_server(setup: tuple[Digits, Path, str], tmp_
                 f"http://{server.rest}/v1/models/op_specific/labels/stable", timeout=10
             ).json()
             assert [int(r["version"]) for r in st["model_version_status"]] == [1]
+
+            # a new model labelled on a version other than its latest: refused in one
+            # reload, accepted in two steps
+            new = ServedModel("op_new", spec.base_path, all_versions=True, labels=(("old", 1),))
+            with pytest.raises(TFServingFailure) as e:
+                await c.reload([*models, new])
+            assert e.value.code == "FAILED_PRECONDITION"
+            await c.reload(models)
+            await reload_staged(c, [*models, new], ["op_new"], 15.0)
+            out = await c.predict("op_new", {"x": digits.x[:3]}, label="old")
+            assert list(out["classes"]) == list(digits.lr.predict(digits.x[:3]))
+
             out = await c.predict("op_latest", {"x": digits.x[:3]}, label="canary")
             assert list(out["classes"]) == list(digits.lr.predict(digits.x[:3]))
             with pytest.raises(TFServingFailure) as e:

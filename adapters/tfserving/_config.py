@@ -26,12 +26,20 @@ from __future__ import annotations
 import codecs
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferline.core import ValidationError
 
-__all__ = ["ServedModel", "format_text", "from_proto", "merged", "parse_text", "to_proto"]
+__all__ = [
+    "ServedModel",
+    "format_text",
+    "from_proto",
+    "merged",
+    "parse_text",
+    "to_proto",
+    "without_labels",
+]
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,22 @@ def merged(
     for m in put:
         out[m.name] = m
     return out
+
+
+def without_labels(m: ServedModel) -> ServedModel:
+    """``m`` with no ``version_labels`` and every other field as it is (its text re-written by
+    protobuf): the first step of loading a labelled model, as TF Serving accepts a label only
+    for a version that is already AVAILABLE."""
+    if m.text is None:
+        return replace(m, labels=())
+    from google.protobuf import text_format
+
+    from ._protos import stubs
+
+    c = stubs().model_server_config_pb2.ModelConfig()
+    text_format.Parse(m.text, c)
+    c.ClearField("version_labels")
+    return replace(m, labels=(), text=text_format.MessageToString(c, as_utf8=True).strip())
 
 
 # -- text format --------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from ._client import TFServingFailure, TFServingNotFound
 from ._config import ServedModel, format_text, merged
 from ._replica import TFServingReplica, _Managed
 from ._servers import Endpoint, start_server, stop_server
-from ._snapshot import make_snapshot, reload_and_wait
+from ._snapshot import make_snapshot, reload_and_wait, reload_staged
 
 __all__ = ["TFServingModelSets"]
 
@@ -119,7 +119,7 @@ class TFServingModelSets(RemoteBackend):
                 None,
             )
         try:
-            await ep.control.reload(list(models.values()), timeout_s=self.load_timeout_s)
+            await reload_staged(ep.control, list(models.values()), wait_for, self.load_timeout_s)
         except TFServingFailure as e:
             raise self._error(e) from None
         ep.models = dict(models)
@@ -229,8 +229,8 @@ class TFServingModelSets(RemoteBackend):
                 continue
             async with self._lock(ep):
                 try:
-                    await reload_and_wait(ep.control, models, self._url, self.load_timeout_s)
-                except (BackendError, TFServingFailure) as e:
+                    await reload_and_wait(ep.control, models, self.load_timeout_s)
+                except TFServingFailure as e:
                     errors.append(f"{ep.name}: {e}")
                     continue
                 ep.models = {m.name: m for m in models}

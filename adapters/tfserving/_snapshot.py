@@ -20,9 +20,16 @@ from inferline.core import BackendError, ValidationError
 
 from .._remote import bearer_headers
 from ._client import TFServingClient, TFServingFailure, TFServingNotFound
-from ._config import ServedModel, format_text, parse_text
+from ._config import ServedModel, format_text, merged, parse_text, without_labels
 
-__all__ = ["KIND", "make_snapshot", "reload_and_wait", "restore_snapshot", "snapshot_servers"]
+__all__ = [
+    "KIND",
+    "make_snapshot",
+    "reload_and_wait",
+    "reload_staged",
+    "restore_snapshot",
+    "snapshot_servers",
+]
 
 KIND = "tfserving"
 
@@ -62,21 +69,54 @@ def snapshot_servers(snapshot: Mapping[str, Any]) -> list[tuple[str, list[Served
     return out
 
 
+async def _wait_versions(
+    client: TFServingClient, name: str, versions: set[int], deadline: float
+) -> None:
+    while time.monotonic() < deadline:
+        try:
+            st = await client.status(name)
+        except TFServingNotFound:
+            st = []
+        if versions <= {s["version"] for s in st if s["state"] == "AVAILABLE"}:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def reload_staged(
+    client: TFServingClient,
+    models: Sequence[ServedModel],
+    adding: Sequence[str],
+    timeout_s: float,
+) -> None:
+    """Reload with ``models``; models in ``adding`` that carry version labels are loaded
+    first without them, and labelled once the labelled versions are AVAILABLE: TF Serving
+    refuses a label on a version still loading (FAILED_PRECONDITION, ``UpdateModelVersionLabelMap``
+    in tensorflow_serving/model_servers/server_core.cc). A version that never comes leaves
+    the final reload to fail with the server's own error."""
+    labelled = [m for m in models if m.name in adding and m.labels]
+    if labelled:
+        first = merged({m.name: m for m in models}, put=[without_labels(m) for m in labelled])
+        await client.reload(list(first.values()), timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        for m in labelled:
+            await _wait_versions(client, m.name, {v for _, v in m.labels}, deadline)
+    await client.reload(list(models), timeout_s=timeout_s)
+
+
 async def reload_and_wait(
-    client: TFServingClient, models: Sequence[ServedModel], url: str, timeout_s: float
+    client: TFServingClient, models: Sequence[ServedModel], timeout_s: float
 ) -> None:
     """Reload ``client``'s server with ``models`` and wait until those it did not serve
-    before are AVAILABLE (the others were already there, or are the operator's to fix)."""
-    gone = []
+    before are AVAILABLE (the others were already there, or are the operator's to fix).
+    Failures are ``TFServingFailure`` (DEADLINE_EXCEEDED for the wait)."""
+    gone = []  # unknown, or only END versions left (TF Serving keeps those in its status)
     for m in models:
         try:
-            await client.status(m.name)
+            if not any(s["state"] == "AVAILABLE" for s in await client.status(m.name)):
+                gone.append(m.name)
         except TFServingNotFound:
             gone.append(m.name)
-    try:
-        await client.reload(list(models), timeout_s=timeout_s)
-    except TFServingFailure as e:
-        raise BackendError(url, f"restoring the model set: {e}") from None
+    await reload_staged(client, models, gone, timeout_s)
     deadline = time.monotonic() + timeout_s
     for name in gone:
         while True:
@@ -86,7 +126,9 @@ async def reload_and_wait(
             except TFServingNotFound:
                 pass
             if time.monotonic() > deadline:
-                raise BackendError(url, f"{name!r} not AVAILABLE again within {timeout_s} s")
+                raise TFServingFailure(
+                    "DEADLINE_EXCEEDED", f"{name!r} not AVAILABLE again within {timeout_s} s"
+                )
             await asyncio.sleep(0.05)
 
 
@@ -107,8 +149,8 @@ async def restore_snapshot(
             None, grpc, "grpc", timeout_s=timeout_s, headers=bearer_headers(token)
         )
         try:
-            await reload_and_wait(client, models, url, timeout_s)
-        except (BackendError, TFServingFailure) as e:
+            await reload_and_wait(client, models, timeout_s)
+        except TFServingFailure as e:
             errors.append(f"{grpc}: {e}")
         finally:
             await client.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,14 +127,16 @@ class ModelManager:
     """The stand-in's model set. Thread-safe: the REST and gRPC servers share it.
 
     ``allow_unavailable_labels``: the real server's
-    ``--allow_version_labels_for_unavailable_models``."""
+    ``--allow_version_labels_for_unavailable_models``. ``load_delay_s``: how long versions
+    other than a model's latest stay LOADING after a reload."""
 
-    def __init__(self, allow_unavailable_labels: bool = False) -> None:
+    def __init__(self, allow_unavailable_labels: bool = False, load_delay_s: float = 0.3) -> None:
         self._lock = threading.Lock()
         self._models: dict[str, _Entry] = {}
         self._gone: dict[str, dict[int, tuple[str, str, str]]] = {}
         self._labels: dict[str, dict[str, int]] = {}
         self.allow_unavailable_labels = allow_unavailable_labels
+        self.load_delay_s = load_delay_s  # before the non-latest versions load
         self.config_text = ""  # the config as last received (STAND-IN-only readback)
 
     def _load(self, name: str, base_path: str, policy: tuple[str, Any]) -> _Entry:
@@ -151,15 +154,32 @@ class ModelManager:
             raise ServingError(
                 "NOT_FOUND", f"No versions of servable {name} found under base path {base_path}"
             )
-        for v in chosen:
-            e.states[v] = ("LOADING", "OK", "")
-            d = root / str(v)
-            z = np.load(d / "model.npz")
-            n = len([k for k in z.files if k.startswith("W")])
-            layers = [(z[f"W{i}"], z[f"b{i}"]) for i in range(n)]
-            e.loaded[v] = Loaded(name, v, layers, json.loads((d / "signature.json").read_text()))
-            e.states[v] = ("AVAILABLE", "OK", "")
+        # The real server's reload waits only for each model's latest version
+        # (ServerCore::WaitUntilConfiguredModelsAvailable in server_core.cc); the others
+        # load after it, so a label on one of them fails in the same reload.
+        e.states.update((v, ("LOADING", "OK", "")) for v in chosen)
+        self._load_version(e, name, root, chosen[-1])
+        rest = chosen[:-1]
+        if rest:
+            threading.Thread(
+                target=self._load_later, args=(e, name, root, rest), daemon=True
+            ).start()
         return e
+
+    def _load_version(self, e: _Entry, name: str, root: Path, v: int) -> None:
+        d = root / str(v)
+        z = np.load(d / "model.npz")
+        n = len([k for k in z.files if k.startswith("W")])
+        layers = [(z[f"W{i}"], z[f"b{i}"]) for i in range(n)]
+        loaded = Loaded(name, v, layers, json.loads((d / "signature.json").read_text()))
+        e.loaded[v] = loaded  # one dict store: readers copy under the lock
+        e.states[v] = ("AVAILABLE", "OK", "")
+
+    def _load_later(self, e: _Entry, name: str, root: Path, versions: list[int]) -> None:
+        time.sleep(self.load_delay_s)
+        for v in versions:
+            with self._lock:
+                self._load_version(e, name, root, v)
 
     def _label_map(self, config: list[ServedModel]) -> dict[str, dict[str, int]]:
         """The new label map, checked as the real server's ``UpdateModelVersionLabelMap``
