@@ -16,6 +16,7 @@ pipeline on a 10-minute trace at 100 queries/s (target: at most 20 s).
     .venv/bin/python benchmarks/paper_planner.py            # about 4 minutes on 2 busy cores
     .venv/bin/python benchmarks/paper_planner.py --quick    # under a minute
     .venv/bin/python benchmarks/paper_planner.py --batch-wait   # planned batch waits: cost saved
+    .venv/bin/python benchmarks/paper_planner.py --batch-wait-live 30   # one served live
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import numpy as np
 from _pipelines import PIPELINES, add_grid_arguments
 
 from inferline.core import (
+    EstimatorOptions,
     InfeasibleError,
     Plan,
     Planner,
@@ -315,6 +317,79 @@ def _wait_row(pipeline, profiles, plan_trace, eval_trace, slo: float) -> dict | 
     return out
 
 
+def batch_wait_live(duration_s: float) -> list[dict]:
+    """A planned wait served: a model busy 50 ms + 2 ms per query (the bundled runtime's
+    ``examples:sleep`` replicas, real processes), planned at 100 q/s Poisson for a 0.12 s SLO
+    with a 5 ms hop overhead, with and without batch waits; each plan (and the waited plan with
+    its wait removed) served by ``inferline serve`` and replayed a fresh trace over HTTP."""
+    import tempfile
+    from dataclasses import replace as dc_replace
+
+    from inferline.core import Pipeline, Profiles, save
+    from inferline.demo.simple import sleep_deployment
+    from inferline.measure._replay import encode_bodies, replay_sync
+    from inferline.measure._server_proc import ServerProcess
+
+    pipe = Pipeline.linear("sleep", ["m"])
+    prof = Profiles.from_latencies({"m": {"cpu": {b: 0.05 + 0.002 * b for b in (1, 2, 4, 8, 16)}}})
+    slo = 0.12
+    est = EstimatorOptions(hop_overhead_s=0.005)  # what this runtime adds per hop, loaded
+    sample = gamma_trace(100.0, 1.0, 60.0, np.random.default_rng(11))
+    fresh = np.asarray(gamma_trace(100.0, 1.0, duration_s, np.random.default_rng(12)))
+    plans = {}
+    for name, on in (("greedy", False), ("waited", True)):
+        opts = PlannerOptions(batch_wait=on, estimator=est)
+        plans[name] = make_plan("inferline", pipe, prof, sample, slo, options=opts)
+    plans["waited, wait removed"] = plans["waited"].with_models(
+        {m: dc_replace(c, batch_wait_ms=0.0) for m, c in plans["waited"].models.items()}
+    )
+    rows = []
+    print(f"\nserved (inferline serve, bundled runtime), {duration_s:g} s at 100 q/s, SLO {slo} s")
+    with tempfile.TemporaryDirectory() as tmp:
+        dep = Path(tmp) / "d.json"
+        dep.write_text(json.dumps(sleep_deployment(base_s=0.05, per_item_s=0.002)))
+        for name, plan in plans.items():
+            path = Path(tmp) / "plan.json"
+            save(plan, path)
+            c = plan.models["m"]
+            est_p99 = simulate(pipe, plan.models, prof, fresh, options=est).percentile(99)
+            with ServerProcess(dep, path) as srv:
+                _all_replicas_up(srv.url, "m", c.replicas)
+                replay_sync(fresh[:50] - fresh[0], srv.url, "app", encode_bodies([[1.0]]))
+                r = replay_sync(fresh, srv.url, "app", encode_bodies([[1.0]]), slo_s=slo)
+            lat = r.latency_s[np.isfinite(r.latency_s)]
+            row = {
+                "plan": name,
+                "cost_per_hour": plan.cost_per_hour,
+                "config": c.to_dict(),
+                "estimated_p99_s": float(est_p99),
+                "served_p99_s": float(np.percentile(lat, 99)),
+                "served_miss_rate": float(np.mean(lat > slo)) if lat.size else 1.0,
+                "answered": int(lat.size),
+                "queries": int(fresh.size),
+            }
+            rows.append(row)
+            print(
+                f"{name:<22} ${plan.cost_per_hour:.3f}/h  {c.replicas} x batch "
+                f"{c.max_batch_size} wait {c.batch_wait_ms:g} ms: estimated P99 "
+                f"{est_p99 * 1e3:.1f} ms, served P99 {row['served_p99_s'] * 1e3:.1f} ms, "
+                f"miss {row['served_miss_rate']:.2%} ({lat.size}/{fresh.size} answered)",
+                flush=True,
+            )
+    return rows
+
+
+def _all_replicas_up(url: str, model: str, n: int, timeout_s: float = 60.0) -> None:
+    """Ready means one replica serves; a replay against fewer than planned measures start-up."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{url}/admin/models").json()[model]["backend"]["active_replicas"] < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{model}: fewer than {n} replicas after {timeout_s:g} s")
+        time.sleep(0.2)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add_grid_arguments(ap)
@@ -360,7 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         help="instead: InferLine's planner with and without batch-wait timeouts (cost saved, "
         "fresh-trace misses, planning time)",
     )
+    ap.add_argument(
+        "--batch-wait-live",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="instead: serve a plan with a planned wait on the bundled runtime and replay "
+        "SECONDS of fresh traffic (also the greedy plan and the waited one without its wait)",
+    )
     args = ap.parse_args(argv)
+    if args.batch_wait_live is not None:
+        batch_wait_live(args.batch_wait_live)
+        return 0
     if args.quick:
         args.rates = [100.0]
         args.slos = [0.1, 0.2, 0.4]
