@@ -12,6 +12,10 @@ whole model set: the backend keeps every server's set (from ``model_config_file`
 set of a server it launched) and always sends all of it, so models it does not change stay
 loaded. A server whose set is unknown is served read-only (predict, status, metadata,
 adoption) and a reload on it is refused with ``ValidationError``.
+Each operator entry is sent back as the text it came as, so its version policy, labels and
+every other field survive (``_config``); ``restore_operator_settings()`` puts the operator's
+model sets back when attach stops, ``operator_snapshot()`` is the same as JSON for
+``restore_snapshot(url, snapshot)`` after a crash (``_snapshot``).
 
 Failures come back as inferline's errors: a server that cannot be reached or no longer serves
 the model fails the batch with ``ReplicaError`` (the queue retries elsewhere), its handle
