@@ -71,6 +71,8 @@ def attached(
         str(root / "found.json"),
         "--plan-out",
         str(root / "plan.json"),
+        "--snapshot",
+        str(root / "snapshot.json"),
     ]
     log = open(root / "attach.log", "wb")
     proc = subprocess.Popen(
@@ -93,7 +95,29 @@ def attached(
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
-        server.stop()
+        try:
+            _check_restored(server, root)
+        finally:
+            server.stop()
+
+
+def _check_restored(server: TFServer, root: Path) -> None:
+    """SIGTERM put the operator's model config back exactly and spent the snapshot."""
+    if not grpc_available() or KIND != "standin":
+        return  # the readback is a STAND-IN-only route; the restore needs the gRPC stubs
+    from google.protobuf import text_format
+
+    from inferline.adapters.tfserving._protos import stubs
+
+    out = (root / "attach.log").read_text()
+    assert "restored the operator's settings" in out, out[-2000:]
+    assert not (root / "snapshot.json").exists()
+    cfg = stubs().model_server_config_pb2.ModelServerConfig
+    want, got = cfg(), cfg()
+    text_format.Parse(server.config_file.read_text(), want)
+    r = requests.get(f"http://{server.rest}/standin/model_config", timeout=10)
+    text_format.Parse(r.json()["model_config"], got)
+    assert got == want
 
 
 @pytest.mark.parametrize("kind", [KIND])

@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -262,14 +264,15 @@ def test_deploy_scale_adopt_recover_keep_the_operator_config(
 
 
 def test_restore_snapshot_after_a_crash(setup: tuple[Digits, Path, str], tmp_path: Path) -> None:
-    """``inferline detach`` after attach died: only the URL and the saved snapshot. The
+    """``inferline detach URL --snapshot PATH`` after attach died: only the URL and the saved
+    snapshot (``restore_snapshot``). The
     servers refuse labels on versions still loading, so the labelled model that comes back
     is loaded first and labelled after (``reload_staged``)."""
     digits, _, text = setup
     original = _proto(text)
     servers, config_file = _servers_labelled_at_runtime(tmp_path, text)
 
-    async def main() -> None:
+    async def main() -> tuple[str, dict[str, Any]]:
         b = _backend(servers, config_file)
         snap = json.loads(json.dumps(b.operator_snapshot()))
         spec = ModelSpec("lr", "digits_lr", {"base_path": str(digits.paths["digits_lr"])})
@@ -280,13 +283,28 @@ def test_restore_snapshot_after_a_crash(setup: tuple[Digits, Path, str], tmp_pat
         changed = [_loaded(s) for s in servers]
         assert all("digits_lr" in _entries(c) for c in changed)
         assert any("op_latest" not in _entries(c) for c in changed)
-        await restore_snapshot(b.url, snap)
+        return b.url, snap
+
+    try:
+        url, snap = asyncio.run(main())
+        # what a user runs: `inferline detach URL --snapshot PATH`
+        path = tmp_path / "snapshot.json"
+        path.write_text(json.dumps(snap))
+        out = subprocess.run(
+            [sys.executable, "-m", "inferline", "detach", url, "--snapshot", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "model set restored (3 models)" in out.stdout
         for s in servers:
             assert _loaded(s) == original
         _check_operator_models(servers, original, digits.x)
-
-    try:
-        asyncio.run(main())
+        # the library call does the same, and a second restore changes nothing
+        done = asyncio.run(restore_snapshot(url, snap))
+        assert sorted(done) == sorted(s.grpc for s in servers)
+        assert all(_loaded(s) == original for s in servers)
     finally:
         for s in servers:
             s.stop()

@@ -138,21 +138,24 @@ async def restore_snapshot(
     *,
     token: str | None = None,
     timeout_s: float = 120.0,
-) -> None:
+) -> dict[str, str]:
     """Put back the model sets of ``snapshot`` (``TFServingBackend.operator_snapshot()``) on
-    its servers, over gRPC (``url`` names the deployment in errors). Every server is tried;
-    the failures are raised together at the end as ``BackendError``."""
+    its servers, over gRPC (``url`` names the deployment in errors); what was done per
+    server. Every server is tried; the failures are raised together as ``BackendError``."""
     servers = snapshot_servers(snapshot)
     errors = []
+    done = {}
     for grpc, models in servers:
         client = TFServingClient(
             None, grpc, "grpc", timeout_s=timeout_s, headers=bearer_headers(token)
         )
         try:
             await reload_and_wait(client, models, timeout_s)
+            done[grpc] = f"model set restored ({len(models)} models)"
         except TFServingFailure as e:
             errors.append(f"{grpc}: {e}")
         finally:
             await client.close()
     if errors:
         raise BackendError(url, "model sets not restored on " + "; ".join(errors))
+    return done
