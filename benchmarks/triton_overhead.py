@@ -252,7 +252,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             float(r) for r in (50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200, 4800)
         )
     args.window_ms = args.window_ms or (1000 if args.quick else 2000)
-    args.stop_after = args.stop_after or (1 if args.quick else 2)
+    args.stop_after = args.stop_after or 2
     args.door_max_batch = args.door_max_batch or args.max_batch
     return args
 

@@ -26,7 +26,7 @@ def _point(side: str, rate: float, thr: float, p99: float, error: str | None = N
 
 def test_options() -> None:
     a = bench.parse_args(["--quick"])
-    assert a.protocols == ("http", "grpc") and a.window_ms == 1000 and a.stop_after == 1
+    assert a.protocols == ("http", "grpc") and a.window_ms == 1000 and a.stop_after == 2
     assert a.rates[0] == 100.0 and a.door_max_batch == a.max_batch == 32
     b = bench.parse_args(["--protocols", "grpc", "--rates", "10,20", "--door-max-batch", "8"])
     assert b.protocols == ("grpc",) and b.rates == (10.0, 20.0) and b.door_max_batch == 8
