@@ -7,6 +7,7 @@ The steps ``inferline attach`` runs, for operations scripts (``docs/operations-s
     plan = plan_attachment(att, pipeline, prof.profiles, trace, slo_s=0.2)
     svc, door = await start_attachment_service(att, plan, pipeline)    # queue + front doors
     ...                                                   # serve (serve_attachment does HTTP)
+    await att.backend.restore_operator_settings()         # the operator's settings back
     await svc.close()                                     # leaves the server's models loaded
 
 Nothing restarts the backend: models are adopted as they are (``adopt``), profiled on the
