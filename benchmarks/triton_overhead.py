@@ -125,67 +125,81 @@ def _cells(p: Point | None, p99_ms: float) -> list[str]:
     return [f"{p.throughput:.1f}{mark}", _fmt(p.p50_ms), _fmt(p.p99_ms), _fmt(cpu, ".2f"), ""]
 
 
-def report(args: argparse.Namespace, points: list[Point], door_info: dict[str, Any]) -> dict:
-    print()
-    print(
-        f"perf_analyzer 2.51 (C++, async, Poisson, batch 1) -> Triton direct vs inferline's KServe "
-        f"door | model digits_knn (Python backend), {args.instances} CPU instances, max batch "
-        f"{args.max_batch} (inferline queue {args.door_max_batch}, door -> Triton over "
-        f"{args.door_to_triton}), Triton batcher "
-        f"max_queue_delay {args.delay_us} us, P99 target {args.p99_ms:g} ms, 3 x {args.window_ms} ms "
-        f"windows per point. Shared 2-core machine: other work ran alongside."
-    )
-    by = {(p.side, p.protocol, p.rate): p for p in points}
-    summary: dict[str, Any] = {}
+def headline(args: argparse.Namespace, points: Sequence[Point]) -> dict[str, Any]:
+    """Per protocol: each side's best sustained point, their ratio, and which side was still
+    sustaining at the highest rate tried (not driven to saturation)."""
+    out: dict[str, Any] = {}
     for proto in args.protocols:
-        head = (
-            f"{proto:>4} rate/s | {'triton thr/s':>12} {'p50':>6} {'p99 ms':>8} {'cpu ms':>6} | "
-            f"{'inferline thr/s':>15} {'p50':>6} {'p99 ms':>8} {'cpu ms':>6} {'(door)':>6}"
-        )
-        print()
-        print(head)
-        print("-" * len(head))
-        for rate in sorted({p.rate for p in points if p.protocol == proto}):
-            t = _cells(by.get(("triton", proto, rate)), args.p99_ms)
-            q = by.get(("inferline", proto, rate))
-            c = _cells(q, args.p99_ms)
-            door = _fmt(q.door_cpu_ms, ".2f") if q else "-"
-            print(
-                f"{rate:>11.0f} | {t[0]:>12} {t[1]:>6} {t[2]:>8} {t[3]:>6} | "
-                f"{c[0]:>15} {c[1]:>6} {c[2]:>8} {c[3]:>6} {door:>6}"
-            )
         bt = best(points, "triton", proto, args.p99_ms)
         bq = best(points, "inferline", proto, args.p99_ms)
         ratio = bq.throughput / bt.throughput if bt and bq else None
-        top = max(p.rate for p in points if p.protocol == proto)
-        summary[proto] = {
-            # a side whose best is at the highest rate tried was not driven to saturation
+        top = max((p.rate for p in points if p.protocol == proto), default=0.0)
+        out[proto] = {
             "unsaturated": [b.side for b in (bt, bq) if b is not None and b.rate >= top],
             "triton": bt.to_dict() if bt else None,
             "inferline": bq.to_dict() if bq else None,
             "ratio": ratio,
             "target_met": None if ratio is None else ratio >= 0.98,  # 2%: a tie within noise
         }
-    print("(* = not sustained: P99 over target, under 90% of the rate answered, or an error;")
-    print(" cpu ms = CPU per answered request, Triton's processes plus, for inferline, the door's)")
+    return out
+
+
+def print_table(args: argparse.Namespace, points: Sequence[Point], proto: str) -> None:
+    by = {(p.side, p.rate): p for p in points if p.protocol == proto}
+    head = (
+        f"{proto:>4} rate/s | {'triton thr/s':>12} {'p50':>6} {'p99 ms':>8} {'cpu ms':>6} | "
+        f"{'inferline thr/s':>15} {'p50':>6} {'p99 ms':>8} {'cpu ms':>6} {'(door)':>6}"
+    )
     print()
+    print(head)
+    print("-" * len(head))
+    for rate in sorted({rate for _, rate in by}):
+        t = _cells(by.get(("triton", rate)), args.p99_ms)
+        q = by.get(("inferline", rate))
+        c = _cells(q, args.p99_ms)
+        door = _fmt(q.door_cpu_ms, ".2f") if q else "-"
+        print(
+            f"{rate:>11.0f} | {t[0]:>12} {t[1]:>6} {t[2]:>8} {t[3]:>6} | "
+            f"{c[0]:>15} {c[1]:>6} {c[2]:>8} {c[3]:>6} {door:>6}"
+        )
+
+
+def _say(p: dict[str, Any] | None) -> str:
+    return f"{p['throughput']:.1f}/s (P99 {p['p99_ms']:.1f} ms)" if p else "none"
+
+
+def print_headline(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     print(f"Highest throughput with P99 <= {args.p99_ms:g} ms (same perf_analyzer client):")
     for proto, s in summary.items():
-
-        def say(p: dict[str, Any] | None) -> str:
-            return f"{p['throughput']:.1f}/s (P99 {p['p99_ms']:.1f} ms)" if p else "none"
-
-        verdict = (
-            "-"
-            if s["ratio"] is None
-            else f"{s['ratio']:.2f}x -> target 1.0x {'met' if s['target_met'] else 'NOT met'}"
-        )
+        verdict = "-"
+        if s["ratio"] is not None:
+            met = "met" if s["target_met"] else "NOT met"
+            verdict = f"{s['ratio']:.2f}x -> target 1.0x {met}"
         if s["unsaturated"]:
             verdict += f" (not saturated at the highest rate tried: {', '.join(s['unsaturated'])})"
         print(
-            f"  {proto:>4}: Triton direct {say(s['triton'])}, inferline door {say(s['inferline'])}"
-            f"; inferline/Triton = {verdict}"
+            f"  {proto:>4}: Triton direct {_say(s['triton'])}, inferline door "
+            f"{_say(s['inferline'])}; inferline/Triton = {verdict}"
         )
+
+
+def report(args: argparse.Namespace, points: list[Point], door_info: dict[str, Any]) -> dict:
+    print()
+    print(
+        f"perf_analyzer 2.51 (C++, async, Poisson, batch 1) -> Triton direct vs inferline's KServe "
+        f"door | model digits_knn (Python backend), {args.instances} CPU instances, max batch "
+        f"{args.max_batch} (inferline queue {args.door_max_batch}, door -> Triton over "
+        f"{args.door_to_triton}), Triton batcher max_queue_delay {args.delay_us} us, P99 target "
+        f"{args.p99_ms:g} ms, 3 x {args.window_ms} ms windows per point. Shared 2-core machine: "
+        "other work ran alongside."
+    )
+    for proto in args.protocols:
+        print_table(args, points, proto)
+    print("(* = not sustained: P99 over target, under 90% of the rate answered, or an error;")
+    print(" cpu ms = CPU per answered request, Triton's processes plus, for inferline, the door's)")
+    print()
+    summary = headline(args, points)
+    print_headline(args, summary)
     print()
     print(
         "reproduce:",
@@ -257,6 +271,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def start_door(server: TritonServer, args: argparse.Namespace, work: Path) -> DoorProcess:
+    door = DoorProcess(
+        server.grpc_url if args.door_to_triton == "grpc" else server.http_url,
+        QUEUED,
+        max_batch=args.door_max_batch,
+        replicas=args.instances,
+        slo_ms=args.p99_ms,
+        workdir=work,
+    )
+    info = door.start()
+    log.info("inferline attach pid %d: HTTP %s, gRPC %s", door.pid, info["url"], info["grpc"])
+    return door
+
+
+def make_targets(server: TritonServer, door: DoorProcess) -> dict[str, Target]:
+    host, info = "127.0.0.1", door.info
+    direct = {"http": f"{host}:{server.http_port}", "grpc": f"{host}:{server.grpc_port}"}
+    via = {"http": info["url"].split("//")[1], "grpc": info["grpc"]}
+    pgid = server.pid or 0  # the harness starts Triton as its own process group's leader
+    return {
+        "triton": Target("triton", NATIVE, direct, f"http://{direct['http']}", pgid, None),
+        "inferline": Target("inferline", QUEUED, via, info["url"], pgid, door.pid),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.blas_threads > 0:
@@ -279,48 +318,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         door = None
         try:
             deploy_models(server, args)
-            log.info(
-                "Triton up (HTTP %d, gRPC %d); starting the door",
-                server.http_port,
-                server.grpc_port,
-            )
-            door = DoorProcess(
-                server.grpc_url if args.door_to_triton == "grpc" else server.http_url,
-                QUEUED,
-                max_batch=args.door_max_batch,
-                replicas=args.instances,
-                slo_ms=args.p99_ms,
-                workdir=work,
-            )
-            info = door.start()
-            log.info(
-                "inferline attach pid %d: HTTP %s, gRPC %s", door.pid, info["url"], info["grpc"]
-            )
-            host = "127.0.0.1"
-            targets = {
-                "triton": Target(
-                    "triton",
-                    NATIVE,
-                    {"http": f"{host}:{server.http_port}", "grpc": f"{host}:{server.grpc_port}"},
-                    f"http://{host}:{server.http_port}",
-                    server.pid or 0,
-                    None,
-                ),
-                "inferline": Target(
-                    "inferline",
-                    QUEUED,
-                    {"http": info["url"].split("//")[1], "grpc": info["grpc"]},
-                    info["url"],
-                    server.pid or 0,
-                    door.pid,
-                ),
-            }
-            points = sweep(args, pa, targets, work)
+            door = start_door(server, args, work)
+            points = sweep(args, pa, make_targets(server, door), work)
         finally:
             if door is not None:
                 door.stop()
             server.stop()
-        result = report(args, points, {"command": door.cmd[2:], **info})
+        result = report(args, points, {"command": door.cmd[2:], **door.info})
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str))
     return 0
