@@ -217,11 +217,10 @@ def plan_ladder(
 
 
 def _with_plan_waits(options: PlannerOptions, plan: Plan) -> PlannerOptions:
-    """Steps are judged with the plan's batch waits: the live tuner changes batch sizes and
-    replicas and keeps each model's batching policy (the plan's delayed batching)."""
+    """Steps are judged with the plan's batch waits and search none of their own: the live
+    tuner changes batch sizes and replicas and keeps each model's batching policy (the
+    plan's delayed batching, or fixed)."""
     waits = {m: c.batch_wait_s for m, c in plan.models.items() if c.batch_wait_ms > 0}
-    if not waits:
-        return options
     est = replace(options.estimator, batch_wait_s={**waits, **options.estimator.batch_wait_s})
     return replace(options, estimator=est, batch_wait=False)
 

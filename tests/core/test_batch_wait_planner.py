@@ -156,3 +156,12 @@ def test_ladder_steps_are_judged_with_and_carry_the_plan_s_waits() -> None:
     assert steps and all(
         c.batch_wait_ms == plan.models["a"].batch_wait_ms for s in steps for c in s.models.values()
     )
+
+
+def test_ladder_of_a_plan_without_waits_searches_none() -> None:
+    """The live tuner keeps a model's policy: a step with a wait of its own would not run."""
+    from inferline.core import plan_ladder
+
+    plan = plan_inferline(PIPE, PROF, TRACE, 0.11, options=OFF)
+    steps = plan_ladder(PIPE, PROF, TRACE, plan, options=ON, factors=(1.5, 2.0), workers=1)
+    assert steps and all(c.batch_wait_ms == 0 for s in steps for c in s.models.values())
