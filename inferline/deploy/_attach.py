@@ -38,7 +38,7 @@ from inferline.core import (
     nodes_from_dicts,
     plan_inferline,
 )
-from inferline.deploy._batching import with_max_batch
+from inferline.deploy._batching import planned_policy
 from inferline.deploy._planned import (
     check_stages_served,
 )
@@ -384,11 +384,15 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
             notes.insert(0, f"failed: kept {old.replicas} replicas ({type(e).__name__}: {e})")
             log.warning("could not apply the plan to %r: %s", name, e)
         if svc.dispatcher is not None:
-            svc.dispatcher.set_batching(
-                name, with_max_batch(svc.dispatcher.batching(name), cfg.max_batch_size)
-            )
+            # an attachment names no policies of its own: the plan decides, as for a
+            # deployment without "batching" (its batch wait gives delayed batching)
+            svc.dispatcher.set_batching(name, planned_policy(cfg))
         notes.append(f"max batch {cfg.max_batch_size}")
-        new = ModelConfig(old.hardware, cfg.max_batch_size, replicas)
+        if cfg.batch_wait_ms > 0:
+            notes.append(f"batch wait {cfg.batch_wait_ms:g} ms")
+        new = ModelConfig(
+            old.hardware, cfg.max_batch_size, replicas, batch_wait_ms=cfg.batch_wait_ms
+        )
         att.models[name] = new
         in_force[name] = new
         att.host.notify_config(name, old, new, backend=att.url, reason="plan applied")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferline.core import ValidationError
+from inferline.core import ModelConfig, ValidationError
 from inferline.core._validate import as_float, as_int, as_mapping, as_str
 from inferline.queueing import (
     AIMDBatching,
@@ -29,7 +29,7 @@ from inferline.queueing import (
     batching_from_dict,
 )
 
-__all__ = ["BATCHING_POLICIES", "BatchingSpec", "with_max_batch"]
+__all__ = ["BATCHING_POLICIES", "BatchingSpec", "planned_policy", "with_max_batch"]
 
 # each policy's parameters in a deployment (all optional)
 BATCHING_POLICIES: dict[str, frozenset[str]] = {
@@ -144,3 +144,12 @@ def with_max_batch(policy: BatchingPolicy, b: int) -> BatchingPolicy:
         table = dict(zip(d["candidate_sizes"], d["latencies_s"], strict=True))
         return _rafiki({int(k): float(v) for k, v in table.items()}, float(d["delta_s"]), b)
     return FixedBatching(b)
+
+
+def planned_policy(config: ModelConfig) -> BatchingPolicy:
+    """The policy a plan gives a model no deployment policy is named for: delayed batching
+    with the planned batch wait (``batch_wait_ms`` above 0), otherwise fixed batching (the
+    planner's and the estimator's greedy rule)."""
+    if config.batch_wait_ms > 0:
+        return DelayedBatching(config.max_batch_size, config.batch_wait_s)
+    return FixedBatching(config.max_batch_size)

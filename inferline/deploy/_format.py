@@ -49,8 +49,8 @@ from inferline.core._validate import (
     no_extra_keys,
     req,
 )
-from inferline.deploy._batching import BatchingSpec
-from inferline.queueing import BatchingPolicy, DelayedBatching, FixedBatching
+from inferline.deploy._batching import BatchingSpec, planned_policy
+from inferline.queueing import BatchingPolicy
 from inferline.server._service import InputSpec
 
 __all__ = [
@@ -286,9 +286,7 @@ class Deployment:
         fixed batching (the planner's and the estimator's greedy rule)."""
         if model in self.batching:
             return self.batching[model].build(config.max_batch_size, slo_s)
-        if config.batch_wait_ms > 0:
-            return DelayedBatching(config.max_batch_size, config.batch_wait_s)
-        return FixedBatching(config.max_batch_size)
+        return planned_policy(config)
 
     def model(self, name: str) -> ModelSpec:
         for m in self.models:

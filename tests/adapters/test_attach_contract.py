@@ -141,3 +141,41 @@ def test_a_plan_for_an_attached_server_fits_its_inventory(host: PluginHost) -> N
     att.backend.core_sharing = lambda: {"pinned_cores": {"cpu": 2, "tpu": 1}}
     with pytest.raises(InfeasibleError, match="cpu: 2 shared cores"):
         plan_attachment(att, pipe, prof, trace, 0.2)
+
+
+def test_a_planned_batch_wait_reaches_an_attached_models_queue(host: PluginHost) -> None:
+    """An attachment names no batching policy of its own, so the plan decides: its batch
+    wait gives delayed batching, and a later plan without one puts fixed batching back."""
+    from inferline.core import Plan
+    from inferline.deploy._attach import apply_attachment_plan
+    from inferline.queueing import DelayedBatching, Dispatcher, FixedBatching
+    from inferline.server._service import Service
+
+    class Scaled(MiniServer):
+        async def stats(self, name: str) -> dict[str, Any]:
+            return {"max_batch_size": 8}
+
+        async def scale(self, name: str, replicas: int) -> None:
+            self.scaled = (name, replicas)
+
+    async def run() -> tuple[Any, Any, dict[str, str], Any]:
+        att = await attach("mini://h:1", host=host)
+        att.backend = Scaled("mini://h:1")
+        d = Dispatcher()
+        d.add_model("a", batching=FixedBatching(1))
+        svc = Service(dispatcher=d, backend=att.backend, models=["a"], plugins=host)
+        waited = Plan("p", 0.2, {"a": ModelConfig("cpu", 4, 2, batch_wait_ms=12.0)})
+        notes = await apply_attachment_plan(svc, att, waited)
+        first = d.batching("a")
+        assert svc.plan is not None and svc.plan.models["a"].batch_wait_ms == 12.0
+        await apply_attachment_plan(svc, att, Plan("p", 0.2, {"a": ModelConfig("cpu", 4, 2)}))
+        second = d.batching("a")
+        await d.close()
+        return first, second, notes, svc.plan
+
+    first, second, notes, plan = asyncio.run(run())
+    assert isinstance(first, DelayedBatching)
+    assert first.to_dict() == {"policy": "delayed", "max_batch_size": 4, "batch_wait_s": 0.012}
+    assert "batch wait 12 ms" in notes["a"]
+    assert isinstance(second, FixedBatching) and second.to_dict()["max_batch_size"] == 4
+    assert plan.models["a"].batch_wait_ms == 0
