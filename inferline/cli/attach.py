@@ -207,11 +207,14 @@ def _attach(args: argparse.Namespace) -> int:
             fn = import_object(args.pipeline_fn, "--pipeline-fn") if args.pipeline_fn else None
             snapshot = _write_snapshot(att.backend, args.snapshot or SNAPSHOT_DEFAULT)
             svc, door = await start_attachment_service(
-                att, plan, pipeline, pipeline_fn=fn, app=args.app, slo_s=args.slo_ms / 1e3
+                att,
+                plan,
+                pipeline,
+                pipeline_fn=fn,
+                app=args.app,
+                slo_s=args.slo_ms / 1e3,
+                max_rows=args.max_request_rows,  # every door's cap, the native route's too
             )
-            door.max_rows = args.max_request_rows  # every door's cap, the native route's too
-            for a in svc.apps.values():
-                a.max_batch_inputs = args.max_request_rows
             if args.dry_run:
                 return 0
 

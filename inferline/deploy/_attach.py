@@ -44,6 +44,7 @@ from inferline.deploy._planned import (
 )
 from inferline.server._service import App, Service
 from inferline.server.frontdoors import FrontDoor, FrontDoorGrpc, Signature, TensorInfo
+from inferline.server.frontdoors._door import DEFAULT_MAX_ROWS, check_max_rows
 
 __all__ = [
     "Attachment",
@@ -410,10 +411,14 @@ async def start_attachment_service(
     app: str = "pipeline",
     slo_s: float | None = None,
     max_queue: int = 1000,
+    max_rows: int = DEFAULT_MAX_ROWS,
 ) -> tuple[Service, FrontDoor]:
     """The interposed queue over the attached models (one puller per live replica), the
-    plan applied, and an app running the pipeline; plus the front door for protocol routes."""
+    plan applied, and an app running the pipeline; plus the front door for protocol routes.
+    ``max_rows``: the most rows one request may carry, on every door and the app's route."""
     from inferline.queueing import Dispatcher, FixedBatching
+
+    check_max_rows(max_rows)  # before anything starts
 
     if pipeline is not None:  # before anything starts
         check_pipeline_io(pipeline, att.signatures)
@@ -442,7 +447,11 @@ async def start_attachment_service(
         fn = pipeline_fn or (dag_pipeline(pipeline) if pipeline is not None else None)
         if fn is not None:
             slo = slo_s if slo_s is not None else (plan.slo_s if plan is not None else 1.0)
-            svc.add_app(App.from_pipeline(app, fn, d, slo, models=tuple(att.models)))
+            svc.add_app(
+                App.from_pipeline(
+                    app, fn, d, slo, models=tuple(att.models), max_batch_inputs=max_rows
+                )
+            )
             if pipeline is not None:
                 roots = [m for m in pipeline.models if not any(b == m for _, b in pipeline.edges)]
                 sinks = [m for m in pipeline.models if not any(a == m for a, _ in pipeline.edges)]
@@ -451,7 +460,8 @@ async def start_attachment_service(
     except BaseException:
         await svc.close()
         raise
-    return svc, FrontDoor(svc, sigs, model_slo_s=slo_s or (plan.slo_s if plan is not None else 1.0))
+    model_slo_s = slo_s or (plan.slo_s if plan is not None else 1.0)
+    return svc, FrontDoor(svc, sigs, model_slo_s=model_slo_s, max_rows=max_rows)
 
 
 async def serve_attachment(

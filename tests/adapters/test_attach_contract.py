@@ -143,6 +143,22 @@ def test_a_plan_for_an_attached_server_fits_its_inventory(host: PluginHost) -> N
         plan_attachment(att, pipe, prof, trace, 0.2)
 
 
+class Scaled(MiniServer):
+    """A MiniServer a dispatcher can attach to and a plan can scale."""
+
+    def subscribe(self, callback: Any) -> None:
+        pass
+
+    def replicas(self, name: str) -> list[Any]:
+        return []
+
+    async def stats(self, name: str) -> dict[str, Any]:
+        return {"max_batch_size": 8}
+
+    async def scale(self, name: str, replicas: int) -> None:
+        self.scaled = (name, replicas)
+
+
 def test_a_planned_batch_wait_reaches_an_attached_models_queue(host: PluginHost) -> None:
     """An attachment names no batching policy of its own, so the plan decides: its batch
     wait gives delayed batching, and a later plan without one puts fixed batching back."""
@@ -150,13 +166,6 @@ def test_a_planned_batch_wait_reaches_an_attached_models_queue(host: PluginHost)
     from inferline.deploy._attach import apply_attachment_plan
     from inferline.queueing import DelayedBatching, Dispatcher, FixedBatching
     from inferline.server._service import Service
-
-    class Scaled(MiniServer):
-        async def stats(self, name: str) -> dict[str, Any]:
-            return {"max_batch_size": 8}
-
-        async def scale(self, name: str, replicas: int) -> None:
-            self.scaled = (name, replicas)
 
     async def run() -> tuple[Any, Any, dict[str, str], Any]:
         att = await attach("mini://h:1", host=host)
@@ -179,3 +188,25 @@ def test_a_planned_batch_wait_reaches_an_attached_models_queue(host: PluginHost)
     assert "batch wait 12 ms" in notes["a"]
     assert isinstance(second, FixedBatching) and second.to_dict()["max_batch_size"] == 4
     assert plan.models["a"].batch_wait_ms == 0
+
+
+def test_the_row_cap_of_an_attachment_is_set_on_every_door_before_it_serves(
+    host: PluginHost,
+) -> None:
+    from inferline.core import Pipeline
+    from inferline.deploy._attach import start_attachment_service
+
+    async def run(max_rows: Any) -> tuple[int, int]:
+        att = await attach("mini://h:1", host=host)
+        att.backend = Scaled("mini://h:1")
+        svc, door = await start_attachment_service(
+            att, pipeline=Pipeline("p", ("a",), ()), max_rows=max_rows
+        )
+        try:
+            return door.max_rows, svc.apps["pipeline"].max_batch_inputs
+        finally:
+            await svc.close()
+
+    assert asyncio.run(run(3)) == (3, 3)
+    with pytest.raises(ValidationError, match="max_rows"):
+        asyncio.run(run(0))

@@ -28,6 +28,7 @@ __all__ = [
     "FrontDoor",
     "Signature",
     "TensorInfo",
+    "check_max_rows",
     "check_shape",
     "decode_off_loop",
     "dtype_name",
@@ -177,6 +178,13 @@ async def decode_off_loop(size: int, fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
+def check_max_rows(max_rows: Any) -> int:
+    """The row cap of every door: an integer >= 1."""
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+        raise ValidationError("max_rows", "an integer >= 1", max_rows)
+    return max_rows
+
+
 class FrontDoor:
     """Runs protocol requests through a ``Service``: names are apps (pipelines) or models of
     its dispatcher; one query per row. ``max_rows``: the most rows one request may carry,
@@ -190,8 +198,7 @@ class FrontDoor:
         model_slo_s: float = 1.0,
         max_rows: int = DEFAULT_MAX_ROWS,
     ) -> None:
-        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
-            raise ValidationError("max_rows", "an integer >= 1", max_rows)
+        check_max_rows(max_rows)
         self.service = service
         self.signatures = dict(signatures or {})
         self.model_slo_s = model_slo_s
