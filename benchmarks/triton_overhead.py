@@ -233,8 +233,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--door-to-triton",
         choices=("http", "grpc"),
         default="grpc",
-        help="protocol of the door process's own requests to Triton (default %(default)s: "
-        "cheaper per request in the door than tritonclient's aiohttp client)",
+        help="protocol of the door process's own requests to Triton (default %(default)s)",
     )
     p.add_argument("--delay-us", type=int, default=0, help="Triton batcher max_queue_delay")
     p.add_argument(
