@@ -8,7 +8,7 @@ Eq. 7: ``a(M[v]) * (b - beta * overdue)``, with ``a`` the validation accuracy of
 ensemble. The state is the waiting time of the first ``queue_features`` requests (zero padded,
 in units of tau, capped at a few tau) plus, per model, its batch latencies ``c(m, b)`` and the
 time left on its current work; we add the (log) queue length, which the truncated wait vector
-cannot show. The action space is ``(2^|M| - 1) x |B|``. Arrivals follow the paper's noisy sine
+cannot show, and the recent arrival rate (``rate_feature``). The action space is ``(2^|M| - 1) x |B|``. Arrivals follow the paper's noisy sine
 (Eqs. 8-9): the rate exceeds ``r_ref`` for 20% of each cycle and peaks at 1.1 ``r_ref``.
 
 Decision points (documented against the paper, which invokes its simulator periodically): a
@@ -38,6 +38,18 @@ import numpy as np
 from inferline.core.errors import ValidationError
 
 _WAIT_CAP = 4.0
+RATE_WINDOW = 4.0  # taus
+
+
+def rate_feature(rate_qps: float, capacity_qps: float) -> float:
+    """The arrival rate as a fraction of the all-models capacity (capped at 4).
+
+    Dispatching whenever a model is idle keeps the queue at a request or two at any rate the
+    models sustain, so the queue alone cannot tell a quiet period (all models affordable) from
+    one near the all-models capacity; the rate can (the paper's periodic invocation sees it in
+    the queue's growth between invocations)."""
+    return min(rate_qps / capacity_qps, 4.0) if capacity_qps > 0 else 0.0
+
 
 __all__ = [
     "EnsembleEnv",
@@ -218,11 +230,21 @@ class EnsembleEnv:
             np.array([self.lat[m][b] for m in range(self.k) for b in config.batch_sizes])
             / config.tau_s
         )
+        # arrival-rate feature: arrivals over the last RATE_WINDOW taus, as a fraction of what
+        # all models on every batch serve (the slowest model's throughput at the largest batch)
+        bmax = max(config.batch_sizes)
+        self.capacity = min(bmax / m[bmax] for m in self.lat)
         self.reset()
 
     @property
     def state_dim(self) -> int:
-        return self.cfg.queue_features + 1 + len(self.static) + self.k
+        return self.cfg.queue_features + 2 + len(self.static) + self.k
+
+    def recent_rate(self) -> float:
+        """Arrivals per second over the last ``RATE_WINDOW`` taus (what a live server sees)."""
+        w = RATE_WINDOW * self.cfg.tau_s
+        first = int(np.searchsorted(self.arrivals, self.t - w, side="right"))
+        return max(self.next_arrival - first, 0) / w
 
     def reset(self) -> np.ndarray:
         self.t = float(self.arrivals[0]) if self.arrivals.size else 0.0
@@ -258,7 +280,8 @@ class EnsembleEnv:
         # queue length beyond the padded window is otherwise invisible to the policy (log scale:
         # a backlog can be hundreds of batches)
         qlen = np.array([math.log1p(len(self.queue) / max(self.cfg.batch_sizes))])
-        return np.concatenate([q, qlen, self.static, left]).astype(np.float32)
+        rate = np.array([rate_feature(self.recent_rate(), self.capacity)])
+        return np.concatenate([q, qlen, rate, self.static, left]).astype(np.float32)
 
     def action_mask(self) -> np.ndarray:
         """Actions whose subset holds at least one idle model (see the module docstring)."""

@@ -12,8 +12,9 @@ Serving. Every query is one decision. The state fed to the actor is the simulato
 what the policy sees live: the queries in flight (selected, not yet combined) stand for the
 queue (their waits in units of tau, oldest first, and the log queue length), the static
 latency profile, and per model the work left, estimated as its outstanding queries times its
-per-query latency at the largest batch. The action mask keeps the subsets holding an idle model
-(no outstanding query), as in training. The action's subset is queried; the batch size of the
+per-query latency at the largest batch, counted from the least-loaded model's (the simulator
+decides when a model frees up, so some model is always idle there). The action mask keeps the
+subsets holding such an idle model, as in training. The action's subset is queried; the batch size of the
 action is left to the models' own batching. ``status()`` reports the recent models per query
 and the arrival rate (``GET /apps/{app}/selection``). Randomness: none at serving time (the
 greedy action); training is seeded by ``seed``.
@@ -36,7 +37,7 @@ import numpy as np
 from inferline.core.errors import ValidationError
 
 from ._policy import Combined, WeightState, check_models, combine_votes
-from ._rafiki import _WAIT_CAP, EnsembleEnv, RafikiConfig, sine_arrivals
+from ._rafiki import _WAIT_CAP, RATE_WINDOW, EnsembleEnv, RafikiConfig, rate_feature, sine_arrivals
 from ._rafiki_agent import RafikiAgent, RafikiTrainConfig
 
 __all__ = ["RafikiPolicy"]
@@ -115,6 +116,7 @@ class RafikiPolicy:
         train_updates: int = 150,
         seed: int = 0,
         window_s: float = 5.0,
+        train: Mapping[str, Any] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.models = check_models(models)
@@ -132,6 +134,14 @@ class RafikiPolicy:
             raise ValidationError("train_updates", "an integer >= 1", train_updates)
         if isinstance(window_s, bool) or not isinstance(window_s, int | float) or window_s <= 0:
             raise ValidationError("window_s", "a number of seconds > 0", window_s)
+        if train is not None and not isinstance(train, Mapping):
+            raise ValidationError("train", 'RafikiTrainConfig fields, e.g. {"lr": 0.001}', train)
+        try:
+            tcfg = RafikiTrainConfig.from_dict({"seed": int(seed), **dict(train or {})})
+        except TypeError as e:
+            raise ValidationError("train", "RafikiTrainConfig fields", str(e)) from None
+        except ValidationError as e:
+            raise ValidationError(f"train.{e.field}", e.expected, e.got) from None
         self.lat, sizes = _profile(self.models, latency_ms)
         self.acc = _accuracies(self.models, subset_accuracy)
         self.cfg = RafikiConfig(tuple(sizes), tau_s=float(tau_ms) / 1e3, beta=float(beta))
@@ -154,7 +164,9 @@ class RafikiPolicy:
             "train_updates": train_updates,
             "seed": int(seed),
             "window_s": float(window_s),
+            "train": {k: v for k, v in tcfg.to_dict().items() if k != "seed"},
         }
+        self._tcfg = tcfg
         self._clock = clock or time.monotonic
         self._env = self._make_env(np.zeros(1))
         self.agent = self._trained()
@@ -162,6 +174,7 @@ class RafikiPolicy:
         self._inflight: dict[int, deque[tuple[float, tuple[int, ...]]]] = {}
         self._outstanding = np.zeros(len(self.models), dtype=int)
         self._recent: deque[tuple[float, int]] = deque()
+        self._arrivals: deque[float] = deque()  # within the last RATE_WINDOW taus
         self._decisions = 0
         self._per_query = np.array([d[bmax] / bmax for d in self.lat])
 
@@ -183,9 +196,7 @@ class RafikiPolicy:
             agent = _AGENTS.get(key)
             if agent is None:
                 seed = self.params["seed"]
-                agent = RafikiAgent(
-                    self._env.state_dim, len(self._env.actions), RafikiTrainConfig(seed=seed)
-                )
+                agent = RafikiAgent(self._env.state_dim, len(self._env.actions), self._tcfg)
                 agent.train(
                     lambda i: self._sine_env(seed * 100_003 + 1000 + i),
                     updates=self.params["train_updates"],
@@ -193,6 +204,27 @@ class RafikiPolicy:
                 )
                 _AGENTS[key] = agent
         return agent
+
+    def act(self, state: np.ndarray, mask: np.ndarray) -> int:
+        """The greedy action over subsets: the subset with the most probability summed over its
+        batch sizes, then its most probable batch size. (An argmax over single actions splits
+        a subset's probability across its |B| batch sizes and under-picks it; serving uses only
+        the subset.)"""
+        torch = self.agent._torch
+        with torch.no_grad():
+            lg = self.agent._logits(torch.from_numpy(state), torch.from_numpy(mask))
+            p = torch.softmax(lg, -1).numpy()
+        nb = len(self.cfg.batch_sizes)
+        best = int(np.argmax(p.reshape(-1, nb).sum(axis=1)))
+        return best * nb + int(np.argmax(p[best * nb : (best + 1) * nb]))
+
+    def simulate(self, env: EnsembleEnv) -> Any:
+        """One episode of ``env`` with this policy's greedy subsets (``EpisodeStats``)."""
+        with self.agent._threads():
+            s = env.start()
+            while not env.done:
+                s, _, _ = env.step(self.act(s, env.action_mask()))
+        return env.stats
 
     def config(self) -> dict[str, Any]:
         return {"policy": self.name, "models": list(self.models), **self.params}
@@ -212,17 +244,26 @@ class RafikiPolicy:
         waits = [now - a for a in arrivals[: cfg.queue_features]]
         q[: len(waits)] = np.minimum(np.asarray(waits) / cfg.tau_s, _WAIT_CAP)
         qlen = np.array([math.log1p(len(arrivals) / max(cfg.batch_sizes))])
-        left = self._outstanding * self._per_query / cfg.tau_s
-        state = np.concatenate([q, qlen, self._env.static, left]).astype(np.float32)
-        idle = self._outstanding == 0
+        w = RATE_WINDOW * cfg.tau_s
+        while self._arrivals and self._arrivals[0] <= now - w:
+            self._arrivals.popleft()
+        rate = np.array([rate_feature(len(self._arrivals) / w, self._env.capacity)])
+        work = self._outstanding * self._per_query
+        # the simulator decides when a model frees up: seen from the least-loaded model's
+        # free time, it is idle and the others have the difference left (a state of the
+        # training distribution, where some model is always idle)
+        left = (work - work.min()) / cfg.tau_s
+        state = np.concatenate([q, qlen, rate, self._env.static, left]).astype(np.float32)
+        idle = left <= 1e-12
         masks = self._env._subset_masks
         mask = masks[idle].any(axis=0) if idle.any() else np.ones(len(self._env.actions), bool)
         return state, mask
 
     def select(self, state: Any, x: Any) -> list[str]:
         now = self._clock()
+        self._arrivals.append(now)
         s, mask = self.live_state(now)
-        subset, _batch = self._env.actions[self.agent.act(s, mask, greedy=True)]
+        subset, _batch = self._env.actions[self.act(s, mask)]
         self._inflight.setdefault(id(x), deque()).append((now, subset))
         for m in subset:
             self._outstanding[m] += 1

@@ -50,6 +50,8 @@ class Clock:
         ({"subset_accuracy": {**ACC, "a": 1.5}}, "subset_accuracy.a"),
         ({"train_updates": 0}, "train_updates"),
         ({"rate_ref": 0}, "rate_ref"),
+        ({"train": {"lr": -1}}, "train.lr"),
+        ({"train": {"bogus": 1}}, "train"),
     ],
 )
 def test_bad_parameters_name_the_field(change, field) -> None:
