@@ -42,6 +42,11 @@ from ._rafiki_agent import RafikiAgent, RafikiTrainConfig
 
 __all__ = ["RafikiPolicy"]
 
+# training defaults of the served policy: more entropy and a shorter horizon than the library
+# defaults; on benchmarks/rafiki_live.py's profile the library defaults settle on one model at
+# every rate, these started to use all models at low rate within 200 updates (docs/selection.md)
+SERVE_TRAINING: dict[str, Any] = {"entropy": 0.05, "gamma_per_tau": 0.9}
+
 _AGENTS: dict[str, RafikiAgent] = {}
 _AGENTS_LOCK = threading.Lock()
 
@@ -137,7 +142,9 @@ class RafikiPolicy:
         if train is not None and not isinstance(train, Mapping):
             raise ValidationError("train", 'RafikiTrainConfig fields, e.g. {"lr": 0.001}', train)
         try:
-            tcfg = RafikiTrainConfig.from_dict({"seed": int(seed), **dict(train or {})})
+            tcfg = RafikiTrainConfig.from_dict(
+                {"seed": int(seed), **SERVE_TRAINING, **dict(train or {})}
+            )
         except TypeError as e:
             raise ValidationError("train", "RafikiTrainConfig fields", str(e)) from None
         except ValidationError as e:
