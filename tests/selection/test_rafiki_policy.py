@@ -67,22 +67,44 @@ def test_config_round_trips_json_and_training_is_cached() -> None:
     assert again.agent is p.agent  # the same configuration trains once
 
 
-def test_backlog_in_flight_means_fewer_models() -> None:
+def test_live_state_tracks_the_queries_in_flight() -> None:
+    """The simulator's state from live queries: waits, queue length, rate, work left, mask.
+    (Whether the trained agent then uses fewer models is integration/test_rafiki_live.py's
+    check: it needs a few hundred training updates.)"""
     clock = Clock()
     p = make_policy(_cfg(clock=clock), factories=REG)
     st = p.init()
     x0 = object()
-    alone = len(p.select(st, x0))
+    p.select(st, x0)
     p.combine(st, x0, {})
-    # a backlog: 60 queries in flight for up to one tau each
+    quiet, _ = p.live_state(0.0)
     xs = [object() for _ in range(60)]
-    for i, x in enumerate(xs):
+    for i, x in enumerate(xs):  # a backlog: 60 queries within 0.3 s
         clock.t = 1.0 + i * 0.005
         p.select(st, x)
-    busy = [len(p.select(st, object())) for _ in range(5)]
+    busy, mask = p.live_state(clock.t)
+    qf = p.cfg.queue_features
+    assert quiet[: qf + 2].sum() == pytest.approx(quiet[qf + 1])  # no wait, no queue
+    assert busy[0] == pytest.approx(0.295 / 0.3, rel=1e-3)  # the oldest wait, in taus
+    assert busy[qf] > quiet[qf] and busy[qf + 1] > quiet[qf + 1]  # queue length and rate
+    assert busy[-3:].min() == 0.0 and busy[-3:].max() > 0.0  # work left from the least loaded
+    assert mask.any() and not mask.all()
     s = p.status()
-    assert s["in_flight"] >= 60 and s["decisions"] == 66
-    assert alone >= max(busy), (alone, busy)
+    assert s["in_flight"] == 60 and s["decisions"] == 61
+    assert 1.0 <= s["models_per_query"] <= 3.0
     for x in xs:
         p.combine(st, x, {"a": 1})
-    assert p.status()["in_flight"] == 5
+    assert p.status()["in_flight"] == 0 and set(p.status()["outstanding"].values()) == {0}
+
+
+def test_deployment_errors_name_the_params_field() -> None:
+    from inferline.adapters import PluginHost
+    from inferline.server._selection_app import SelectionAppSpec, build_policy
+
+    block = {"policy": "rafiki", "models": ["a", "b", "c"], "params": _cfg(tau_ms=-5)}
+    del block["params"]["policy"], block["params"]["models"]
+    spec = SelectionAppSpec.from_dict(json.loads(json.dumps(block)))
+    assert SelectionAppSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(ValidationError) as e:
+        build_policy("vote", spec, PluginHost.default())
+    assert e.value.field == "apps.vote.selection.params.tau_ms"
