@@ -14,6 +14,7 @@ from ._rafiki import (
     sine_rate,
 )
 from ._rafiki_agent import RafikiAgent, RafikiTrainConfig, TrainLog
+from ._rafiki_policy import RafikiPolicy
 from ._service import Prediction, SelectionConfig, SelectionService, input_digest
 from ._store import MemoryStore, RedisStore, SQLiteStore, StateStore, open_store
 from ._switching import (
@@ -43,6 +44,7 @@ __all__ = [
     "Prediction",
     "RafikiAgent",
     "RafikiConfig",
+    "RafikiPolicy",
     "RafikiTrainConfig",
     "RateEstimator",
     "RedisStore",
