@@ -32,7 +32,7 @@ from .._plan import ModelConfig, Plan
 from .._profiles import Profiles
 from ..estimator import simulate
 from ._options import PlannerOptions, ProgressFn
-from ._space import _EPS, Configs, Key
+from ._space import Configs, Key
 from ._tuner_inputs import tuner_inputs
 from ._waits import WaitSearch
 
@@ -94,10 +94,7 @@ class Planner(WaitSearch):
                     if start2 is None:
                         continue
                     self._report("escape", rounds, start2, f"escape via {m} on {hw} b={b}")
-                    out = self._key(self.minimize_cost(self._configs(start2)))
-                    cost = self._cost(out)
-                    if cost < best_cost - _EPS and (found is None or cost < self._cost(found)):
-                        found = out
+                    found = self._cheapest_from(start2, best_cost, found)
             if found is None:
                 break
             best, best_cost = found, self._cost(found)

@@ -222,6 +222,16 @@ class PlannerCore(SearchSpace):
         return {m: cfg[m] for m in self._models}
 
     # -- Algorithm 2 ---------------------------------------------------------------------
+    def _cheapest_from(self, start: Key, best_cost: float, found: Key | None) -> Key | None:
+        """Minimize the cost from ``start``: the result if it beats both ``best_cost`` (by
+        more than rounding) and the round's ``found`` so far, else ``found`` (the improving
+        rounds of the extensions)."""
+        out = self._key(self.minimize_cost(self._configs(start)))
+        cost = self._cost(out)
+        if cost < best_cost - _EPS and (found is None or cost < self._cost(found)):
+            return out
+        return found
+
     def minimize_cost(self, configs: Mapping[str, ModelConfig]) -> Configs:
         """Greedy cost minimization from a feasible configuration (see the module doc)."""
         key = self._key(configs)

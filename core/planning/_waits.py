@@ -53,10 +53,7 @@ class WaitSearch(PlannerCore):
                 if m in fixed or self._sims >= budget:
                     continue
                 for start in self._starts(best, i, m):
-                    out = self._key(self.minimize_cost(self._configs(start)))
-                    cost = self._cost(out)
-                    if cost < best_cost - _EPS and (found is None or cost < self._cost(found)):
-                        found = out
+                    found = self._cheapest_from(start, best_cost, found)
             if found is None:
                 break
             best, best_cost = found, self._cost(found)

@@ -19,6 +19,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from inferline.core.protocols import ReplicaBase
 from inferline.queueing import Dispatcher
 
 QUIET_ITERATIONS = 4  # iterations without dispatcher activity before time may move on
@@ -87,29 +88,16 @@ class SteppedTime:
                 i += 1
 
 
-class GatedReplica:
+class GatedReplica(ReplicaBase):
     """A replica whose batch of ``b`` ends ``service_s(b)`` of stepped time after it starts."""
 
     def __init__(
         self, model: str, time: SteppedTime, service_s: Callable[[int], float], rid: str
     ) -> None:
-        self._model = model
+        super().__init__(model, rid, "cpu")
         self._time = time
         self._service = service_s
-        self._id = rid
         self.batch_sizes: list[int] = []
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    @property
-    def hardware(self) -> str:
-        return "cpu"
 
     @property
     def alive(self) -> bool:
