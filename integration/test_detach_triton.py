@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from triton_harness import SetupError, TritonServer, build_repository, ensure_installed
 
-from inferline.core import Pipeline, save
+from inferline.core import ModelConfig, Pipeline, Plan, save
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -79,17 +79,8 @@ def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TritonSer
             {"parameters": {"config": json.dumps(cfg)}},
         )
         save(Pipeline("attached", (MODEL,)), str(root / "pipeline.json"))
-        plan = {
-            "format": "inferline.plan/1",
-            "pipeline": "attached",
-            "slo_s": 1.0,
-            "percentile": 99,
-            "cost_per_hour": 0.0,
-            "estimated_latency_s": 0.1,
-            "strategy": "inferline",
-            "models": {MODEL: {"hardware": "cpu", "max_batch_size": 128, "replicas": 2}},
-        }
-        (root / "plan.json").write_text(json.dumps(plan))
+        plan = Plan("attached", 1.0, {MODEL: ModelConfig("cpu", 128, 2)}, estimated_latency_s=0.1)
+        save(plan, str(root / "plan.json"))
         yield server, root
     finally:
         server.stop()
