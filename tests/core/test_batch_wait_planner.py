@@ -3,14 +3,12 @@ lower the cost, carried by the plan file, estimated as the independent SimPy mod
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _simpy_reference import simpy_reference
 
 from inferline.core import (
     EstimatorOptions,
@@ -99,17 +97,7 @@ def test_config_wait_wins_over_the_option_in_the_estimator() -> None:
     np.testing.assert_array_equal(by_cfg.latencies_s, by_opt.latencies_s)
 
 
-def _bench():  # type: ignore[no-untyped-def]
-    pytest.importorskip("simpy", reason="simpy (the reference model) is not installed")
-    name = "inferline_bench_estimator"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "benchmarks" / "estimator.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+_bench = simpy_reference
 
 
 def test_planned_waits_agree_with_the_simpy_model() -> None:

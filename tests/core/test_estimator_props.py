@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
+from _simpy_reference import simpy_reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -118,17 +115,7 @@ def test_different_seeds_change_conditional_visits() -> None:
 
 
 # -- agreement with the SimPy model of benchmarks/estimator.py --------------------------------
-def _bench():  # type: ignore[no-untyped-def]
-    pytest.importorskip("simpy", reason="simpy (the reference model) is not installed")
-    name = "inferline_bench_estimator"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "benchmarks" / "estimator.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+_bench = simpy_reference
 
 
 @pytest.mark.parametrize("case", range(10))
