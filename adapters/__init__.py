@@ -1,6 +1,7 @@
 """Backend adapters and the plugin host (pluggy, entry-point group ``inferline``)."""
 
 from ._host import DISABLED_ENV, ENTRYPOINT_GROUP, PluginHost
+from ._ports import address_in_use, free_port
 from .hookspecs import HOOK_NAMES, BackendFactory, PolicyFactory, hookimpl, hookspec
 
 __all__ = [
@@ -10,6 +11,8 @@ __all__ = [
     "BackendFactory",
     "PluginHost",
     "PolicyFactory",
+    "address_in_use",
+    "free_port",
     "hookimpl",
     "hookspec",
 ]

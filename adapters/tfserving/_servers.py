@@ -14,7 +14,6 @@ import logging
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,7 @@ from urllib.parse import SplitResult
 
 from inferline.core import BackendError, ValidationError
 
+from .._ports import free_port
 from ._client import TFServingClient
 from ._config import ServedModel, format_text, parse_text
 
@@ -55,12 +55,6 @@ def find_model_server(binary: str | Sequence[str] | None = None) -> list[str] | 
         return shlex.split(env)
     found = shutil.which("tensorflow_model_server")
     return [found] if found else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(eq=False)
@@ -121,7 +115,7 @@ def launched_endpoints(
     tmp = tempfile.TemporaryDirectory(prefix="inferline-tfserving-")
     eps = []
     for i in range(n):
-        ep = Endpoint(f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}", hardware, {})
+        ep = Endpoint(f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}", hardware, {})
         ep.command = cmd
         ep.config_path = Path(tmp.name) / f"server{i}.conf"
         eps.append(ep)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inferline.adapters import address_in_use, free_port
 from inferline.adapters.tfserving import ServedModel, find_model_server, format_text
 
 from ._models import save_dense_model
@@ -28,12 +28,6 @@ from ._models import save_dense_model
 __all__ = ["Digits", "TFServer", "export_model", "free_port", "server_command", "server_kind"]
 
 _MAIN = Path(__file__).with_name("__main__.py")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def server_kind() -> str:
@@ -96,6 +90,7 @@ class TFServer:
         self.config_file.write_text(config_text or format_text(list(models)))
         self.flags = list(flags)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False
         self.log = self.workdir / f"server-{self.rest_port}.log"
 
     @property
@@ -107,6 +102,22 @@ class TFServer:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout_s: float = 60.0) -> TFServer:
+        """Start and wait until it answers; a first start that finds a port taken picks
+        new ports and tries again (up to three times). A restart keeps its ports."""
+        first, self._started = not self._started, True
+        for attempt in range(3):
+            mark = self.log.stat().st_size if self.log.exists() else 0
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError:
+                said = self.log.read_bytes()[mark:].decode("utf-8", "replace")
+                if not first or attempt == 2 or not address_in_use(said):
+                    raise
+                self.stop()
+                self.grpc_port, self.rest_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> TFServer:
         cmd = [
             *server_command(),
             f"--port={self.grpc_port}",

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from inferline.adapters import address_in_use, free_port
+
 from .setup_server import Install
 
 __all__ = ["TritonServer", "free_port"]
@@ -22,18 +24,15 @@ __all__ = ["TritonServer", "free_port"]
 log = logging.getLogger(__name__)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class TritonServer:
     """One ``tritonserver`` bound to 127.0.0.1, in explicit model-control mode unless
     ``model_control_mode`` says otherwise (``none``/``poll``: to check that attach refuses it).
 
-    Ports are chosen once, so a restart comes back on the same addresses (clients reconnect).
+    Ports are chosen once, so a restart comes back on the same addresses (clients reconnect);
+    only a first start that finds a port taken picks new ones and tries again.
     """
+
+    START_TRIES = 3
 
     def __init__(
         self,
@@ -112,6 +111,26 @@ class TritonServer:
     def start(self, timeout_s: float = 60.0) -> TritonServer:
         if self._proc is not None and self._proc.poll() is None:
             return self
+        first = not self._atexit_registered
+        for attempt in range(1, self.START_TRIES + 1):
+            mark = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start_once(timeout_s)
+            except RuntimeError:
+                if not first or attempt == self.START_TRIES:
+                    raise
+                with open(self.log_path, "rb") as f:
+                    f.seek(mark)
+                    said = f.read().decode("utf-8", "replace")
+                if not address_in_use(said):
+                    raise
+                log.warning("tritonserver found a port taken; new ports, try %d", attempt + 1)
+                self.stop()
+                self.http_port, self.grpc_port = free_port(), free_port()
+                self.metrics_port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout_s: float) -> TritonServer:
         self._log_fh = open(self.log_path, "ab")  # closed in stop()
         self._proc = subprocess.Popen(
             self.command(),

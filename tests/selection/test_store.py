@@ -2,7 +2,6 @@
 
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -10,6 +9,7 @@ import time
 
 import pytest
 
+from inferline.adapters import free_port
 from inferline.core import ValidationError
 from inferline.selection import MemoryStore, RedisStore, SQLiteStore, open_store
 
@@ -69,19 +69,13 @@ def test_acknowledged_sqlite_updates_survive_kill_9(tmp_path):
     assert reopened.receipt(f"r{acked}") == {"n": acked}  # and its receipt, same transaction
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def redis_url(tmp_path):
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     pytest.importorskip("redis", reason="the redis Python package is not installed")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
         stdout=subprocess.DEVNULL,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -11,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from _velox_helpers import make_table
 
+from inferline.adapters import free_port
 from inferline.velox import FeatureTable
 
 
@@ -19,19 +19,13 @@ def table() -> FeatureTable:
     return make_table()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def redis_url(tmp_path) -> Iterator[str]:
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.skip("redis-server is not installed (apt-get install redis-server)")
     redis = pytest.importorskip("redis", reason="the redis Python package is not installed")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             exe,
