@@ -55,7 +55,9 @@ def test_profiling_under_contention_measures_a_shared_core():
     backend of one core shares it with the contending replica, so its batches must take
     clearly longer than profiled alone. Injected bug this catches: the profiler ignoring
     ``contention`` (no contending replicas started), which left the known-cost test above
-    passing: the ratio was then about 1."""
+    passing: the ratio was then about 1. The contention must already run when the first
+    batch is measured (a fresh clone once failed here: the contending replica was still
+    starting while the first samples ran), and the test checks that it ran."""
     spec = ModelSpec("w", "inferline.adapters.local.examples:work", {"rounds": 30_000})
 
     def opts(contention: bool) -> ProfilerOptions:
@@ -77,10 +79,19 @@ def test_profiling_under_contention_measures_a_shared_core():
         finally:
             await b.close()
 
-    alone = asyncio.run(main(False)).profiles.models["w"]["cpu"][1].latency_s
-    shared = asyncio.run(main(True)).profiles.models["w"]["cpu"][1].latency_s
+    alone_res = asyncio.run(main(False))
+    shared_res = asyncio.run(main(True))
+    alone = alone_res.profiles.models["w"]["cpu"][1].latency_s
+    shared = shared_res.profiles.models["w"]["cpu"][1].latency_s
+    assert alone_res.contention == {}
+    # the contender was answering before the first measured batch (the profiler waits for
+    # its first answer) and kept answering throughout: at least one of its batches per
+    # measured one (both take about as long on the shared core)
+    ran = shared_res.contention["w"]["cpu"]
+    measured = {b: len(x) for b, x in shared_res.samples["w"]["cpu"].items()}
+    assert all(ran[b] >= measured[b] // 2 for b in measured), (ran, measured)
     # two busy processes on one core: each gets about half of it
-    assert shared > 1.5 * alone, (alone, shared)
+    assert shared > 1.5 * alone, (alone, shared, ran)
 
 
 def test_profiler_measures_a_known_wake_up_cost():

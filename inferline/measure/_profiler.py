@@ -132,6 +132,9 @@ class ProfileResult:
         default_factory=dict
     )
     seconds: float = 0.0
+    # model -> hardware -> batch size -> batches the contending replicas answered while that
+    # point was measured (empty with contention off)
+    contention: Mapping[str, Mapping[str, Mapping[int, int]]] = field(default_factory=dict)
 
     def fit(self, model: str, hardware: str, quantile: float = 0.5) -> BatchFit:
         for f in self.fits:
@@ -144,6 +147,10 @@ class ProfileResult:
             "profiles": self.profiles.to_dict(),
             "fits": [f.to_dict() for f in self.fits],
             "seconds": self.seconds,
+            "contention_batches": {
+                m: {hw: {str(b): n for b, n in by_b.items()} for hw, by_b in by_hw.items()}
+                for m, by_hw in self.contention.items()
+            },
         }
 
 
@@ -196,19 +203,60 @@ async def _sample_point(
     return lat
 
 
-async def _background(handles: Sequence[Any], inputs: Sequence[Any], size: int) -> None:
-    """Keep the other replicas busy with the same batches (contention), until cancelled."""
+class _Contention:
+    """The contending replicas kept busy with the same batches while one point is measured.
 
-    async def loop(h: Any, k: int) -> None:
-        offset = k * 7919
+    Entered, it starts a loop per replica and returns once each has answered a batch, so the
+    first measured batch (warm-up included) already shares the machine; a replica that was
+    still starting would otherwise leave the first samples uncontended. ``batches`` counts
+    what the contenders answered while the point was measured (the profile records it)."""
+
+    START_TIMEOUT_S = 60.0
+
+    def __init__(self, handles: Sequence[Any], inputs: Sequence[Any], size: int) -> None:
+        self._handles = list(handles)
+        self._inputs = inputs
+        self._size = size
+        self._answered = [asyncio.Event() for _ in self._handles]
+        self._task: asyncio.Future[Any] | None = None
+        self.batches = 0
+
+    async def _loop(self, k: int) -> None:
+        h, offset = self._handles[k], k * 7919
         while True:
             try:
-                await h.predict_batch(_batch(inputs, size, offset))
+                await h.predict_batch(_batch(self._inputs, self._size, offset))
             except InferlineError:
                 await asyncio.sleep(0.01)
-            offset += size
+            else:
+                self.batches += 1
+                self._answered[k].set()
+            offset += self._size
 
-    await asyncio.gather(*(loop(h, k) for k, h in enumerate(handles)))
+    async def __aenter__(self) -> _Contention:
+        if not self._handles:
+            return self
+        self._task = asyncio.gather(*(self._loop(k) for k in range(len(self._handles))))
+        waits = asyncio.gather(*(e.wait() for e in self._answered))
+        try:
+            await asyncio.wait_for(waits, self.START_TIMEOUT_S)
+        except TimeoutError:
+            await self.__aexit__()
+            started = sum(e.is_set() for e in self._answered)
+            raise InferlineError(
+                f"contending replicas: {started} of {len(self._handles)} answered a batch "
+                f"within {self.START_TIMEOUT_S:g} s; profile with contention off "
+                "(--no-contention) or find why they do not serve"
+            ) from None
+        self.batches = 0  # count only what overlapped the measurement
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, InferlineError):
+                await self._task
+            self._task = None
 
 
 async def profile_models(
@@ -238,14 +286,17 @@ async def profile_models(
     done = 0
     samples: dict[str, dict[str, dict[int, tuple[float, ...]]]] = {}
     wake: dict[str, dict[str, WakeProfile]] = {}
+    contention: dict[str, dict[str, dict[int, int]]] = {}
     for spec in specs:
         for hw in hardware:
-            per_b, w = await _profile_pair(
+            per_b, bg, w = await _profile_pair(
                 backend, spec, hw, inputs[spec.name], sizes, options, done, total, progress
             )
             done += len(sizes)
             if per_b:
                 samples.setdefault(spec.name, {})[hw] = per_b
+            if bg:
+                contention.setdefault(spec.name, {})[hw] = bg
             if per_b and w is not None:
                 wake.setdefault(spec.name, {})[hw] = w
             if progress is not None:
@@ -257,7 +308,8 @@ async def profile_models(
         for hw, by_b in by_hw.items():
             for q in (0.5, 0.99):
                 fits.append(fit_batch_latency(m, hw, by_b, q))
-    return ProfileResult(profiles, tuple(fits), samples, time.perf_counter() - t_start)
+    took = time.perf_counter() - t_start
+    return ProfileResult(profiles, tuple(fits), samples, took, contention)
 
 
 async def _profile_pair(
@@ -270,8 +322,9 @@ async def _profile_pair(
     done: int,
     total: int,
     progress: Progress | None,
-) -> tuple[dict[int, tuple[float, ...]], WakeProfile | None]:
+) -> tuple[dict[int, tuple[float, ...]], dict[int, int], WakeProfile | None]:
     out: dict[int, tuple[float, ...]] = {}
+    contended: dict[int, int] = {}
     wake = None
     await backend.deploy(spec, ModelConfig(hw, max(sizes), 1))
     try:
@@ -304,14 +357,10 @@ async def _profile_pair(
         for i, b in enumerate(sizes):
             if progress is not None:
                 progress(spec.name, hw, b, done + i, total)
-            bg = asyncio.ensure_future(_background(others, inputs, b)) if others else None
-            try:
+            async with _Contention(others, inputs, b) as bg:
                 lat = await _sample_point(target, inputs, b, opts)
-            finally:
-                if bg is not None:
-                    bg.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, InferlineError):
-                        await bg
+            if others:
+                contended[b] = bg.batches
             out[b] = tuple(lat)
             if float(np.median(lat)) > opts.max_latency_s:
                 log.info(
@@ -328,7 +377,7 @@ async def _profile_pair(
             log.info("%s on %s: wake-up extras %s", spec.name, hw, wake)
     finally:
         await backend.remove(spec.name)
-    return out, wake
+    return out, contended, wake
 
 
 def _node_of(backend: Any, handle: Any) -> Any:
