@@ -62,7 +62,10 @@ class Sleep:
     takes that much longer (a cold path of known size, for testing the wake-up profile).
     ``slow_after_s`` / ``slow_factor``: once that many seconds have passed since the
     container was loaded, every batch takes ``slow_factor`` times longer (a model that slows
-    down mid-run, for testing the drift loop; off by default).
+    down mid-run, for testing the drift loop; off by default). ``slow_flag``: a file path;
+    once it exists every replica is slow, those loaded later included (``slow_after_s`` is
+    counted per replica, so a replica a re-plan adds starts fast again: a model that is
+    itself changing, which a drift test cannot tell from the loop's own swings).
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class Sleep:
         idle_after_s: float = 0.01,
         slow_after_s: float = 0.0,
         slow_factor: float = 1.0,
+        slow_flag: str = "",
     ) -> None:
         self.base_s = base_s
         self.per_item_s = per_item_s
@@ -83,13 +87,15 @@ class Sleep:
         self._ended = -float("inf")
         self.slow_after_s = slow_after_s
         self.slow_factor = slow_factor
+        self.slow_flag = slow_flag
+        self._slow = False  # the flag seen once: slow from then on without another stat
         self._loaded = time.perf_counter()
 
     def predict_batch(self, inputs: list[Any]) -> list[Any]:
         dt = self.base_s + self.per_item_s * len(inputs)
         if self.wake_s and time.perf_counter() - self._ended > self.idle_after_s:
             dt += self.wake_s
-        if self.slow_factor != 1.0 and time.perf_counter() - self._loaded >= self.slow_after_s:
+        if self.slow_factor != 1.0 and self._is_slow():
             dt *= self.slow_factor
         if self.spin:
             end = time.perf_counter() + dt
@@ -100,6 +106,14 @@ class Sleep:
         self._ended = time.perf_counter()
         pid = os.getpid()
         return [{"pid": pid, "n": len(inputs), "x": x if _jsonable(x) else None} for x in inputs]
+
+    def _is_slow(self) -> bool:
+        if not self._slow:
+            if self.slow_flag:
+                self._slow = os.path.exists(self.slow_flag)
+            else:
+                self._slow = time.perf_counter() - self._loaded >= self.slow_after_s
+        return self._slow
 
 
 def _jsonable(x: Any) -> bool:

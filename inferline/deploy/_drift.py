@@ -339,6 +339,7 @@ class DriftMonitor:
         configs = self._configs()
         est = (await self._estimates({"trace": arrivals}, configs, profiles))["trace"]
         if est <= plan.slo_s:
+            self.state = self.policy.settled(self.state, now, changed=False)
             self._event(
                 "kept",
                 f"the plan still fits: estimated P99 {est * 1e3:.1f} ms <= SLO "

@@ -8,7 +8,11 @@ policy then answers ``alert`` (mode ``alert``: log it and count it) or ``recalib
 ``replan``: calibrate the profiles to the live service times, and re-plan if the plan no
 longer meets its SLO under the new estimate), at most once per ``cooldown_s``. A window with
 fewer than ``min_queries`` arrivals says nothing (its P99 is its maximum) and resets the
-app's count. An estimate over the app's SLO counts as apart too: once calibration has closed
+app's count. The cooldown lets a changed deployment show in the measurement; an action that
+changed nothing (calibrated, and the plan kept) lifts it (:meth:`DriftPolicy.settled`), so
+a gap that opens right after, a model slowing down, is acted on within ``sustain`` ticks
+(a 5 s cooldown after an early calibration once delayed a slowdown's re-plan by 5 s, and the
+backlog it left missed the SLO). An estimate over the app's SLO counts as apart too: once calibration has closed
 the gap, a plan that no longer fits (a re-plan that failed to apply, say) is still acted on.
 
 Pure: state in, decision and new state out; the caller passes the time.
@@ -195,3 +199,10 @@ class DriftPolicy:
         counts.update({a: 0 for a in drifted})
         acted = DriftState(tuple(sorted(counts.items())), now_s)
         return DriftDecision(now_s, action, drifted, why), acted
+
+    def settled(self, state: DriftState, acted_s: float, changed: bool) -> DriftState:
+        """The state once the action decided at ``acted_s`` is done: without a change to the
+        deployment (the plan kept), no cooldown. Only the latest action's outcome counts."""
+        if changed or state.last_action_s != acted_s:
+            return state
+        return replace(state, last_action_s=-math.inf)

@@ -91,6 +91,30 @@ def test_cooldown_holds_the_next_action_and_counts_restart_after_acting():
     assert all(d.reason.startswith("cooling down") for d in ds if d.time_s in (3.0, 4.0, 5.0))
 
 
+def test_an_action_that_changed_nothing_lifts_the_cooldown():
+    """A calibration that kept the plan changed nothing a cooldown would wait to see: the
+    next gap (a model slowing down right after) is acted on within ``sustain`` ticks. Fails
+    if ``settled`` keeps the cooldown (the drift test's slowdown was then re-planned 5 s
+    late), or lifts it after a change or after a later action than the one settled."""
+    p = DriftPolicy(DriftConfig(mode="replan", sustain=2, cooldown_s=5.0))
+    state = DriftState()
+    d, state = p.decide(state, [_obs(40, 28)], 0.0)
+    d, state = p.decide(state, [_obs(40, 28)], 1.0)  # the estimate ran high: calibrate
+    assert d.action == "recalibrate"
+    kept = p.settled(state, 1.0, changed=False)
+    assert kept.last_action_s == -math.inf and kept.apart == state.apart
+    slow = [_obs(30, 300)]
+    d, after = p.decide(kept, slow, 2.0)
+    d, after = p.decide(after, slow, 3.0)
+    assert d.action == "recalibrate"  # not "cooling down" until t=6
+    # a change (re-plan applied) keeps the cooldown; so does settling an older action
+    assert p.settled(state, 1.0, changed=True) == state
+    assert p.settled(state, 0.5, changed=False) == state
+    d, held = p.decide(state, slow, 2.0)
+    d, held = p.decide(held, slow, 3.0)
+    assert d.action == "none" and d.reason.startswith("cooling down")
+
+
 def test_thin_windows_and_unbounded_estimates():
     p = DriftPolicy(DriftConfig(mode="replan", sustain=2, min_queries=50, cooldown_s=0))
     ds, state = _run(p, [[_obs(10, 30, n=10)]] * 4)
