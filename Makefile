@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 unit: $(TEST_STAMP)
-	$(PY) -m pytest -q -rs -p no:cacheprovider
+	$(PY) -m pytest -q -rs -p no:cacheprovider --durations=20
 
 # Build the wheel, install it into a fresh venv and run the CLI from it: proves the folder
 # mapping into the inferline namespace works outside an editable install.
