@@ -128,3 +128,29 @@ def test_a_hardware_change_is_made_only_when_asked() -> None:
     assert build_config(empty, max_batch_size=16, replicas=2)["instance_group"] == [
         {"kind": "KIND_CPU", "count": 2}
     ]
+
+
+def test_placing_on_gpus_keeps_the_other_groups_and_counts_them() -> None:
+    """Several instance groups, placed on GPUs: the first group becomes the per-GPU groups,
+    every other group stays exactly and counts toward the replicas (a first group already
+    KIND_GPU keeps its own GPUs, as in the other path). Fails if placing on GPUs drops the
+    other groups (``return made`` instead of ``made + others``)."""
+    second = _group(name="grp_b", kind="KIND_GPU", gpus=[2], count=2, rate_limiter={})
+    third = _group(name="grp_c", count=1, host_policy="numa1", rate_limiter={})
+    cfg = _config(_group(), second, third)
+    before = copy.deepcopy(cfg)
+    out = build_config(cfg, max_batch_size=16, replicas=6, gpus=[0, 1], batcher=KEEP_BATCHER)
+    assert cfg == before
+    groups = out["instance_group"]
+    assert [(g["kind"], g["gpus"], g["count"]) for g in groups[:2]] == [
+        ("KIND_GPU", [0], 2),
+        ("KIND_GPU", [1], 1),
+    ]
+    assert groups[2:] == [second, third]
+    assert instance_count(out) == 6  # 3 inferline's + 2 + 1 the operator's
+    with pytest.raises(ValidationError, match=r"m\.replicas"):
+        build_config(cfg, max_batch_size=16, replicas=3, gpus=[0, 1], batcher=KEEP_BATCHER)
+    on_gpu = _config(_group(kind="KIND_GPU", gpus=[0], count=1), third)
+    moved = build_config(on_gpu, max_batch_size=16, replicas=4, gpus=[0, 1])
+    assert moved["instance_group"] == [_group(kind="KIND_GPU", gpus=[0], count=3), third]
+    assert instance_count(moved) == 4

@@ -82,3 +82,23 @@ def test_auto_plan_keeps_the_slack_the_sample_asks_for() -> None:
     assert auto.cost_per_hour >= paper.cost_per_hour
     assert auto.models["a"].replicas >= paper.models["a"].replicas
     assert isinstance(auto.models["a"], ModelConfig)
+
+
+def test_auto_margin_is_exactly_the_documented_formula() -> None:
+    """The module doc's formula on a hand-made sample, computed here with numpy alone:
+    ``min(0.5, 0.03 + 2 * sqrt(2) * std(counts, ddof=1) / sqrt(K) / mean(counts))`` over
+    ``K = max(8, span // 5 s)`` equal windows. Fails if the formula is changed by any
+    factor (e.g. the ``sqrt(2)`` dropped, ~25% smaller; ``ddof=0``; the floor or ``Z``
+    changed), which the range checks above accept."""
+    counts = np.array([12, 18, 9, 15, 21, 10, 17, 6])  # 8 windows of 5 s over 40 s
+    times = [0.0]  # the first arrival opens the first window, the last closes the last
+    for i, c in enumerate(counts):
+        n = c - (i == 0) - (i == len(counts) - 1)
+        times.extend(i * 5.0 + (j + 1) * 5.0 / (n + 1) for j in range(n))
+    times.append(40.0)
+    sample = np.array(sorted(times))
+    assert sample.size == counts.sum()
+    expected = 0.03 + 2.0 * np.sqrt(2.0) * counts.std(ddof=1) / np.sqrt(8) / counts.mean()
+    assert 0.3 < expected < 0.5  # under the cap: the formula decides it
+    assert auto_rate_margin(sample) == pytest.approx(expected, rel=1e-12)
+    assert auto_rate_margin(sample) == pytest.approx(0.407705, abs=1e-6)

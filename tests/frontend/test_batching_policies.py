@@ -13,7 +13,7 @@ import pytest
 from inferline.core import ModelConfig, Plan, ValidationError
 from inferline.demo.simple import sleep_deployment
 from inferline.deploy import Deployment, apply_plan, start_service
-from inferline.deploy._batching import BatchingSpec, with_max_batch
+from inferline.deploy._batching import BATCHING_POLICIES, BatchingSpec, with_max_batch
 from inferline.queueing import AIMDBatching, DelayedBatching, FixedBatching
 from inferline.server import create_app, make_admin_router
 
@@ -87,6 +87,63 @@ def test_served_policy_is_kept_by_a_new_plan_and_shown_in_admin():
                 models = (await c.get("/admin/models")).json()
             assert models["m"]["batching"]["policy"] == "aimd"
             assert models["m"]["batching"]["size"] == kept.size
+        finally:
+            await svc.close()
+
+    asyncio.run(main())
+
+
+# a distinctive value per *_ms parameter; latencies_ms is a {batch size: ms} table
+_MS_VALUE = 7.25
+_MS_TABLE = {"1": 7.25, "4": 11.5, "8": 19.75}
+
+
+def _ms_fields() -> list[tuple[str, str]]:
+    return sorted(
+        (policy, name)
+        for policy, names in BATCHING_POLICIES.items()
+        for name in names
+        if name.endswith("_ms")
+    )
+
+
+def test_every_ms_field_of_every_policy_reaches_the_policy_in_seconds():
+    """Each policy's every ``*_ms`` parameter, set to a distinctive value in a deployment,
+    is in the built policy as ``*_s`` = value / 1000. Fails if any of them is taken as
+    seconds (e.g. ``margin_ms`` without ``/ 1e3``) or not passed on at all."""
+    fields = _ms_fields()
+    assert {n for _, n in fields} >= {"batch_wait_ms", "margin_ms", "delta_ms", "latencies_ms"}
+    for policy, name in fields:
+        params: dict = {"latencies_ms": dict(_MS_TABLE)} if policy == "rafiki" else {}
+        params[name] = dict(_MS_TABLE) if name == "latencies_ms" else _MS_VALUE
+        dep = _dep({"policy": policy, **params})
+        built = dep.batching_of("m").build(8, 0.1).to_dict()
+        assert built["policy"] == policy
+        got = built[name[: -len("_ms")] + "_s"]
+        if name == "latencies_ms":
+            table = dict(zip(built["candidate_sizes"], got, strict=True))
+            assert table == {int(b): pytest.approx(ms / 1e3) for b, ms in _MS_TABLE.items()}
+        else:
+            assert got == pytest.approx(_MS_VALUE / 1e3), (policy, name, got)
+
+
+def test_served_aimd_with_a_margin_grows_its_batch_bound():
+    """AIMD served with ``margin_ms`` 50 under a 100 ms SLO (2 ms batches): full batches
+    under SLO - margin grow its bound past 1, and the policy holds the margin in seconds.
+    Fails if ``margin_ms`` is taken as seconds (50 s: every batch counts as late and the
+    bound never leaves 1)."""
+    dep = _dep({"policy": "aimd", "increase": 1, "backoff": 0.5, "margin_ms": 50})
+    plan = Plan("sleep", 0.1, {"m": ModelConfig("cpu", 8, 1)})
+
+    async def main():
+        svc = await start_service(dep, plan)
+        try:
+            pol = svc.dispatcher.batching("m")
+            assert isinstance(pol, AIMDBatching) and pol.size == 1
+            await asyncio.gather(*(svc.predict("app", [float(i)]) for i in range(40)))
+            grown = svc.dispatcher.batching("m")
+            assert isinstance(grown, AIMDBatching) and grown.size > 1, grown
+            assert grown.margin_s == pytest.approx(0.05)
         finally:
             await svc.close()
 

@@ -241,14 +241,17 @@ def test_grpc_doors_check_shapes_before_allocating(caplog: pytest.LogCaptureFixt
 
                 assert (await code(predict, tf([2, 1], [1.0, 2.0])))[0] == grpc.StatusCode.OK
                 assert (await code(predict, tf([3, 1], [1.0])))[0] == grpc.StatusCode.OK  # fill
-                before = _maxrss_mb()
-                t = time.perf_counter()
-                huge = tf([100_000_000], [1.0])
-                assert huge.ByteSize() < 64
-                c, details = await code(predict, huge)
-                assert time.perf_counter() - t < 5
-                assert _maxrss_mb() - before < 100
-                assert c == grpc.StatusCode.INVALID_ARGUMENT and "inputs.x" in details, details
+                # 10^8 floats (400 MB) in a fill form of a few bytes: as 10^8 rows (the row
+                # cap refuses it) and as one row of 10^8 (only the fill-form size check does)
+                for dims in ([100_000_000], [1, 100_000_000]):
+                    before = _maxrss_mb()
+                    t = time.perf_counter()
+                    huge = tf(dims, [1.0])
+                    assert huge.ByteSize() < 64
+                    c, details = await code(predict, huge)
+                    assert time.perf_counter() - t < 5
+                    assert _maxrss_mb() - before < 100, dims
+                    assert c == grpc.StatusCode.INVALID_ARGUMENT and "inputs.x" in details, details
                 for req, says in [
                     (tf([-1, 1], [1.0]), "inputs.x.tensor_shape"),
                     (tf([1, 2**40, 2**40], [1.0]), "inputs.x"),
@@ -265,3 +268,44 @@ def test_grpc_doors_check_shapes_before_allocating(caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.INFO):
         asyncio.run(main())
     _no_tracebacks(caplog)
+
+
+def test_a_fill_form_of_10e8_elements_is_refused_before_allocating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TF Serving gRPC's "fill" form (one value for every element) declaring one row of 10^8
+    floats (400 MB if allocated, in a request of a few bytes) is refused by the shape check,
+    before anything is decoded, under the default 1 MB message limit and a raised 64 MB one;
+    a fill that fits stays accepted. Fails if the fill form is accepted whatever its size
+    (``count == 1`` without ``n * size <= max_bytes``), which only a 2^80-element case
+    caught. Nothing is allocated: decoding is replaced by a function that fails the test."""
+    pytest.importorskip("grpc")
+    from inferline.adapters.tfserving._protos import available, stubs
+    from inferline.core import ValidationError
+    from inferline.server.frontdoors import _tfserving_grpc as tfg
+
+    if not available():
+        pytest.skip("tensorflow-serving-api not installed")
+    st = stubs()
+
+    def fill(dims: list[int]) -> Any:
+        tp = st.tensor_pb2.TensorProto(dtype=1)
+        for d in dims:
+            tp.tensor_shape.dim.add().size = d
+        tp.float_val.append(1.0)
+        return tp
+
+    def no_decode(tp: Any, field: str = "output") -> Any:
+        raise AssertionError(f"{field} decoded (allocated) before its size was checked")
+
+    monkeypatch.setattr(tfg, "from_tensor_proto", no_decode)
+    huge = fill([1, 100_000_000])
+    assert huge.ByteSize() < 64
+    for max_bytes in (1 << 20, 64 << 20):
+        with pytest.raises(ValidationError) as e:
+            tfg.check_tensor_proto(huge, "inputs.x", 8, max_bytes)
+        assert e.value.field == "inputs.x" and "100000000 values" in e.value.expected
+        assert "fill" not in e.value.expected  # too large to fill: no such offer
+        with pytest.raises(ValidationError):
+            tfg._decode({"x": huge}, 8, max_bytes)
+    tfg.check_tensor_proto(fill([1, 1000]), "inputs.x", 8, 1 << 20)  # 4 KB: a fill that fits

@@ -17,6 +17,7 @@ from _served_app import served
 from inferline.cli._main import build_parser
 from inferline.core import ModelConfig, Plan
 from inferline.server._admin import make_admin_router
+from inferline.server._guard import Guard
 from inferline.server._http import create_app
 from inferline.server._service import App, Service
 
@@ -123,6 +124,34 @@ def test_the_allowlist_is_configurable() -> None:
     anyhost = create_app(svc2, allowed_hosts=["*"])
     with served(anyhost) as port, httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
         assert c.get("/healthz", headers={"host": "whatever.example"}).status_code == 200
+
+
+_WILDCARD_CASES = [
+    ("a.corp.test", True),
+    ("A.Corp.Test:8443", True),
+    ("a.b.corp.test", True),
+    ("corp.test", False),  # the bare parent: "*.corp.test" names subdomains only
+    ("evilcorp.test", False),  # lookalikes that merely end in "corp.test"
+    ("xcorp.test", False),
+    ("a.xcorp.test", False),
+    ("corp.test.evil", False),
+]
+
+
+def test_wildcard_entries_match_subdomains_only() -> None:
+    """``*.corp.test`` accepts ``a.corp.test`` and refuses the bare parent and lookalikes,
+    at the guard and over a real server (421). Fails if the wildcard's suffix loses its dot
+    (``endswith("corp.test")``: ``evilcorp.test`` and ``corp.test`` let in)."""
+    guard = Guard(create_app(_service()[0]), None, 1 << 20, allowed_hosts=["*.corp.test"])
+    scope = {"type": "http", "server": ("127.0.0.1", 8000)}
+    for host, ok in _WILDCARD_CASES:
+        assert guard.host_allowed(scope, host.encode()) is ok, host
+    svc, _target = _service()
+    app = create_app(svc, allowed_hosts=["*.corp.test"])
+    with served(app) as port, httpx.Client(base_url=f"http://127.0.0.1:{port}") as c:
+        for host, ok in _WILDCARD_CASES:
+            r = c.get("/healthz", headers={"host": host})
+            assert r.status_code == (200 if ok else 421), (host, r.status_code, r.text)
 
 
 def test_allowed_hosts_option_on_serve_deploy_and_attach() -> None:

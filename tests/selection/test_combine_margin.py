@@ -74,6 +74,32 @@ def test_margin_is_fixed_plus_the_measured_tail_capped() -> None:
     assert fixed.observe(fixed.init(), 0.01) == fixed.init()
 
 
+def test_deviation_never_goes_negative_when_answers_slow_down_then_speed_up() -> None:
+    """Answers 1 ms late climbing to 40 ms, then dropping back to 0: the deviation is an
+    EWMA of *absolute* errors, so it stays >= 0 on the way down and the margin never falls
+    under the fixed part plus the mean (it is the Jacobson estimate recomputed here).
+    Fails if the deviation takes the signed error (``err`` for ``abs(err)``): a fast answer
+    after slow ones drives it negative and the margin below fixed + mean."""
+    a = CombineAllowance(0.005)
+    st = a.init()
+    mean = dev = 0.0
+    lates = [0.001 * i for i in range(1, 41)] + [0.0] * 10 + [0.04, 0.0, 0.03, 0.0]
+    for i, late in enumerate(lates):
+        st = a.observe(st, late)
+        if i == 0:
+            mean, dev = late, late / 2
+        else:
+            err = late - mean
+            mean, dev = mean + 0.125 * err, dev + 0.25 * (abs(err) - dev)
+        assert st.dev_s >= 0.0, (i, late, st)
+        assert st.mean_s == pytest.approx(mean, abs=1e-12)
+        assert st.dev_s == pytest.approx(dev, abs=1e-12)
+        m = a.margin_s(st, 10.0)  # a long SLO: the cap is out of the way
+        assert m >= 0.005 + st.mean_s - 1e-12, (i, m, st)
+        assert m == pytest.approx(0.005 + st.mean_s + 4 * st.dev_s)
+    assert st.samples == len(lates)
+
+
 class _Ctx:
     def __init__(self, arrival: float, slo_s: float, call: Any) -> None:
         self.arrival = arrival
