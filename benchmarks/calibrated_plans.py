@@ -15,7 +15,7 @@ Printed per point and plan: the plan, its cost, the planner's estimated P99 on t
 trace, the measured P99 and SLO miss rate. A plan "holds" when its measured P99 is within the
 SLO; an infeasible answer is an honest one when the first plan did not hold.
 
-    .venv/bin/python benchmarks/calibrated_plans.py [--quick] [--profiles out/fidelity/profiles.json]
+    .venv/bin/python benchmarks/calibrated_plans.py [--quick | --smoke] [--profiles out/fidelity/profiles.json]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from fidelity import demo_arguments, demo_setup, low_load_hop, plan_str
+from fidelity import demo_arguments, demo_setup, lengths, low_load_hop, plan_str
 
 from inferline.core import (
     EstimatorOptions,
@@ -51,6 +51,9 @@ from inferline.measure._workflow import estimate, hop_overhead_from
 from inferline.server._run import run_loop
 
 POINTS = [(20.0, 50.0), (20.0, 100.0), (25.0, 150.0)]
+# --smoke: one looser point, which short profiles still find feasible, so that the
+# calibrate and re-plan steps run too
+SMOKE_POINTS = [(40.0, 50.0)]
 
 
 async def _serve_plan(
@@ -68,8 +71,9 @@ async def _serve_plan(
 ) -> dict[str, Any]:
     """Apply ``plan``, warm it up, replay a fresh trace; estimate that trace as planned."""
     (await client.put(f"{url}/admin/plan", json=plan.to_dict())).raise_for_status()
-    await replay(gamma_trace(rate, 1.0, 3.0 if args.quick else 6.0, rng), url, "digits", bodies)
-    fresh = gamma_trace(rate, 1.0, 12.0 if args.quick else args.duration_s, rng)
+    n = lengths(args)
+    await replay(gamma_trace(rate, 1.0, n.calibration, rng), url, "digits", bodies)
+    fresh = gamma_trace(rate, 1.0, n.replay, rng)
     meas = await replay(fresh, url, "digits", bodies, slo_s=slo_s)
     sim = estimate(
         pipeline,
@@ -98,8 +102,9 @@ def _plan(
     rate: float,
     slo_s: float,
     rng: np.random.Generator,
+    sample_s: float = 60.0,
 ) -> Plan | str:
-    sample = gamma_trace(rate, 1.0, 60.0, rng)
+    sample = gamma_trace(rate, 1.0, sample_s, rng)
     try:
         return plan_inferline(
             pipeline, profiles, sample, slo_s, options=PlannerOptions(estimator=opts)
@@ -115,17 +120,20 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as srv:
-        hop, _, _, low = await low_load_hop(srv.url, bodies, pipeline, profiles, rng, args.quick)
+        hop, _, _, low = await low_load_hop(
+            srv.url, bodies, pipeline, profiles, rng, lengths(args).low
+        )
         raw = EstimatorOptions(hop_overhead_s=hop)
         pin = EstimatorOptions(pinned_cores={"cpu": len(os.sched_getaffinity(0))})
         pin = replace(
             pin, hop_overhead_s=hop_overhead_from(low, pipeline, base, profiles, base=pin)
         )
         async with httpx.AsyncClient(timeout=600) as client:
-            for slo_ms, rate in POINTS:
+            for slo_ms, rate in SMOKE_POINTS if args.smoke else POINTS:
                 slo_s = slo_ms / 1e3
                 row: dict[str, Any] = {"slo_ms": slo_ms, "rate": rate}
-                first = _plan(pipeline, profiles, raw, rate, slo_s, rng)
+                sample_s = lengths(args).sample
+                first = _plan(pipeline, profiles, raw, rate, slo_s, rng, sample_s)
                 if isinstance(first, str):
                     row["profiled"] = {"infeasible": first}
                     rows.append(row)
@@ -144,7 +152,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     c.model: [round(c.p50_factor, 2), round(c.p99_factor, 2)] for c in cal_rows
                 }
                 for kind, prof, opts in (("calibrated", cal, opts_c), ("pinned", profiles, pin)):
-                    again = _plan(pipeline, prof, opts, rate, slo_s, rng)
+                    again = _plan(pipeline, prof, opts, rate, slo_s, rng, sample_s)
                     if isinstance(again, str):
                         row[kind] = {"infeasible": again}
                         continue
@@ -201,7 +209,7 @@ def main() -> int:
     )
     print(
         "reproduce: .venv/bin/python benchmarks/calibrated_plans.py"
-        f"{' --quick' if args.quick else ''}"
+        f"{' --smoke' if args.smoke else ' --quick' if args.quick else ''}"
     )
     return 0
 

@@ -546,13 +546,18 @@ def _compile_time() -> tuple[float, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small traces (about 10 s in all)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="5 s traces, a 60 s big case, the JIT compile time not measured (a few seconds)",
+    )
     ap.add_argument("--duration-s", type=float, default=None, help="SimPy comparison trace length")
     ap.add_argument(
         "--seed", type=int, default=0, help="seed of the arrival traces (default %(default)s)"
     )
     args = ap.parse_args(argv)
-    dur = args.duration_s or (30.0 if args.quick else 300.0)
-    big_s = 600.0 if args.quick else 3600.0
+    dur = args.duration_s or (5.0 if args.smoke else 30.0 if args.quick else 300.0)
+    big_s = 60.0 if args.smoke else 600.0 if args.quick else 3600.0
 
     print(f"SimPy reference vs estimator, {dur:g} s traces (seed {args.seed}); CPU seconds")
     hdr = f"{'case':<22} {'queries':>8} {'visits':>8} {'simpy s':>9} {'est. s':>8} {'ratio':>7} {'max |diff| s':>13}"
@@ -578,7 +583,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     visits = sum(s.visits for s in res.models.values())
-    compile_s, load_s = _compile_time()
+    compile_s, load_s = (float("nan"), float("nan")) if args.smoke else _compile_time()
     print()
     print(f"{'big case':<34} {'value':>12}")
     print(f"{f'linear4, {big_s:g} s at 100 q/s: queries':<34} {arr.size:>12}")
@@ -592,7 +597,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'P99 latency (s)':<34} {res.percentile(99):>12.4f}")
     print()
     print(
-        "reproduce: .venv/bin/python benchmarks/estimator.py" + (" --quick" if args.quick else "")
+        "reproduce: .venv/bin/python benchmarks/estimator.py"
+        + (" --smoke" if args.smoke else " --quick" if args.quick else "")
     )
     return 0 if ok else 1
 

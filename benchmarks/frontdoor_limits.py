@@ -195,23 +195,28 @@ def _scenario(name: str) -> dict[str, Any]:
 
 
 SCENARIOS = ("kserve-256", "kserve-150k", "kserve-200k", "tfs-grpc-huge-shape")
+SMOKE = ("kserve-150k", "tfs-grpc-huge-shape")  # one oversized request per protocol
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--only", choices=SCENARIOS, action="append")
+    ap.add_argument("--smoke", action="store_true", help=f"only {', '.join(SMOKE)} (a few seconds)")
     args = ap.parse_args()
     if args.serve:
         _serve()
         return
-    rows = [_scenario(s) for s in args.only or SCENARIOS]
+    rows = [_scenario(s) for s in args.only or (SMOKE if args.smoke else SCENARIOS)]
     cols = list(rows[0])
     widths = [max(len(c), *(len(str(r[c])) for r in rows)) for c in cols]
     print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
     for r in rows:
         print("  ".join(str(r[c]).ljust(w) for c, w in zip(cols, widths, strict=True)))
-    print(f"\nreproduce: {REPRODUCE}   (python {sys.version.split()[0]}, {os.cpu_count()} CPUs)")
+    flag = " --smoke" if args.smoke else ""
+    print(
+        f"\nreproduce: {REPRODUCE}{flag}   (python {sys.version.split()[0]}, {os.cpu_count()} CPUs)"
+    )
 
 
 if __name__ == "__main__":

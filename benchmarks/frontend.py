@@ -12,7 +12,7 @@ The server runs in its own process (``--serve MODE``); the client in this one. O
 machine the two share the cores with everything else running, so figures are noisy: each is
 the best or median of a few runs, as stated in the table.
 
-    .venv/bin/python benchmarks/frontend.py [--quick]
+    .venv/bin/python benchmarks/frontend.py [--quick | --smoke]
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def serve(mode: str, port_file: str) -> None:
     (``inproc``), or a ``local://`` no-op replica process (``local``)."""
     from inferline.core import ModelConfig, ModelSpec
     from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
-    from inferline.server._http import create_app, run_loop
-    from inferline.server._run import bind_socket, serve_app
+    from inferline.server._http import create_app
+    from inferline.server._run import bind_socket, run_loop, serve_app
     from inferline.server._service import App, Service
 
     async def main() -> None:
@@ -94,15 +94,21 @@ class Server:
         return self.proc.pid
 
     def __enter__(self) -> str:
+        self.log = open(os.path.join(self.tmp.name, "server.log"), "w+b")
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--serve", self.mode, "--port-file", self.port_file],
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stderr=self.log,
         )
         deadline = time.monotonic() + 120
         while not os.path.exists(self.port_file):
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"benchmark server ({self.mode}) did not start")
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace")[-2000:]
+                self.__exit__()
+                raise RuntimeError(
+                    f"benchmark server ({self.mode}) did not start; its stderr:\n{tail}"
+                )
             time.sleep(0.05)
         return f"http://127.0.0.1:{Path(self.port_file).read_text()}"
 
@@ -112,20 +118,25 @@ class Server:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
+        self.log.close()
         self.tmp.cleanup()
 
 
 # ---------------------------------------------------------------- client side
 
 
-def measure(url: str, server_pid: int, quick: bool) -> dict[str, Any]:
+def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
+    """The figures for one server; ``size``: ``full``, ``quick`` or ``smoke`` (a few seconds:
+    0.5 s runs, one closed-loop run at the best concurrency instead of three)."""
     import psutil
 
     from inferline.measure._replay import closed_loop, encode_bodies, replay
     from inferline.server._run import run_loop
 
     bodies = encode_bodies([[0.5] * 8, [1.0] * 8, [0.0] * 8])
-    dur = 2.0 if quick else 4.0
+    dur = {"smoke": 0.5, "quick": 2.0}.get(size, 4.0)
+    n_runs = 1 if size == "smoke" else 3
     proc = psutil.Process(server_pid)
 
     def cpu() -> float:
@@ -134,7 +145,7 @@ def measure(url: str, server_pid: int, quick: bool) -> dict[str, Any]:
 
     async def main() -> dict[str, Any]:
         # warm up (imports, connections, first requests)
-        await closed_loop(url, "noop", bodies, concurrency=8, duration_s=0.5)
+        await closed_loop(url, "noop", bodies, concurrency=8, duration_s=min(0.5, dur / 2))
         scan = []
         for conc in (8, 16, 32):
             r = await closed_loop(url, "noop", bodies, concurrency=conc, duration_s=dur / 2)
@@ -143,7 +154,7 @@ def measure(url: str, server_pid: int, quick: bool) -> dict[str, Any]:
         runs = []
         answered = 0.0
         c0 = cpu()
-        for _ in range(3):
+        for _ in range(n_runs):
             r = await closed_loop(url, "noop", bodies, concurrency=conc, duration_s=dur)
             runs.append(r["qps"] * r["ok_fraction"])
             answered += r["answered"]
@@ -186,12 +197,12 @@ def measure(url: str, server_pid: int, quick: bool) -> dict[str, Any]:
     return run_loop(main())  # type: ignore[no-any-return]
 
 
-def queue_figures(quick: bool) -> str:
+def queue_figures(size: str) -> str:
     script = HERE / "queue_throughput.py"
     if not script.exists():
         return "benchmarks/queue_throughput.py not present: in-process queue figure not measured"
     r = subprocess.run(
-        [sys.executable, str(script), *(["--quick"] if quick else [])],
+        [sys.executable, str(script), *([f"--{size}"] if size != "full" else [])],
         capture_output=True,
         text=True,
         timeout=600,
@@ -210,6 +221,11 @@ def main() -> int:
         action="store_true",
         help="shorter runs (2 s instead of 4 s), queue_throughput.py --quick",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few seconds: 0.5 s runs, one closed-loop run, queue_throughput.py --smoke",
+    )
     ap.add_argument("--serve", choices=["inproc", "local"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
     ap.add_argument("--json", default=None, help="also write the figures here")
@@ -226,6 +242,7 @@ def main() -> int:
     if args.serve:
         serve(args.serve, args.port_file)
         return 0
+    size = "smoke" if args.smoke else "quick" if args.quick else "full"
     results = {}
     import os as _os
 
@@ -233,7 +250,7 @@ def main() -> int:
     for mode in ("inproc", "local"):
         srv = Server(mode)
         with srv as url:
-            results[mode] = measure(url, srv.pid, args.quick)
+            results[mode] = measure(url, srv.pid, size)
     print()
     print("HTTP frontend, no-op model (server and client are separate processes on this machine)")
     cols = (("low", "@300 q/s"), ("half_target", "@1500 q/s"), ("half_max", "@max/2"))
@@ -270,16 +287,19 @@ def main() -> int:
     )
     cu = ht["client_cpu_us_per_query"]
     print(f"replay client: {cu:.0f} CPU-us per query (one core: ~{1e6 / cu:.0f} q/s)")
-    print("max q/s: median of 3 closed-loop runs at the best client concurrency (status 200")
+    print(
+        f"max q/s: median of {1 if args.smoke else 3} closed-loop runs at the best client concurrency (status 200"
+    )
     print("only); CPU us/q: server CPU time per query in those runs; P50/P99: open-loop replay")
     print("(gamma CV 1) at 300 q/s, at 1500 q/s (half the target) and at half the measured max,")
     print("measured by the client from each query's scheduled send time (its own HTTP handling")
     print(f"included). 1-minute load average at the start: {load:.1f} on {_os.cpu_count()} cores.")
     print()
     print("in-process queue:")
-    print(queue_figures(args.quick))
+    print(queue_figures(size))
     print()
-    print(f"reproduce: .venv/bin/python benchmarks/frontend.py{' --quick' if args.quick else ''}")
+    flag = f" --{size}" if size != "full" else ""
+    print(f"reproduce: .venv/bin/python benchmarks/frontend.py{flag}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

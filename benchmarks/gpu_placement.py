@@ -16,7 +16,7 @@ Checks: each plan fits the inventory, replicas sit where the plan says (GPU repl
 GPU, CPU replicas on cores of their own), the measured P99 meets the SLO, and the estimate is
 within 15% of it.
 
-    .venv/bin/python benchmarks/gpu_placement.py [--quick] [--cores 6]
+    .venv/bin/python benchmarks/gpu_placement.py [--quick | --smoke] [--cores 6]
 
 Without a GPU it stops at once, naming what it looked for (``nvidia-smi -L``).
 """
@@ -170,6 +170,12 @@ def main() -> int:
     )
     ap.add_argument("--quick", action="store_true", help="fewer profiling samples, 12 s replays")
     ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="under a minute: the CNN trained one epoch, a few profiling batches, 2 s replays; "
+        "placement is checked, the SLO and estimate targets are not judged",
+    )
+    ap.add_argument(
         "--cores", type=int, default=6, help="CPU cores the runtime gets (default %(default)s)"
     )
     ap.add_argument("--width", type=int, default=256, help="CNN width (default %(default)s)")
@@ -189,6 +195,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1, help="seed of training and traces")
     ap.add_argument("--out", default="out/gpu", help="output folder (default %(default)s)")
     args = ap.parse_args()
+    if args.smoke:
+        args.epochs = 1
     t0 = time.perf_counter()
     res = run_loop(run(args))
     Path(args.out, "gpu_placement.json").write_text(json.dumps(res, indent=2) + "\n")
@@ -204,12 +212,12 @@ def main() -> int:
         head = f"{r['point']:<6}{r['slo_ms']:>7}{r['rate']:>6}  "
         if not r["feasible"]:
             print(head + "infeasible: " + r["reason"][:80])
-            ok = False
+            ok = ok and args.smoke  # short profiles (--smoke) may leave a point infeasible
             continue
         meets = r["measured_p99_ms"] <= r["slo_ms"]
         within = abs(r["error"]) <= 0.15
         placed = r["placed_as_planned"] and r["fits"]
-        ok &= meets and placed
+        ok &= placed and (meets or args.smoke)
         print(
             head + f"{plan_str(r['plan']):<26}{r['cost_per_hour']:>7.3f}"
             f"{r['estimated_p99_low_load_hop_ms']:>9.1f}{r['measured_p99_ms']:>9.1f}"

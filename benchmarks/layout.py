@@ -158,6 +158,7 @@ def report(root: Path = ROOT) -> dict[str, object]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--smoke", action="store_true", help="no change: the full run takes seconds")
     ap.add_argument("--root", type=Path, default=ROOT, help="checkout to measure (default: this)")
     args = ap.parse_args()
     r = report(args.root)

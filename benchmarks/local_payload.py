@@ -60,6 +60,7 @@ async def measure(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="two shapes, batch 1, 3 repeats")
+    ap.add_argument("--smoke", action="store_true", help="the same as --quick (a few seconds)")
     ap.add_argument(
         "--repeats",
         type=int,
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         help="timed calls per point; the median is reported (default %(default)s)",
     )
     args = ap.parse_args(argv)
+    args.quick |= args.smoke
     shapes = SHAPES[:2] if args.quick else SHAPES
     batches = (1,) if args.quick else BATCHES
     repeats = 3 if args.quick else args.repeats
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{head}   refused: over the message limit of {r['refused']}")
     print(
         "reproduce: .venv/bin/python benchmarks/local_payload.py"
-        + (" --quick" if args.quick else "")
+        + (" --smoke" if args.smoke else " --quick" if args.quick else "")
     )
     return 0
 

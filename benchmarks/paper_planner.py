@@ -430,6 +430,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="one rate, three SLOs, 60 s traces")
     ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: image processing only, CV 1, one rate and SLO, 10 s traces",
+    )
+    ap.add_argument(
         "--batch-wait",
         action="store_true",
         help="instead: InferLine's planner with and without batch-wait timeouts (cost saved, "
@@ -452,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
         args.slos = [0.1, 0.2, 0.4]
         args.duration_s = 60.0
         args.timing_duration_s = 120.0
+    if args.smoke:
+        args.pipelines, args.cvs = ["image-processing"], [1.0]
+        args.rates, args.slos = [100.0], [0.2]
+        args.duration_s, args.timing_duration_s = 10.0, 10.0
     if args.eval_duration_s is None:
         args.eval_duration_s = args.duration_s
     print(

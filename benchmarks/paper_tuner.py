@@ -626,6 +626,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Tuner
         "--quick --seeds 0 for a first look)",
     )
     ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="one short case: --quick --seeds 0 --pipelines image-processing --no-real "
+        "--cases rate-tau60",
+    )
+    ap.add_argument(
         "--seeds",
         type=int,
         nargs="+",
@@ -688,6 +694,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Tuner
     ap.add_argument("--plots", type=Path, default=None, help="write timeline plots here")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick, args.seeds, args.pipelines = True, [0], ["image-processing"]
+        args.no_real, args.cases = True, ["rate-tau60"]
     return args, TunerConfig(**{name: getattr(args, dest) for name, dest in tuner_dests.items()})
 
 

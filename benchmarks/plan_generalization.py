@@ -164,11 +164,20 @@ def main(argv: list[str] | None = None) -> int:
         help="folder for plan_generalization.json (default %(default)s)",
     )
     ap.add_argument("--quick", action="store_true", help="two pipelines, CV 1, one SLO, 120 s")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: image processing, CV 1, one SLO and seed, margins 0 and auto, two "
+        "fresh 20 s traces",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.pipelines = ["image-processing", "social-media"]
         args.cvs, args.slos, args.seeds, args.fresh = [1.0], [0.3], [0, 1], 3
         args.duration_s = 120.0
+    if args.smoke:
+        args.pipelines, args.cvs, args.slos, args.seeds = ["image-processing"], [1.0], [0.3], [0]
+        args.margins, args.fresh, args.duration_s = [0.0, AUTO_MARGIN], 2, 20.0
     if 0.0 not in args.margins:
         args.margins = [0.0, *args.margins]
     print(

@@ -125,9 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         "--seed", type=int, default=0, help="seed of the random cases (default %(default)s)"
     )
     ap.add_argument("--quick", action="store_true", help="8 cases on 30 s traces")
+    ap.add_argument("--smoke", action="store_true", help="1 case on a 10 s trace, up to 3 replicas")
     args = ap.parse_args(argv)
     if args.quick:
         args.cases, args.duration_s = 8, 30.0
+    if args.smoke:
+        args.cases, args.duration_s, args.max_replicas = 1, 10.0, 3
     rng = np.random.default_rng(args.seed)
     rows = []
     print(

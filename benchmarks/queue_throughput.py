@@ -12,7 +12,7 @@ per run. Modes:
 * ``pipeline``: ``PipelineRunner.run`` of a one-model pipeline, one task per query.
 
 Target (issue 3): at least 50,000 queries/s with batching. Run:
-``.venv/bin/python benchmarks/queue_throughput.py [--quick]``.
+``.venv/bin/python benchmarks/queue_throughput.py [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -109,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="fewer queries and configurations")
+    ap.add_argument("--smoke", action="store_true", help="the same as --quick (a few seconds)")
     ap.add_argument("--repeats", type=int, default=None, help="runs per row (best is shown)")
     args = ap.parse_args(argv)
+    args.quick |= args.smoke
     repeats = args.repeats or (2 if args.quick else 3)
     rows = run(args.quick, repeats)
     print(
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         f"({best['mode']}) -> {'met' if ok else 'NOT met'}"
     )
     print(
-        f"reproduce: .venv/bin/python benchmarks/queue_throughput.py{' --quick' if args.quick else ''}"
+        "reproduce: .venv/bin/python benchmarks/queue_throughput.py"
+        + (" --smoke" if args.smoke else " --quick" if args.quick else "")
     )
     return 0
 

@@ -215,16 +215,26 @@ def summarize(r: dict[str, Any], rate: np.ndarray, beta: float) -> dict[str, flo
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one 60 s cycle per policy")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: the rafiki policy only (unless --policies), one 4 s cycle, the agent "
+        "pretrained 10 updates",
+    )
     ap.add_argument("--r-ref", type=float, default=40.0, help="the sine's r_ref (q/s)")
     ap.add_argument("--slo-ms", type=float, default=500.0, help="tau, the latency SLO")
     ap.add_argument("--beta", type=float, default=1.0, help="Eq. 7's overdue weight")
     ap.add_argument("--train-updates", type=int, default=200, help="actor-critic updates")
     ap.add_argument("--period-s", type=float, default=None, help="sine period (60; 120)")
     ap.add_argument("--cycles", type=int, default=None, help="cycles per policy (1; 2)")
-    ap.add_argument("--policies", default="rafiki,all,fastest")
+    ap.add_argument("--policies", default=None, help="comma list (default rafiki,all,fastest)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick, args.period_s, args.train_updates = True, args.period_s or 4.0, 10
+        args.policies = args.policies or "rafiki"
+    args.policies = args.policies or "rafiki,all,fastest"
     period = args.period_s or (60.0 if args.quick else 120.0)
     cycles = args.cycles or (1 if args.quick else 2)
     acc, xte, yte = subset_accuracy(args.seed)

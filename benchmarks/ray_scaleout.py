@@ -195,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="batch 1 only, 1..2 nodes, 2 s each")
     ap.add_argument(
+        "--smoke", action="store_true", help="--quick with 0.5 s per node count, one round"
+    )
+    ap.add_argument(
         "--max-nodes",
         type=int,
         default=None,
@@ -207,14 +210,15 @@ def main(argv: list[str] | None = None) -> int:
         help="an existing cluster's GCS address HOST:PORT (default: start one on this machine)",
     )
     args = ap.parse_args(argv)
+    args.quick |= args.smoke
     max_nodes = args.max_nodes or (min(2, _cores()) if args.quick else _cores())
-    seconds = args.seconds or (2.0 if args.quick else 5.0)
+    seconds = args.seconds or (0.5 if args.smoke else 2.0 if args.quick else 5.0)
     batches = (1,) if args.quick else (1, 8)
     rng = np.random.default_rng(0)
     payloads = [("float32[8]", rng.random(8, dtype=np.float32))]
     if not args.quick:
         payloads.append(("224x224x3", rng.random((224, 224, 3), dtype=np.float32)))
-    rounds = 3 if args.quick else 8
+    rounds = 1 if args.smoke else 3 if args.quick else 8
 
     cluster = None if args.address else _local_cluster(max_nodes)
     url = f"ray://{args.address or cluster.address}"  # type: ignore[union-attr]
@@ -229,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print_tables(hops, scale, seconds, ray.__version__)
     cmd = "reproduce: .venv/bin/python benchmarks/ray_scaleout.py" + (
-        " --quick" if args.quick else ""
+        " --smoke" if args.smoke else " --quick" if args.quick else ""
     )
     if args.max_nodes:
         cmd += f" --max-nodes {args.max_nodes}"

@@ -97,6 +97,11 @@ SECTIONS = ("failure", "confidence", "stragglers", "switching", "personal", "raf
 FIVE = {"nb": {}, "tree": {}, "logreg": {}, "forest": {}, "svc": {}}
 
 
+def _size(args: argparse.Namespace, full: Any, quick: Any, smoke: Any) -> Any:
+    """A run's size: ``smoke`` with ``--smoke``, ``quick`` with ``--quick``, else ``full``."""
+    return smoke if getattr(args, "smoke", False) else quick if args.quick else full
+
+
 def _spec(name: str, kind: str | None = None, **params: Any) -> ModelSpec:
     threads = int(params.get("n_jobs", 1))
     return ModelSpec(name, SRC, {"kind": kind or name, **params}, threads=threads)
@@ -161,7 +166,9 @@ async def sec_failure(args: argparse.Namespace, out: Path) -> tuple[str, dict[st
     noisy = distort(xte, "noise:4", args.seed)
     specs = [_spec(k) for k in FIVE]
     preds = await served_predictions(specs, {"clean": xte, "noisy": noisy})
-    n = 20_000  # the policies replay fast; --quick shortens only the live prefix
+    n = _size(
+        args, 20_000, 20_000, 2_000
+    )  # the policies replay fast; --quick shortens the live run
     span = (n // 4, n // 2)
     res = model_failure(preds["clean"], yte, n_queries=n, fail_span=span, seed=args.seed)
     live = await live_failure(specs, preds["clean"], yte, res.fail_model, args)
@@ -220,7 +227,7 @@ async def live_failure(
     replay of the same stream. ``args.live_queries`` sets the length (default 200 with
     ``--quick``, else 1000). Reports how many wrong answers were injected and ``fail``'s Exp4
     weight at the start and the end of the failure, so a run shows the policy reacted."""
-    n = getattr(args, "live_queries", None) or (200 if args.quick else 1000)
+    n = getattr(args, "live_queries", None) or _size(args, 1000, 200, 40)
     span = live_span(n)
     # the same draws as model_failure(n_queries=n, fail_span=span): the query stream, then the
     # failed model's wrong labels
@@ -282,8 +289,8 @@ async def sec_stragglers(args: argparse.Namespace, out: Path) -> tuple[str, dict
     slo = 0.060
     fast = ["logreg", "svc", "forest", "nb", "tree"]
     specs = [_spec("knn", delay_s=0.002, tail_s=0.040)] + [_spec(k) for k in fast]
-    n = 120 if args.quick else 400
-    sizes = (3, 5) if args.quick else (3, 4, 5, 6)
+    n = _size(args, 400, 120, 20)
+    sizes = _size(args, (3, 4, 5, 6), (3, 5), (3,))
     backend = LocalBackend(oversubscribe=True)
     d = Dispatcher()
     rows, res = [], {}
@@ -359,10 +366,10 @@ async def _profile_variants(trees: dict[str, int], args: argparse.Namespace) -> 
     xs = list(distort(xte, "noise:5", args.seed)[:64])
     backend = LocalBackend(oversubscribe=True)
     table: dict[str, dict[str, dict[int, float]]] = {}
-    reps = 8 if args.quick else 30
+    reps = _size(args, 30, 8, 3)
     try:
         for v, n in trees.items():
-            for t in (1, 2) if n >= 100 else (1,):
+            for t in (1, 2) if n >= 100 and not getattr(args, "smoke", False) else (1,):
                 spec = _spec(f"{v}-t{t}", "forest", trees=n, n_jobs=t)
                 await backend.deploy(spec, ModelConfig("cpu", 8, 1))
                 h = backend.replicas(spec.name)[0]
@@ -387,6 +394,8 @@ async def sec_switching(args: argparse.Namespace, out: Path) -> tuple[str, dict[
     _, _, xte, yte = digits_data()
     noisy = distort(xte, "noise:5", args.seed)
     trees = {"f300": 300, "f100": 100, "f30": 30, "f10": 10}
+    if getattr(args, "smoke", False):  # the same four names, forests a tenth the size
+        trees = {v: max(1, n // 10) for v, n in trees.items()}
     specs = [_spec(v, "forest", trees=n) for v, n in trees.items()]
     preds = (await served_predictions(specs, {"noisy": noisy}))["noisy"]
     acc = {v: float(np.mean(preds[v] == yte)) for v in trees}
@@ -401,20 +410,22 @@ async def sec_switching(args: argparse.Namespace, out: Path) -> tuple[str, dict[
             continue
         raw = load_csv_trace(path)
         if args.quick:
-            raw = raw[: len(raw) // 3]
+            raw = raw[: len(raw) // _size(args, 1, 3, 30)]
         base = SwitchingConfig(
             deadline_s=0.05,
             core_budget=2,
-            sim_queries=1500 if args.quick else 3000,
-            rates_qps=tuple(float(r) for r in np.geomspace(5, 3000, 48)),
+            sim_queries=_size(args, 3000, 1500, 200),
+            rates_qps=tuple(float(r) for r in np.geomspace(5, 3000, _size(args, 48, 48, 12))),
         )
+        cvs = _size(args, (1.0, 1.5, 2.0), (1.0, 1.5, 2.0), (1.0,))
+        windows = _size(args, (32, 64, 128), (32, 64, 128), (32,))
         tables = {
             cv: build_switching_table(
                 variants,
                 profiles,
                 SwitchingConfig(**{**base.to_dict(), "rates_qps": base.rates_qps, "cv": cv}),
             )
-            for cv in (1.0, 1.5, 2.0)
+            for cv in cvs
         }
         top = max(
             (o for o in tables[1.0].options if o.variant == "f300"),
@@ -428,7 +439,7 @@ async def sec_switching(args: argparse.Namespace, out: Path) -> tuple[str, dict[
         tune, test = trace[trace < cut], trace[trace >= cut]
         best = None
         for cv, table in tables.items():
-            for window in (32, 64, 128):
+            for window in windows:
                 cfg = SwitchingConfig(
                     **{
                         **base.to_dict(),
@@ -514,7 +525,10 @@ async def sec_personal(args: argparse.Namespace, out: Path) -> tuple[str, dict[s
     inputs = {u: distort(xte, d, args.seed) if d else xte for u, d in users.items()}
     preds = await served_predictions(specs, inputs)
     r = personalized(
-        preds, dict.fromkeys(users, yte), n_queries=3000 if args.quick else 12000, seed=args.seed
+        preds,
+        dict.fromkeys(users, yte),
+        n_queries=_size(args, 12000, 3000, 500),
+        seed=args.seed,
     )
     rows = [(k, v) for k, v in sorted(r["error"].items(), key=lambda kv: kv[1])]
     per = [(u, d["exp4-per-user"], d["exp4-global"]) for u, d in r["per_user"].items()]
@@ -584,7 +598,7 @@ RAFIKI_LAT = [
 def sec_rafiki(args: argparse.Namespace, out: Path) -> tuple[str, dict[str, Any]]:
     acc = rafiki_members(args.seed)
     cfg = RafikiConfig((16, 32, 48, 64), tau_s=1.0)
-    period = 500.0
+    period = _size(args, 500.0, 500.0, 100.0)
     r_l = min(64 / lat[64] for lat in RAFIKI_LAT)  # all models synchronously
     r_u = sum(64 / lat[64] for lat in RAFIKI_LAT)  # one model per batch
     rows, res = [], {}
@@ -604,7 +618,7 @@ def sec_rafiki(args: argparse.Namespace, out: Path) -> tuple[str, dict[str, Any]
             lambda i, env=env: env(1000 + i, True),
             updates=args.rafiki_updates,
             validate=val,
-            validate_every=25,
+            validate_every=min(25, args.rafiki_updates),
         )
         train_s = time.perf_counter() - t0
         runs = {
@@ -708,6 +722,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smaller streams and training (CI-sized)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every section, tiny: short streams, small forests, 10 Rafiki updates (seconds)",
+    )
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
     p.add_argument(
         "--seed",
@@ -737,8 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bad = sorted(set(args.sections) - set(SECTIONS))
     if bad:
         p.error(f"unknown sections {bad}; choose from {SECTIONS}")
+    args.quick |= args.smoke
     if args.rafiki_updates is None:
-        args.rafiki_updates = 150 if args.quick else 500
+        args.rafiki_updates = _size(args, 500, 150, 10)
     print(
         f"# {platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}"
     )

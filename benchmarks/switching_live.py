@@ -128,12 +128,16 @@ async def closed_loop(
     return labels, lat
 
 
-def measure_variants(tmp: Path, slo_ms: float) -> tuple[dict[str, float], dict[str, float]]:
+def measure_variants(
+    tmp: Path, slo_ms: float, queries: int | None = None
+) -> tuple[dict[str, float], dict[str, float]]:
     """Per variant, through ``inferline serve`` as it will be served (two replicas): accuracy
     on the held-out split, and its service time at saturation: four closed-loop callers keep
     both replicas busy, and 2 x elapsed / queries is what one query holds a replica for, the
-    server's and the caller's share of the two cores included (as in the replays)."""
+    server's and the caller's share of the two cores included (as in the replays).
+    ``queries``: measure on the first ones only (``--smoke``)."""
     xs, ys = held_out()
+    xs, ys = xs[:queries], ys[:queries]
     acc, lat = {}, {}
     guess = {v: 1e-4 * n for v, n in TREES.items()}  # only orders the options; one here
     for v in TREES:
@@ -222,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="20 s per replay (a few minutes)")
     ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: variants measured on 80 images, the conv trace only, 3 s, the "
+        "switching server only (no single-variant runs)",
+    )
+    ap.add_argument(
         "--seconds", type=float, default=None, help="replay length (default 60, quick 20)"
     )
     ap.add_argument(
@@ -241,13 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cv", type=float, default=2.0, help="CV the switching table assumes")
     args = ap.parse_args(argv)
     t_all = time.perf_counter()
-    seconds = args.seconds or (20.0 if args.quick else 60.0)
+    if args.smoke:
+        args.traces = ["conv"] if args.traces == ["conv", "code"] else args.traces
+    seconds = args.seconds or (3.0 if args.smoke else 20.0 if args.quick else 60.0)
     with tempfile.TemporaryDirectory(prefix="switching-live-") as d:
         tmp = Path(d)
-        acc, lat = measure_variants(tmp, args.slo_ms)
+        acc, lat = measure_variants(tmp, args.slo_ms, 80 if args.smoke else None)
         print(
             "variants (measured through inferline serve, 2 replicas, 4 closed-loop callers, "
-            "held-out noisy digits, n=540):"
+            f"held-out noisy digits, n={80 if args.smoke else len(held_out()[1])}):"
         )
         for v in TREES:
             print(
@@ -271,12 +283,11 @@ def main(argv: list[str] | None = None) -> int:
                     args.slo_ms,
                 )
             }
-            for v in TREES:
+            for v in () if args.smoke else TREES:
                 runs[v] = serve_and_replay(
                     tmp, [v], switching_file(tmp, [v], acc, lat, args.cv), times, args.slo_ms
                 )
             rows.append((name, info, runs))
-            best = max(runs[v]["effective_accuracy"] for v in TREES)
             print(f"\n{name}: {info}")
             print(
                 f"  {'server':<10} {'eff. acc':>8} {'acc(answered)':>13} {'met':>6} {'P99 ms':>7} {'switches':>8}"
@@ -285,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  {k:<10} {r['effective_accuracy']:>8.4f} {r['accuracy_answered']:>13.4f} {r['deadline_met']:>6.3f} {r['p99_ms']:>7.0f} {r['switches']:>8}"
                 )
+            if args.smoke:
+                print("  single variants: not run (--smoke)", flush=True)
+                continue
             sw = runs["switching"]["effective_accuracy"]
+            best = max(runs[v]["effective_accuracy"] for v in TREES)
             print(
                 f"  switching {'>=' if sw >= best else '<'} best single variant ({sw:.4f} vs {best:.4f})",
                 flush=True,

@@ -4,7 +4,7 @@ Runs against the real ``tensorflow_model_server`` when one is on PATH (or
 ``$TENSORFLOW_MODEL_SERVER``), else the STAND-IN of ``integration/tfserving_standin`` (the
 table says which). The model is a 64-32-10 dense digits classifier; the figure is the median
 and P99 of ``ReplicaHandle.predict_batch`` (what inferline's queue sees as a replica's busy
-time). Reproduce: ``.venv/bin/python benchmarks/tfserving_adapter.py [--quick]``.
+time). Reproduce: ``.venv/bin/python benchmarks/tfserving_adapter.py [--quick | --smoke]``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ async def measure(url: str, sizes: list[int], reps: int) -> dict[int, tuple[floa
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="30 batches per point instead of 200")
+    ap.add_argument("--smoke", action="store_true", help="the same as --quick (a few seconds)")
     args = ap.parse_args()
+    args.quick |= args.smoke
     reps = 30 if args.quick else 200
     sizes = [1, 8, 32]
     rng = np.random.default_rng(0)
@@ -73,7 +75,7 @@ def main() -> None:
         )
     print(
         "reproduce: .venv/bin/python benchmarks/tfserving_adapter.py"
-        + (" --quick" if args.quick else "")
+        + (" --smoke" if args.smoke else " --quick" if args.quick else "")
     )
 
 

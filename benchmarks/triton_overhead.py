@@ -217,9 +217,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer rates, shorter windows")
     p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds of load: HTTP only (unless --protocols), one rate (100/s), 500 ms windows",
+    )
+    p.add_argument(
         "--protocols",
-        default="http,grpc",
-        help="comma-separated: http, grpc (default %(default)s)",
+        default=None,
+        help="comma-separated: http, grpc (default http,grpc; --smoke: http)",
     )
     p.add_argument("--instances", type=int, default=2, help="CPU instances under each name")
     p.add_argument("--max-batch", type=int, default=32, help="both models' max batch size")
@@ -253,18 +258,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
+    if args.protocols is None:
+        args.protocols = "http" if args.smoke else "http,grpc"
     args.protocols = tuple(x for x in args.protocols.split(",") if x)
     if not args.protocols or set(args.protocols) - {"http", "grpc"}:
         p.error(f"--protocols: expected http and/or grpc, got {args.protocols}")
     if args.rates:
         args.rates = tuple(float(r) for r in args.rates.split(","))
+    elif args.smoke:
+        args.rates = (100.0,)
     elif args.quick:
         args.rates = (100.0, 200.0, 400.0, 800.0, 1600.0, 3200.0)
     else:
         args.rates = tuple(
             float(r) for r in (50, 100, 150, 200, 300, 400, 600, 800, 1200, 1600, 2400, 3200, 4800)
         )
-    args.window_ms = args.window_ms or (1000 if args.quick else 2000)
+    args.window_ms = args.window_ms or (500 if args.smoke else 1000 if args.quick else 2000)
     args.stop_after = args.stop_after or 2
     args.door_max_batch = args.door_max_batch or args.max_batch
     return args

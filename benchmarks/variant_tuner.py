@@ -158,12 +158,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--quick", action="store_true", help="one ramp, shorter phases")
     ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few seconds: --quick --seeds 0 --pipelines image-processing",
+    )
+    ap.add_argument(
         "--pipelines",
         nargs="*",
         default=["image-processing", "social-media"],
         help="pipelines of _pipelines.py with a resnet152 stage (default image-processing social-media)",
     )
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.quick, args.seeds, args.pipelines = True, [0], ["image-processing"]
     t_all = time.perf_counter()
     opts = EstimatorOptions(activation_delay_s=ACTIVATION_S)
     head = (

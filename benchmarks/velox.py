@@ -731,6 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="CI-sized: 20k ratings, fewer rounds")
+    p.add_argument("--smoke", action="store_true", help="the same as --quick (a few seconds)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N ratings")
     p.add_argument("--k", type=int, default=48, help="MF factors (d = k + 2)")
     p.add_argument(
@@ -807,6 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seed of the MF fit and the bandit users (default %(default)s)",
     )
     args = p.parse_args(argv)
+    args.quick |= args.smoke
     if args.quick:
         args.limit = args.limit or 20_000
         args.k, args.iters, args.chunks = 16, 6, 2

