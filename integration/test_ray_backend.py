@@ -18,7 +18,6 @@ import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,10 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'inferline[ray]')")
 
-from ray import cluster_utils  # noqa: E402
-from ray._private import ray_constants  # noqa: E402
+from ray_cluster import RayCluster, ray_cluster  # noqa: E402
 
 from inferline.adapters import PluginHost  # noqa: E402
+from inferline.adapters.checks import run_conformance  # noqa: E402
 from inferline.adapters.ray import NodeInfo, RayBackend  # noqa: E402
 from inferline.core import (  # noqa: E402
     BackendError,
@@ -41,57 +40,23 @@ from inferline.core import (  # noqa: E402
 )
 from inferline.queueing import BatchEvent, Dispatcher, FixedBatching  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapters"))
-from conformance import run_conformance  # noqa: E402
-
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 EX = "inferline.adapters.local.examples"
 
 
-@dataclass
-class RayCluster:
-    cluster: Any
-    workers: list[Any]  # CPU-only worker nodes (removable; the head hosts this driver)
-    gpu: Any  # the worker declaring num_gpus=1 and {"gpu-v100": 1}
-
-    @property
-    def url(self) -> str:
-        return f"ray://{self.cluster.address}"
-
-    @property
-    def head_id(self) -> str:
-        return self.cluster.head_node.node_id
-
-    def add_worker(self) -> Any:
-        node = self.cluster.add_node(num_cpus=1)
-        self.workers.append(node)
-        return node
-
-    def remove(self, node_id: str) -> None:
-        node = next(n for n in self.workers if n.node_id == node_id)
-        self.workers.remove(node)
-        self.cluster.remove_node(node)
-
-
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[RayCluster]:
-    with pytest.MonkeyPatch.context() as mp:
-        # Loopback only: Ray reads this when it is imported (driver) and when its processes
-        # start (workers), so set both.
-        mp.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
-        c = cluster_utils.Cluster(
-            initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
-        )
-        try:
-            workers = [c.add_node(num_cpus=1) for _ in range(2)]
-            gpu = c.add_node(num_cpus=1, num_gpus=1, resources={"gpu-v100": 1})
-            yield RayCluster(c, workers, gpu)
-        finally:
-            if ray.is_initialized():
-                ray.shutdown()
-            c.shutdown()
+def _cluster() -> Iterator[RayCluster]:
+    # the head (1 CPU) hosts this driver; two plain workers; a worker with a GPU kind
+    with ray_cluster(head_cpus=1, plain=2, gpu=True) as rc:
+        yield rc
+
+
+@pytest.fixture
+def cluster(_cluster: RayCluster) -> RayCluster:
+    """The module's cluster with its two plain workers, whatever earlier tests did to it."""
+    _cluster.reset()
+    return _cluster
 
 
 def run(cluster: RayCluster, body: Callable[[RayBackend], Awaitable[Any]], **kw: Any) -> Any:

@@ -20,11 +20,12 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from inferline.core import ModelConfig, Plan, save
 from inferline.demo.simple import sleep_deployment
+from inferline.measure import ServerProcess
 from inferline.measure._replay import STATUS_CONNECT, STATUS_TIMEOUT, encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -226,6 +227,24 @@ def test_overload_3x_capacity_explicit_errors_bounded_memory_recovery(small_serv
     assert 'outcome="overloaded"' in m
 
 
+def _wait_in_service(url: str, model: str, n: int, timeout_s: float = 30.0) -> None:
+    """Until ``model``'s queue and batches hold ``n`` queries (its /metrics gauges)."""
+    deadline = time.monotonic() + timeout_s
+    held = 0.0
+    while time.monotonic() < deadline:
+        fams = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)}
+        held = sum(
+            s.value
+            for name in ("inferline_queue_length", "inferline_in_flight")
+            for s in fams[name].samples
+            if s.labels.get("model") == model
+        )
+        if held >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{model!r} held {held} of {n} queries after {timeout_s} s")
+
+
 def test_stopping_refuses_new_connections_and_a_forced_exit_answers_in_flight(tmp_path):
     """SIGINT: the port stops accepting at once (replicas do not hold the listening socket);
     a second SIGINT forces the exit, and the requests still running get a JSON 503, not a
@@ -250,7 +269,10 @@ def test_stopping_refuses_new_connections_and_a_forced_exit_answers_in_flight(tm
         threads = [threading.Thread(target=ask) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(1.0)  # all three in flight (one in the replica, two queued)
+        # all three in flight (one in the replica, two queued) before the signal: a fixed
+        # 1 s wait once sent SIGINT before the server had them (a busy machine), it then had
+        # nothing to finish and exited 0 on the first signal
+        _wait_in_service(srv.url, "m", 3)
         srv.proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         with pytest.raises(httpx.ConnectError):  # refused, not accepted and left unanswered
