@@ -44,11 +44,16 @@ from inferline.core import (
     plan_inferline,
 )
 from inferline.demo.pipeline import test_inputs
-from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
-from inferline.measure._replay import encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
-from inferline.measure._workflow import estimate, hop_overhead_from
-from inferline.server._run import run_loop
+from inferline.measure import (
+    ServerProcess,
+    calibrate_profiles,
+    encode_bodies,
+    estimate,
+    hop_overhead_from,
+    live_service_from_admin,
+    replay,
+)
+from inferline.server import run_loop
 
 POINTS = [(20.0, 50.0), (20.0, 100.0), (25.0, 150.0)]
 # --smoke: one looser point, which short profiles still find feasible, so that the

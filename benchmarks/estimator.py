@@ -1,6 +1,6 @@
 """Estimator speed and exactness: the numba kernel against an independent SimPy model.
 
-The SimPy model (:class:`SimpyReference`) implements DESIGN.md's estimator contract with plain
+The SimPy model (:class:`SimpyReference`) implements docs/design.md's estimator contract with plain
 SimPy processes: a source process, one process per replica, a heap per model for the EDF
 queue, and dispatch callbacks scheduled at a priority below every ordinary event so that all
 arrivals and completions of an instant are applied before any idle replica takes a batch. It

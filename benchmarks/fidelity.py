@@ -47,18 +47,21 @@ from inferline.core import (
     save,
 )
 from inferline.demo.pipeline import deployment_dict, sample_inputs, test_inputs
-from inferline.deploy._format import Deployment
-from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
-from inferline.measure._profiler import ProfilerOptions
-from inferline.measure._replay import ReplayResult, encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
-from inferline.measure._workflow import (
+from inferline.deploy import Deployment
+from inferline.measure import (
+    ProfilerOptions,
+    ReplayResult,
+    ServerProcess,
+    calibrate_profiles,
+    encode_bodies,
     estimate,
     hop_overhead_from,
+    live_service_from_admin,
     profile_deployment,
+    replay,
     trace_deployment,
 )
-from inferline.server._run import run_loop
+from inferline.server import run_loop
 
 # (SLO ms, rate q/s): chosen so the plans differ (replicas of the forest, its batch size).
 POINTS = [(40.0, 50.0), (60.0, 150.0), (100.0, 100.0)]

@@ -35,9 +35,7 @@ REPRODUCE = ".venv/bin/python benchmarks/frontdoor_limits.py"
 def _serve() -> None:
     import numpy as np
 
-    from inferline.server._http import create_app
-    from inferline.server._run import bind_socket, serve_app
-    from inferline.server._service import App, InputSpec, Service
+    from inferline.server import App, InputSpec, Service, bind_socket, create_app, serve_app
     from inferline.server.frontdoors import (
         FrontDoor,
         FrontDoorGrpc,

@@ -42,9 +42,7 @@ def serve(mode: str, port_file: str) -> None:
     (``inproc``), or a ``local://`` no-op replica process (``local``)."""
     from inferline.core import ModelConfig, ModelSpec
     from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
-    from inferline.server._http import create_app
-    from inferline.server._run import bind_socket, run_loop, serve_app
-    from inferline.server._service import App, Service
+    from inferline.server import App, Service, bind_socket, create_app, run_loop, serve_app
 
     async def main() -> None:
         d = Dispatcher()
@@ -131,8 +129,8 @@ def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
     0.5 s runs, one closed-loop run at the best concurrency instead of three)."""
     import psutil
 
-    from inferline.measure._replay import closed_loop, encode_bodies, replay
-    from inferline.server._run import run_loop
+    from inferline.measure import closed_loop, encode_bodies, replay
+    from inferline.server import run_loop
 
     bodies = encode_bodies([[0.5] * 8, [1.0] * 8, [0.0] * 8])
     dur = {"smoke": 0.5, "quick": 2.0}.get(size, 4.0)

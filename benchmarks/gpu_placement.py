@@ -47,9 +47,9 @@ from inferline.core import (
 from inferline.core.planning import over_inventory
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.pipeline import sample_inputs
-from inferline.deploy._format import Deployment
-from inferline.measure._workflow import profile_deployment
-from inferline.server._run import run_loop
+from inferline.deploy import Deployment
+from inferline.measure import profile_deployment
+from inferline.server import run_loop
 
 
 def _backend_cores(n: int) -> list[int]:

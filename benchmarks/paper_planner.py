@@ -327,8 +327,7 @@ def batch_wait_live(duration_s: float) -> list[dict]:
 
     from inferline.core import Pipeline, Profiles, save
     from inferline.demo.simple import sleep_deployment
-    from inferline.measure._replay import encode_bodies, replay_sync
-    from inferline.measure._server_proc import ServerProcess
+    from inferline.measure import ServerProcess, encode_bodies, replay_sync
 
     pipe = Pipeline.linear("sleep", ["m"])
     prof = Profiles.from_latencies({"m": {"cpu": {b: 0.05 + 0.002 * b for b in (1, 2, 4, 8, 16)}}})

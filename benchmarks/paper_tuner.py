@@ -320,7 +320,7 @@ def run_case(
         if controller is not None:
             row.decisions[label] = len(controller.decisions)  # type: ignore[attr-defined]
             if plots is not None:
-                from inferline.measure._timeline import plot_timeline
+                from inferline.measure import plot_timeline
 
                 plots.mkdir(parents=True, exist_ok=True)
                 plot_timeline(

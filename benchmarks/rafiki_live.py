@@ -39,8 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.measure._replay import encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess, encode_bodies, replay
 from inferline.selection import sine_arrivals, sine_rate
 from inferline.selection.digits import digits_data, fit_classifier
 

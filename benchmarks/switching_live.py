@@ -40,8 +40,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from inferline.core import load_csv_trace, peak_rate
-from inferline.measure._replay import encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess, encode_bodies, replay
 from inferline.selection.digits import digits_data, distort
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.queueing._cache import cache_key
+from inferline.queueing import cache_key
 from inferline.velox import (
     Bootstrap,
     FeatureTable,

@@ -17,6 +17,14 @@ from ._envelope import (
     trace_envelope,
 )
 from ._hardware import DEFAULT_CATALOG, HARDWARE_FORMAT, Hardware, HardwareCatalog
+from ._http_errors import (
+    BodyTooLarge,
+    MalformedJSON,
+    decode_json,
+    error_body,
+    json_safe,
+    status_for,
+)
 from ._io import dump_json, load_catalog, load_json, load_pipeline, load_plan, load_profiles, save
 from ._pipeline import PIPELINE_FORMAT, Pipeline
 from ._plan import (
@@ -42,6 +50,18 @@ from ._trace import (
     save_trace,
     split_trace,
     varying_trace,
+)
+from ._validate import (
+    as_float,
+    as_int,
+    as_list,
+    as_mapping,
+    as_str,
+    check_format,
+    import_object,
+    no_extra_keys,
+    read_text,
+    req,
 )
 from ._variants import (
     VARIANTS_FORMAT,
@@ -132,6 +152,9 @@ from .tuner import (
     pipeline_unit,
 )
 
+# the package version (``inferline.__version__``), here so that every package can read it
+__version__ = "0.1.0"
+
 __all__ = [
     "DEFAULT_CATALOG",
     "HARDWARE_FORMAT",
@@ -151,6 +174,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "BatchProfile",
+    "BodyTooLarge",
     "CapacityError",
     "Controller",
     "DeadlineExceededError",
@@ -162,6 +186,7 @@ __all__ = [
     "InferlineError",
     "InventoryCap",
     "LadderStep",
+    "MalformedJSON",
     "ModelConfig",
     "ModelSimStats",
     "ModelSpec",
@@ -201,10 +226,17 @@ __all__ = [
     "VariantSpec",
     "VariantTuner",
     "WakeProfile",
+    "as_float",
+    "as_int",
+    "as_list",
+    "as_mapping",
+    "as_str",
     "capacity_factor",
+    "check_format",
     "coarse_grained_configs",
     "compress",
     "decode_error",
+    "decode_json",
     "decode_value",
     "draw_visits",
     "dump_json",
@@ -212,8 +244,11 @@ __all__ = [
     "encode_error",
     "encode_value",
     "envelope_windows",
+    "error_body",
     "fastest_hardware",
     "gamma_trace",
+    "import_object",
+    "json_safe",
     "load_catalog",
     "load_csv_trace",
     "load_json",
@@ -225,6 +260,7 @@ __all__ = [
     "make_plan",
     "max_arrivals_in_window",
     "mean_rate",
+    "no_extra_keys",
     "nodes_from_dicts",
     "packing_factor",
     "peak_rate",
@@ -238,6 +274,8 @@ __all__ = [
     "plan_ladder",
     "plan_with_variants",
     "plan_with_variants_section",
+    "read_text",
+    "req",
     "rescale_to_rate",
     "save",
     "save_trace",
@@ -245,6 +283,7 @@ __all__ = [
     "simulate_plan",
     "split_trace",
     "stage_profiles",
+    "status_for",
     "trace_envelope",
     "tuner_inputs",
     "usable_hardware",

@@ -1,7 +1,7 @@
 """Arrival traces: generation (gamma processes, time-varying), loading, rescaling, envelopes.
 
 A trace is a non-decreasing float64 array of arrival times in seconds. On disk it is a text file
-with one time per line (DESIGN.md); times are relative, so a trace may start anywhere.
+with one time per line (docs/design.md); times are relative, so a trace may start anywhere.
 """
 
 from __future__ import annotations

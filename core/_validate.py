@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import ValidationError
+from .errors import NotFoundError, ValidationError
 
 __all__ = [
     "as_float",
@@ -17,6 +18,7 @@ __all__ = [
     "as_mapping",
     "as_str",
     "check_format",
+    "import_object",
     "no_extra_keys",
     "read_text",
     "req",
@@ -112,3 +114,20 @@ def no_extra_keys(obj: Mapping[str, Any], allowed: set[str], field: str) -> None
     if extra:
         where = f"{field}.{extra[0]}" if field else extra[0]
         raise ValidationError(where, f"one of the keys {sorted(allowed)!r}", "unknown key")
+
+
+def import_object(path: str, field: str = "import path") -> Any:
+    """``package.module:attr`` -> the object (dots after the colon walk attributes)."""
+    mod, sep, attr = str(path).partition(":")
+    if not sep or not mod or not attr:
+        raise ValidationError(field, "'package.module:name'", path)
+    try:
+        obj: Any = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValidationError(field, "an importable module", f"{mod} ({e})") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise NotFoundError(f"attribute of {mod}", part) from None
+    return obj

@@ -1,7 +1,29 @@
 """inferline: serve ML prediction pipelines under tail-latency SLOs at the lowest cost.
 
-The facade re-exports the public API of the subsystems (``inferline.core``, ``inferline.queueing``,
-``inferline.selection``, ``inferline.velox``, ``inferline.adapters``).
+The top-level names are the everyday API (``__all__`` lists them all):
+
+* from ``inferline.core``, imported at once: the file formats and their loaders (``Pipeline``,
+  ``Profiles``, ``Plan``, ``ModelConfig``, ``HardwareCatalog``, ``DEFAULT_CATALOG``,
+  ``load_pipeline``, ``load_profiles``, ``load_plan``, ``load_trace``), ``gamma_trace``, the
+  errors ``InferlineError`` and ``ValidationError``, and ``__version__``;
+* from ``inferline.server``, on first use: ``Service``, ``App``, ``InputSpec``, ``Prediction``,
+  ``create_app``, ``handle_predict``, ``run_server``;
+* from ``inferline.deploy``, on first use: deployments (``Deployment``, ``AppSpec``,
+  ``load_deployment``, ``start_service``, ``serve``, ``apply_plan``) and attaching to a running
+  Triton or TF Serving (``attach``, ``Attachment``, ``plan_attachment``,
+  ``apply_attachment_plan``, ``serve_attachment``, ``start_attachment_service``,
+  ``dag_pipeline``);
+* from ``inferline.measure``, on first use: profiling (``profile_models``, ``ProfilerOptions``,
+  ``ProfileResult``, ``BatchFit``, ``profile_deployment``, ``profile_attachment``,
+  ``trace_deployment``), replay (``replay``, ``replay_sync``, ``ReplayResult``,
+  ``ServerProcess``), calibration (``calibrate_profiles``, ``CalibrationRow``,
+  ``live_service_from_admin``, ``hop_overhead_from``) and ``estimate``.
+
+The serving half is imported lazily so that ``import inferline`` and the CLI's other commands
+do not pay for FastAPI and uvicorn. Everything else lives in its subpackage:
+``inferline.core`` (formats, estimator, planner, tuner), ``inferline.queueing``,
+``inferline.selection``, ``inferline.velox`` and ``inferline.adapters`` (plugin host, backends,
+``inferline.adapters.checks``). The design is ``docs/design.md``.
 """
 
 from inferline.core import (
@@ -13,14 +35,13 @@ from inferline.core import (
     Plan,
     Profiles,
     ValidationError,
+    __version__,
     gamma_trace,
     load_pipeline,
     load_plan,
     load_profiles,
     load_trace,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_CATALOG",

@@ -37,7 +37,7 @@ def test_attach_to_triton_and_serve_a_triton_client(triton: tuple[TritonServer, 
     import tritonclient.http as httpclient
 
     import inferline
-    from inferline.measure._profiler import ProfilerOptions
+    from inferline.measure import ProfilerOptions
 
     server, digits = triton
     x = np.asarray(digits.test_images[:4], dtype=np.float32)

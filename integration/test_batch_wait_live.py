@@ -20,7 +20,7 @@ import pytest
 from inferline.core import ModelConfig, Plan, save
 from inferline.demo.simple import sleep_deployment
 from inferline.deploy import Deployment, apply_plan, start_service
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess
 from inferline.queueing import DelayedBatching, FixedBatching
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -14,7 +14,7 @@ import pytest
 
 from inferline.core import ModelConfig, Plan, save
 from inferline.demo.simple import sleep_deployment
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess
 
 pytestmark = pytest.mark.integration
 

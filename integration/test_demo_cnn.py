@@ -17,8 +17,8 @@ from inferline.demo import pipeline as demo_pipeline
 from inferline.demo.cnn import CNN, cnn_deployment_dict, train_cnn
 from inferline.demo.models import preprocess
 from inferline.demo.pipeline import sample_inputs
-from inferline.deploy._format import Deployment
-from inferline.measure._workflow import trace_deployment
+from inferline.deploy import Deployment
+from inferline.measure import trace_deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

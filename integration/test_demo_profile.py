@@ -12,7 +12,7 @@ import pytest
 from inferline.adapters.local import LocalBackend
 from inferline.core import ModelSpec, load_pipeline, load_profiles
 from inferline.demo.simple import sleep_deployment
-from inferline.measure._profiler import ProfilerOptions, profile_models
+from inferline.measure import ProfilerOptions, profile_models
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,7 @@ import os
 import numpy as np
 import pytest
 
-from inferline.measure._replay import encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess, encode_bodies, replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -30,10 +30,8 @@ from inferline.core.planning import inventory_use
 from inferline.demo.cnn import cnn_deployment_dict, train_cnn
 from inferline.demo.models import preprocess
 from inferline.demo.pipeline import sample_inputs
-from inferline.deploy._format import Deployment
-from inferline.measure._profiler import ProfilerOptions
-from inferline.measure._server_proc import ServerProcess
-from inferline.measure._workflow import profile_deployment
+from inferline.deploy import Deployment
+from inferline.measure import ProfilerOptions, ServerProcess, profile_deployment
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

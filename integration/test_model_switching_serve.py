@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from inferline.core import Profiles
-from inferline.measure._replay import encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess, encode_bodies, replay
 from inferline.selection.digits import digits_data, fit_classifier
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,7 @@ import pytest
 from inferline.adapters import PluginHost, hookimpl
 from inferline.core import ModelConfig, Plan
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy._apply import apply_plan
-from inferline.deploy._format import Deployment
-from inferline.deploy._start import start_service
+from inferline.deploy import Deployment, apply_plan, start_service
 
 pytestmark = pytest.mark.integration
 

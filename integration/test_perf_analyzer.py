@@ -28,9 +28,7 @@ pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (extra 'trit
 from triton_harness import SetupError, ensure_installed
 from triton_harness.perf_analyzer import PerfAnalyzer, ensure_perf_analyzer
 
-from inferline.server._http import create_app
-from inferline.server._run import bind_socket, serve_app
-from inferline.server._service import App, InputSpec, Service
+from inferline.server import App, InputSpec, Service, bind_socket, create_app, serve_app
 from inferline.server.frontdoors import FrontDoor, FrontDoorGrpc, make_kserve_router
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -22,8 +22,7 @@ import numpy as np
 import pytest
 
 from benchmarks import rafiki_live as bench
-from inferline.measure._replay import encode_bodies, replay
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess, encode_bodies, replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

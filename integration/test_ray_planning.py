@@ -30,7 +30,7 @@ from inferline.core import (  # noqa: E402
     place_on_nodes,
     plan_inferline,
 )
-from inferline.deploy._attach import Attachment, plan_attachment  # noqa: E402
+from inferline.deploy import Attachment, plan_attachment  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

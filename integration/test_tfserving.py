@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 import requests
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapters"))
-
-from conformance import run_conformance
 from tfserving_standin import Digits, TFServer, server_command, server_kind
 
 from inferline.adapters import PluginHost
+from inferline.adapters.checks import run_conformance
 from inferline.adapters.tfserving import (
     TFServingBackend,
     TFServingClient,

@@ -18,9 +18,7 @@ from inferline.core import (
     ValidationError,
 )
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy._format import Deployment
-from inferline.deploy._start import start_service
-from inferline.deploy._tuning import LiveTuner
+from inferline.deploy import Deployment, LiveTuner, start_service
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +101,7 @@ def test_inferline_serve_runs_the_tuner(tmp_path):
 
     import httpx
 
-    from inferline.measure._server_proc import ServerProcess
+    from inferline.measure import ServerProcess
 
     (tmp_path / "d.json").write_text(json.dumps(sleep_deployment(base_s=BATCH_S)))
     (tmp_path / "p.json").write_text(json.dumps(_plan().to_dict()))
@@ -159,7 +157,7 @@ def test_ladder_decisions_change_batch_sizes_and_a_new_plan_reaches_the_tuner():
     from dataclasses import replace
 
     from inferline.core import LadderStep
-    from inferline.deploy._apply import apply_plan
+    from inferline.deploy import apply_plan
 
     dep = Deployment.from_dict(sleep_deployment(base_s=BATCH_S, slo_ms=SLO_S * 1e3))
     base = _plan()
@@ -297,8 +295,7 @@ def test_a_scale_up_past_the_backend_s_capacity_gets_what_fits():
     processes: a burst asks for 4 replicas of a 1-thread model; the backend refuses 4 as a
     whole (``CapacityError``), and the tuner starts the 2 that fit instead of none, says so,
     and keeps retrying the whole target."""
-    from inferline.adapters.local import LocalBackend
-    from inferline.adapters.local._inventory import detect_cores
+    from inferline.adapters.local import LocalBackend, detect_cores
     from inferline.core import ModelSpec
 
     cores = detect_cores()

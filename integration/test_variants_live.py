@@ -25,12 +25,8 @@ from inferline.core import (
     plan_with_variants_section,
 )
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy._apply import apply_plan
-from inferline.deploy._format import Deployment
-from inferline.deploy._planned import planned_models
-from inferline.deploy._start import start_service
-from inferline.server._admin import make_admin_router
-from inferline.server._http import create_app
+from inferline.deploy import Deployment, apply_plan, planned_models, start_service
+from inferline.server import create_app, make_admin_router
 
 pytestmark = pytest.mark.integration
 

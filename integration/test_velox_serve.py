@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi import APIRouter, Request
 
-from inferline.measure._server_proc import ServerProcess
+from inferline.measure import ServerProcess
 
 pytestmark = pytest.mark.integration
 

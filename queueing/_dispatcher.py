@@ -1,6 +1,6 @@
 """The interposed queue: one EDF queue per model, one puller task per replica.
 
-Semantics (DESIGN.md "Estimator semantics", so that plans transfer):
+Semantics (docs/design.md "The estimator contract", so that plans transfer):
 
 - Every model has one queue shared by all its replicas, ordered by deadline (earliest first);
   ties keep pipeline-arrival order, then submission order.

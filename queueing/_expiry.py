@@ -5,7 +5,7 @@ then with ``DeadlineExceededError`` (the Service turns that into the app's defau
 its explanation, or a 504), not when a replica next frees up: behind a replica busy for 1 s
 (or a hung one), a query with a 100 ms SLO is answered at 100 ms plus the grace.
 
-The queue blocks on events, never polls (DESIGN.md "Code conventions"): each model has at most
+The queue blocks on events, never polls (docs/design.md "Code conventions"): each model has at most
 one loop timer, armed for the earliest deadline in its heap (the head) plus the grace, and
 re-armed whenever the head changes: an arrival with an earlier deadline, a batch cut, a failed
 batch put back, the timer itself. Invariant: while the heap holds a query, the timer is armed

@@ -1,6 +1,6 @@
 """When an instant is over: the barrier a puller passes before it cuts a batch.
 
-Rule 3 of the estimator contract (DESIGN.md "Estimator semantics"): at one instant, all
+Rule 3 of the estimator contract (docs/design.md "The estimator contract"): at one instant, all
 arrivals and completions are applied before any idle replica takes a batch, so a batch of 8
 finishing upstream hands all 8 to an idle downstream replica at once. An asyncio program has no
 instants: the queries of a finished batch reach their next ``predict`` through however many

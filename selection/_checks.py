@@ -1,4 +1,4 @@
-"""Conformance checks every registered selection policy must pass (``checks`` in DESIGN.md).
+"""Conformance checks every registered selection policy must pass (``checks`` in docs/design.md).
 
 ``check_policy(name, factory)`` runs a short seeded feedback loop and verifies: the inputs and
 prediction mappings handed to the policy are left untouched; the same seed gives the same

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from inferline.core import BatchProfile, Profiles, ValidationError, WakeProfile
-from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
+from inferline.measure import calibrate_profiles, live_service_from_admin
 from inferline.queueing import RecentService
 
 

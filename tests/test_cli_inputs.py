@@ -249,9 +249,9 @@ def test_attach_refuses_a_url_port_out_of_range(url, capsys):
 def test_profile_refuses_a_hardware_kind_the_backend_lacks(tmp_path, monkeypatch, capsys):
     """``--hardware cpu nope`` dropped 'nope' silently (only all unknown was refused, naming
     the profiler's field): the backend's kinds are known once it runs, before any profiling."""
-    import inferline.deploy._format as _deploy
-    import inferline.measure._workflow as _workflow
-    from inferline.measure._profiler import profile_models
+    import inferline.deploy as _deploy
+    import inferline.measure as _measure
+    from inferline.measure import profile_models
 
     class Backend:
         def inventory(self) -> dict[str, int]:
@@ -261,7 +261,7 @@ def test_profile_refuses_a_hardware_kind_the_backend_lacks(tmp_path, monkeypatch
         return await profile_models(Backend(), [], {}, opts), None
 
     monkeypatch.setattr(_deploy, "load_deployment", lambda _p: _Dep())
-    monkeypatch.setattr(_workflow, "profile_deployment", profile_deployment)
+    monkeypatch.setattr(_measure, "profile_deployment", profile_deployment)
     argv = [*PROFILE, "-o", str(tmp_path / "p.json"), "--hardware"]
     for kinds, got in ((["cpu", "nope"], ["nope"]), (["gpu"], ["gpu"])):
         assert main([*argv, *kinds]) == 2
@@ -323,7 +323,7 @@ def test_replay_inputs_folder_and_deploy_unreachable_url_are_one_line(
     import httpx
 
     import inferline.cli.deploy as _cli_deploy
-    import inferline.deploy._format as _deploy
+    import inferline.deploy as _deploy
 
     def refused(*_a, **_kw):
         raise httpx.ConnectError("[Errno 111] Connection refused")
@@ -390,7 +390,7 @@ def test_varying_trace_still_writes(tmp_path, capsys):
 
 
 def _one_query_result():
-    from inferline.measure._replay import ReplayResult
+    from inferline.measure import ReplayResult
 
     return ReplayResult(
         scheduled_s=np.array([0.0]),
@@ -402,7 +402,7 @@ def _one_query_result():
 
 
 def test_replay_of_one_query_says_why_there_is_no_rate(capsys):
-    from inferline.measure._tables import print_replay
+    from inferline.measure import print_replay
 
     print_replay(_one_query_result().summary())
     out = capsys.readouterr().out
@@ -414,7 +414,7 @@ def test_replay_of_one_query_says_why_there_is_no_rate(capsys):
 def test_replay_writes_strict_json_for_one_query(tmp_path, monkeypatch, capsys):
     """NaN is not JSON: a one-query replay's ``-o`` file has null for the rate."""
     import inferline.cli.replay as cli_replay
-    import inferline.measure._replay as replay_mod
+    import inferline.measure as replay_mod
 
     trace = tmp_path / "one.trace"
     trace.write_text("0.0\n")

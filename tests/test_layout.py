@@ -1,7 +1,10 @@
-"""The layout rules of DESIGN.md, checked on the code itself (``benchmarks/layout.py`` prints
-the figures): no import cycle between product modules (function-level imports included), no
-module over 600 lines but the numba kernel, at most six modules at the top of ``inferline/``,
-and every CLI verb listed by ``inferline --help``."""
+"""The layout rules of docs/design.md, checked on the code itself (``benchmarks/layout.py`` prints
+the figures and holds the checkers): no import cycle between product modules (function-level
+imports included), none between packages (cli -> deploy -> server, measure, queueing,
+adapters, selection, velox -> core), no import of another package's private (``_``) module,
+no module over 600 lines but the numba kernel, at most six modules at the top of
+``inferline/``, and every CLI verb listed by ``inferline --help``. Each import rule has a
+self-test: a small tree in ``tmp_path`` on which the checker must report the violation."""
 
 from __future__ import annotations
 
@@ -37,6 +40,71 @@ def test_the_checker_sees_a_cycle_hidden_in_a_function(tmp_path):
     (tmp_path / "core" / "a.py").write_text("from inferline.core import b\n")
     (tmp_path / "core" / "b.py").write_text("def f():\n    from inferline.core.a import x\n")
     assert lay.report(tmp_path)["cycles"] == [["inferline.core.a", "inferline.core.b"]]
+
+
+def _tree(tmp_path, files: dict[str, str]):
+    lay = _layout()
+    for folder in lay.FOLDERS:
+        (tmp_path / folder).mkdir()
+    for name, text in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return lay.report(tmp_path)
+
+
+def test_no_import_cycle_between_packages():
+    """deploy <-> measure was one (``deploy._drift`` -> ``measure._calibrate``,
+    ``measure._attached`` -> ``deploy._attach``): a module-level check cannot see it."""
+    assert _layout().report()["package_cycles"] == []
+
+
+def test_the_checker_sees_a_cycle_between_packages(tmp_path):
+    """No module-level cycle, but deploy imports measure and measure (lazily) deploy."""
+    r = _tree(
+        tmp_path,
+        {
+            "inferline/deploy/_drift.py": "from inferline.measure import calibrate\n",
+            "inferline/deploy/__init__.py": "",
+            "inferline/measure/_attached.py": "def f():\n    from inferline.deploy import x\n",
+            "inferline/measure/__init__.py": "",
+        },
+    )
+    assert r["cycles"] == []
+    assert r["package_cycles"] == [["inferline.deploy", "inferline.measure"]]
+
+
+def test_no_package_imports_another_packages_private_module():
+    """Each package's ``__init__`` exports what the others use; no import reaches past it."""
+    assert _layout().report()["private_imports"] == []
+
+
+def test_the_checker_sees_a_private_import_across_packages(tmp_path):
+    """Reported: a private module of another package (in a function, or named as a
+    module in ``from p import _m``), and a subpackage's private module from its parent (a
+    subpackage is a package of its own). Not reported: a package's own private modules, and
+    the parent's private modules from a subpackage (shared with it)."""
+    r = _tree(
+        tmp_path,
+        {
+            "adapters/_ports.py": "",
+            "adapters/tfserving/__init__.py": "from ._protos import stubs\n",
+            "adapters/tfserving/_protos.py": "",
+            "adapters/tfserving/_backend.py": "from inferline.adapters._ports import free\n",
+            "inferline/server/frontdoors/_grpc.py": (
+                "def add():\n    from inferline.adapters.tfserving._protos import stubs\n"
+            ),
+            "inferline/server/_run.py": "",
+            "inferline/deploy/_serve.py": "from inferline.server import _run\n",
+            "core/__init__.py": "from .planning._search import search\n",
+            "core/planning/_search.py": "",
+        },
+    )
+    assert r["private_imports"] == [
+        ("inferline.core", 1, "inferline.core.planning._search"),
+        ("inferline.deploy._serve", 1, "inferline.server._run"),
+        ("inferline.server.frontdoors._grpc", 2, "inferline.adapters.tfserving._protos"),
+    ]
 
 
 def test_no_module_over_600_lines_but_the_numba_kernel():

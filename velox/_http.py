@@ -26,13 +26,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from inferline.core._http_errors import (
-    BodyTooLarge,
-    decode_json,
-    error_body,
-    json_safe,
-    status_for,
-)
+from inferline.core import BodyTooLarge, decode_json, error_body, json_safe, status_for
 from inferline.core.errors import InferlineError, NotFoundError, ValidationError
 
 from ._codec import decode_value

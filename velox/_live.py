@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.queueing._cache import key_prefix
+from inferline.queueing import key_prefix
 
 from ._model import FeatureFn
 from ._ridge import UserRidge

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from inferline.core.errors import InferlineError, NotFoundError, ValidationError
-from inferline.queueing._cache import PredictionCache, cache_key
+from inferline.queueing import PredictionCache, cache_key
 
 from ._bootstrap import Bootstrap, initial_result, with_features
 from ._config import VeloxConfig

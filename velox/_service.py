@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferline.core.errors import NotFoundError, ValidationError
-from inferline.queueing._cache import PredictionCache
+from inferline.queueing import PredictionCache
 
 from ._bootstrap import Bootstrap
 from ._config import VeloxConfig

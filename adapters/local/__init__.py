@@ -7,9 +7,10 @@ on 127.0.0.1; see ``_backend.py`` for the life cycle and ``examples.py`` for con
 from ._backend import LocalBackend
 from ._handle import LocalReplica
 from ._inventory import Inventory, Placement, detect_cores, detect_gpus
-from ._server import load_container
+from ._server import ContainerStats, load_container, run_container
 
 __all__ = [
+    "ContainerStats",
     "Inventory",
     "LocalBackend",
     "LocalReplica",
@@ -17,4 +18,5 @@ __all__ = [
     "detect_cores",
     "detect_gpus",
     "load_container",
+    "run_container",
 ]

@@ -101,7 +101,7 @@ def run_container(container: Any, inputs: list[Any]) -> tuple[list[Any] | None, 
     return outs, 1
 
 
-class _Stats:
+class ContainerStats:
     def __init__(self) -> None:
         self.batches = 0
         self.items = 0
@@ -131,7 +131,7 @@ class _Stats:
         }
 
 
-def _make_servicer(container: Any, cfg: dict[str, Any], stats: _Stats) -> Any:
+def _make_servicer(container: Any, cfg: dict[str, Any], stats: ContainerStats) -> Any:
     from inferline.core import encode_error
 
     from . import _convert
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _arm_parent_death(cfg)
     _pin(cfg)
-    stats = _Stats()
+    stats = ContainerStats()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -21,8 +21,7 @@ from typing import Any
 
 import ray
 
-from inferline.adapters.local import load_container
-from inferline.adapters.local._server import _Stats, run_container
+from inferline.adapters.local import ContainerStats, load_container, run_container
 
 from ._values import pack_outputs, writable
 
@@ -58,7 +57,7 @@ class ReplicaActor:
             os.environ["CUDA_VISIBLE_DEVICES"] = ""
         self._node = ray.get_runtime_context().get_node_id()
         self._threads = threads
-        self._stats = _Stats()
+        self._stats = ContainerStats()
         self._lock = threading.Lock()
         self._busy = threading.Event()
         self._error: dict[str, str] | None = None

@@ -18,8 +18,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferline.core import CapacityError, HardwareCatalog, ValidationError
-from inferline.core._validate import as_int, as_mapping, as_str, no_extra_keys, req
+from inferline.core import (
+    CapacityError,
+    HardwareCatalog,
+    ValidationError,
+    as_int,
+    as_mapping,
+    as_str,
+    no_extra_keys,
+    req,
+)
 
 __all__ = [
     "PLACEMENTS",

@@ -20,6 +20,8 @@ from ._client import (
 )
 from ._config import ServedModel, format_text, from_proto, merged, parse_text, to_proto
 from ._protos import available as grpc_available
+from ._protos import from_tensor_proto, to_tensor_proto
+from ._protos import stubs as grpc_stubs
 from ._replica import TFServingReplica
 from ._servers import Endpoint, find_model_server
 from ._snapshot import restore_snapshot
@@ -38,9 +40,12 @@ __all__ = [
     "find_model_server",
     "format_text",
     "from_proto",
+    "from_tensor_proto",
     "grpc_available",
+    "grpc_stubs",
     "merged",
     "parse_text",
     "restore_snapshot",
     "to_proto",
+    "to_tensor_proto",
 ]

@@ -1,4 +1,4 @@
-"""Discrete-event latency estimator (the contract of DESIGN.md "Estimator semantics").
+"""Discrete-event latency estimator (the contract in docs/design.md "The estimator contract").
 
 One EDF queue per model, pull-based identical replicas taking ``min(max_batch_size, queued)``
 queries at once, all arrivals and completions of an instant applied before any replica takes

@@ -206,7 +206,7 @@ def run(S: KState, t_stop: float) -> float:
     """Process every instant strictly before ``t_stop``; return the next event time (inf: none).
 
     At each instant all arrivals, queue entries and completions are applied first, then every
-    model touched at that instant dispatches batches to its idle replicas (DESIGN.md rule 3).
+    model touched at that instant dispatches batches to its idle replicas (docs/design.md rule 3).
     """
     return _loop(
         S.arr, S.vis, S.ch_ptr, S.ch_idx, S.is_root, S.maxb, S.table, S.wake_g, S.wake_x,

@@ -40,7 +40,7 @@ def simulate(
 ) -> SimResult:
     """Simulate ``arrivals`` through ``pipeline`` served as ``configs``; see the package doc.
 
-    Rules beyond DESIGN.md's contract (all exercised by tests/core/test_estimator.py):
+    Rules beyond docs/design.md's contract (all exercised by tests/core/test_estimator.py):
 
     * Visits: see :func:`draw_visits`. A query that visits no model has latency 0; a query
       that never finishes (a model left without replicas) has latency inf.

@@ -150,6 +150,6 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
 def run_loop(coro: Any) -> Any:
     """Run ``coro`` on uvloop (the server's loop), importing the server only when a command
     runs one: ``inferline --help`` and the planning commands stay light."""
-    from inferline.server._run import run_loop as run
+    from inferline.server import run_loop as run
 
     return run(coro)

@@ -237,7 +237,7 @@ def add_tuner_arguments(p: argparse.ArgumentParser) -> None:
         "switch a stage to another variant (as serve --no-variant-switching)",
     )
     from inferline.cli._args import output_path
-    from inferline.measure._timeline import plot_formats
+    from inferline.measure import plot_formats
 
     # checked before the simulation, as every output path is
     g.add_argument(
@@ -301,7 +301,7 @@ def after_tuned_simulation(args: argparse.Namespace, ctx: Any, result: Any) -> N
             json.dumps([d.to_dict() for d in decisions], indent=1) + "\n"
         )
     if getattr(args, "timeline_plot", None):
-        from inferline.measure._timeline import plot_timeline
+        from inferline.measure import plot_timeline
 
         plot_timeline(
             result,

@@ -123,17 +123,10 @@ def _print_found(att: Any) -> None:
 
 
 def _attach(args: argparse.Namespace) -> int:
-    from inferline.deploy._attach import (
-        attach,
-        plan_attachment,
-        serve_attachment,
-        start_attachment_service,
-    )
-    from inferline.deploy._format import import_object
-    from inferline.measure._attached import profile_attachment
-    from inferline.measure._profiler import ProfilerOptions
-    from inferline.measure._tables import print_fits
-    from inferline.server._run import run_loop
+    from inferline.core import import_object
+    from inferline.deploy import attach, plan_attachment, serve_attachment, start_attachment_service
+    from inferline.measure import ProfilerOptions, print_fits, profile_attachment
+    from inferline.server import run_loop
 
     serving = bool(args.pipeline)
     if serving and not (args.slo_ms and (args.trace or args.plan)):

@@ -9,7 +9,7 @@ from typing import Any
 
 from inferline.cli._args import count, http_url, output_path
 from inferline.core import ValidationError, load_plan, load_profiles, save
-from inferline.measure._calibrate import (
+from inferline.measure import (
     MIN_BATCHES,
     CalibrationRow,
     calibrate_profiles,

@@ -22,8 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    from inferline.deploy._format import load_deployment
-    from inferline.deploy._planned import planned_models
+    from inferline.deploy import load_deployment, planned_models
 
     dep = load_deployment(args.deployment)
     plan = load_plan(args.plan)

@@ -66,7 +66,7 @@ def _restore_from(url: str, path: str, token: str | None, timeout_s: float) -> d
     if not scheme.startswith(str(kind)):
         raise ValidationError("url", f"a {kind}:// URL (the snapshot is of {kind})", url)
     restore = importlib.import_module(_RESTORERS[str(kind)]).restore_snapshot
-    from inferline.server._run import run_loop
+    from inferline.server import run_loop
 
     done = run_loop(restore(url, snapshot, token=token, timeout_s=timeout_s))
     return {"backend": url, "restored": done}

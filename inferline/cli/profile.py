@@ -29,9 +29,8 @@ def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from inferline.deploy._format import load_deployment
-    from inferline.measure._profiler import ProfilerOptions
-    from inferline.measure._workflow import profile_deployment
+    from inferline.deploy import load_deployment
+    from inferline.measure import ProfilerOptions, profile_deployment
 
     dep = load_deployment(args.deployment)
     quick = args.quick
@@ -98,7 +97,7 @@ def _profile(args: argparse.Namespace) -> int:
         Path(args.fits_out).write_text(
             json.dumps([f.to_dict() for f in result.fits], indent=2) + "\n"
         )
-    from inferline.measure._tables import print_fits
+    from inferline.measure import print_fits
 
     print_fits(result, console=None)
     return 0
@@ -107,7 +106,7 @@ def _profile(args: argparse.Namespace) -> int:
 def add_profiler_arguments(p: argparse.ArgumentParser) -> None:
     """``--statistic``, ``--contention`` and ``--wake-idle-ms``: how a profile is measured
     (``inferline profile`` and the benchmarks that profile, e.g. ``benchmarks/fidelity.py``)."""
-    from inferline.measure._profiler import STATISTICS, ProfilerOptions
+    from inferline.measure import STATISTICS, ProfilerOptions
 
     default_gaps = [round(g * 1e3, 3) for g in ProfilerOptions().wake_idle_s]
     p.add_argument(

@@ -20,8 +20,8 @@ from inferline.cli._server_args import TOKEN_ENV, run_loop, token_of
 from inferline.core import (
     ValidationError,
     load_trace,
+    read_text,
 )
-from inferline.core._validate import read_text
 
 __all__ = ["register"]
 
@@ -45,7 +45,7 @@ def _load_inputs(args: argparse.Namespace) -> list[Any]:
             raise ValidationError(args.inputs, "a non-empty list of inputs", type(xs).__name__)
         return xs
     if args.deployment:
-        from inferline.deploy._format import load_deployment
+        from inferline.deploy import load_deployment
 
         return load_deployment(args.deployment).load_sample_inputs()
     raise ValidationError("--inputs/--deployment", "where the request inputs come from", None)
@@ -64,7 +64,7 @@ def _app_slo_s(args: argparse.Namespace) -> float | None:
     ``--slo-ms`` is given; not sent, the server applies it anyway)."""
     if not args.deployment:
         return None
-    from inferline.deploy._format import load_deployment
+    from inferline.deploy import load_deployment
 
     for a in load_deployment(args.deployment).apps:
         if a.name == args.app:
@@ -73,7 +73,7 @@ def _app_slo_s(args: argparse.Namespace) -> float | None:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from inferline.measure._replay import encode_bodies, replay
+    from inferline.measure import encode_bodies, replay
 
     trace = load_trace(args.trace)
     if args.limit is not None:
@@ -94,7 +94,7 @@ def _replay(args: argparse.Namespace) -> int:
         )
     )
     summary = res.summary()
-    from inferline.measure._tables import finite_or_none, print_replay
+    from inferline.measure import finite_or_none, print_replay
 
     print_replay(summary)
     if args.output:

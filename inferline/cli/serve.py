@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from inferline.deploy._format import load_deployment
+    from inferline.deploy import load_deployment
 
     dep = load_deployment(args.deployment)
     plan = load_plan(args.plan) if args.plan else None
@@ -76,7 +76,7 @@ def _switching_args(args: argparse.Namespace) -> Any:
         raise ValidationError(
             "--switching-config", "a switching file (inferline.switching/1)", None
         )
-    from inferline.deploy._switching_serve import load_switching
+    from inferline.deploy import load_switching
 
     return load_switching(path)
 

@@ -70,7 +70,7 @@ def _say(msg: str) -> None:
 
 
 def run_demo(opts: DemoOptions) -> dict[str, Any]:
-    from inferline.server._run import run_loop
+    from inferline.server import run_loop
 
     return run_loop(run_demo_async(opts))  # type: ignore[no-any-return]
 
@@ -80,11 +80,16 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
 
     from inferline.adapters.local import detect_cores
     from inferline.demo.pipeline import deployment_dict, test_inputs
-    from inferline.deploy._format import Deployment
-    from inferline.measure._profiler import ProfilerOptions
-    from inferline.measure._replay import encode_bodies, replay
-    from inferline.measure._server_proc import ServerProcess
-    from inferline.measure._workflow import estimate, hop_overhead_from, profile_deployment
+    from inferline.deploy import Deployment
+    from inferline.measure import (
+        ProfilerOptions,
+        ServerProcess,
+        encode_bodies,
+        estimate,
+        hop_overhead_from,
+        profile_deployment,
+        replay,
+    )
 
     t_start = time.perf_counter()
     r = opts.resolved()
@@ -120,7 +125,7 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
         f"{ {m: round(s, 3) for m, s in pipeline.scale_factors.items()} }; profiled in "
         f"{time.perf_counter() - t0:.0f} s"
     )
-    from inferline.measure._tables import print_fits
+    from inferline.measure import print_fits
 
     print_fits(result)
 
@@ -310,8 +315,12 @@ def calibrated_estimate(
     the service spread (a log-normal through the live median and P99), as a second figure:
     in ``--quick`` runs on 2 cores that one came out 15-27% high (five runs), the
     one-number estimate -8% to +7% (three)."""
-    from inferline.measure._calibrate import calibrate_profiles, live_service_from_admin
-    from inferline.measure._workflow import estimate, hop_overhead_from
+    from inferline.measure import (
+        calibrate_profiles,
+        estimate,
+        hop_overhead_from,
+        live_service_from_admin,
+    )
 
     live = live_service_from_admin(live_models)
     hw = {m: c.hardware for m, c in plan.models.items()}

@@ -35,6 +35,7 @@ from inferline.deploy._planned import drain, planned_models
 from inferline.deploy._serve import serve
 from inferline.deploy._start import DeploymentTarget, start_service
 from inferline.deploy._switching import LiveSwitcher, SwitchEvent
+from inferline.deploy._switching_serve import load_switching
 from inferline.deploy._tuning import AppliedDecision, LiveTuner
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "drift_monitor",
     "import_object",
     "load_deployment",
+    "load_switching",
     "plan_attachment",
     "planned_models",
     "serve",

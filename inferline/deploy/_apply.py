@@ -21,7 +21,7 @@ from inferline.deploy._planned import (
     stage_routes,
 )
 from inferline.queueing import BatchingPolicy
-from inferline.server._service import Service
+from inferline.server import Service
 
 __all__ = ["apply_deployment_plan", "apply_plan"]
 

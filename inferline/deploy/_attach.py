@@ -42,9 +42,15 @@ from inferline.deploy._batching import planned_policy
 from inferline.deploy._planned import (
     check_stages_served,
 )
-from inferline.server._service import App, Service
-from inferline.server.frontdoors import FrontDoor, FrontDoorGrpc, Signature, TensorInfo
-from inferline.server.frontdoors._door import DEFAULT_MAX_ROWS, check_max_rows
+from inferline.server import App, Service
+from inferline.server.frontdoors import (
+    DEFAULT_MAX_ROWS,
+    FrontDoor,
+    FrontDoorGrpc,
+    Signature,
+    TensorInfo,
+    check_max_rows,
+)
 
 __all__ = [
     "Attachment",
@@ -486,8 +492,7 @@ async def serve_attachment(
     A backend that can put the operator's settings back (``restore_operator_settings``) gets
     ``POST /admin/detach``: restore, then stop. ``restore_on_exit``: restore too when serving
     stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done."""
-    from inferline.server._http import create_app
-    from inferline.server._run import bind_socket, serve_app
+    from inferline.server import bind_socket, create_app, serve_app
     from inferline.server.frontdoors import make_kserve_router, make_tfserving_router
 
     stop = stop if stop is not None else asyncio.Event()
@@ -589,6 +594,6 @@ class _Restorer:
         return {"backend": str(getattr(self.backend, "url", ""))}
 
     def admin_router(self, svc: Service) -> Any:
-        from inferline.server._admin import make_admin_router
+        from inferline.server import make_admin_router
 
         return make_admin_router(svc, self.detach if self.can else None)

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferline.core import ModelConfig, ValidationError
-from inferline.core._validate import as_float, as_int, as_mapping, as_str
+from inferline.core import ModelConfig, ValidationError, as_float, as_int, as_mapping, as_str
 from inferline.queueing import (
     AIMDBatching,
     BatchingPolicy,

@@ -52,7 +52,7 @@ from inferline.deploy._drift_policy import (
     DriftState,
 )
 from inferline.deploy._drift_work import estimate_p99s, replan
-from inferline.measure._calibrate import calibrate_profiles
+from inferline.measure import calibrate_profiles
 from inferline.queueing import BatchEvent, RecentService
 
 __all__ = ["DriftEvent", "DriftMonitor", "DriftRoutes", "drift_monitor", "make_drift_router"]

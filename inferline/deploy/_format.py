@@ -26,7 +26,6 @@ personalized models on the deployment's models (see ``inferline.server._velox_ap
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,21 +36,20 @@ from inferline.core import (
     ModelSpec,
     NotFoundError,
     ValidationError,
-    load_json,
-)
-from inferline.core._validate import (
     as_float,
     as_int,
     as_list,
     as_mapping,
     as_str,
     check_format,
+    import_object,
+    load_json,
     no_extra_keys,
     req,
 )
 from inferline.deploy._batching import BatchingSpec, planned_policy
 from inferline.queueing import BatchingPolicy
-from inferline.server._service import InputSpec
+from inferline.server import InputSpec
 
 __all__ = [
     "DEPLOYMENT_FORMAT",
@@ -69,23 +67,6 @@ DEPLOYMENT_FORMAT = "inferline.deployment/1"
 # Protocols a deployment may serve next to inferline's own routes (``front_doors``).
 FRONT_DOORS = ("kserve", "tfserving")
 _UNSET = object()
-
-
-def import_object(path: str, field: str = "import path") -> Any:
-    """``package.module:attr`` -> the object (dots after the colon walk attributes)."""
-    mod, sep, attr = str(path).partition(":")
-    if not sep or not mod or not attr:
-        raise ValidationError(field, "'package.module:name'", path)
-    try:
-        obj: Any = importlib.import_module(mod)
-    except ImportError as e:
-        raise ValidationError(field, "an importable module", f"{mod} ({e})") from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise NotFoundError(f"attribute of {mod}", part) from None
-    return obj
 
 
 @dataclass(frozen=True)
@@ -144,7 +125,7 @@ class AppSpec:
         )
         selection = None
         if m.get("selection") is not None:
-            from inferline.server._selection_app import SelectionAppSpec
+            from inferline.server import SelectionAppSpec
 
             selection = SelectionAppSpec.from_dict(m["selection"], f"{where}.selection")
         return cls(
@@ -392,7 +373,7 @@ class Deployment:
 def _velox_spec(d: Any) -> Any:
     if d is None:
         return None
-    from inferline.server._velox_app import VeloxSpec
+    from inferline.server import VeloxSpec
 
     return VeloxSpec.from_dict(d)
 

@@ -16,16 +16,21 @@ from inferline.deploy._drift import make_drift_router
 from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._format import Deployment, import_object
 from inferline.deploy._start import start_service
-from inferline.server._admin import make_admin_router
-from inferline.server._http import DEFAULT_MAX_BODY_BYTES, create_app
-from inferline.server._run import DEFAULT_READ_TIMEOUT_S, bind_socket, serve_app
+from inferline.server import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+    bind_socket,
+    create_app,
+    make_admin_router,
+    serve_app,
+)
 from inferline.server.frontdoors import (
+    DEFAULT_MAX_ROWS,
     FrontDoor,
     FrontDoorGrpc,
     make_kserve_router,
     make_tfserving_router,
 )
-from inferline.server.frontdoors._door import DEFAULT_MAX_ROWS
 
 __all__ = ["serve"]
 
@@ -89,11 +94,11 @@ async def serve(
         a.max_batch_inputs = max_request_rows
     routers: list[Any] = [make_admin_router, make_drift_router]
     if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
-        from inferline.server._selection_routes import make_selection_router
+        from inferline.server import make_selection_router
 
         routers.append(make_selection_router)
     if dep.velox is not None:
-        from inferline.server._velox_app import start_velox
+        from inferline.server import start_velox
 
         routers.append(await start_velox(svc, dep.velox))
     for path in dep.routers:

@@ -20,7 +20,7 @@ from inferline.deploy._planned import (
     stage_routes,
 )
 from inferline.deploy._tuning import LiveTuner
-from inferline.server._service import App, Service
+from inferline.server import App, Service
 
 __all__ = ["DeploymentTarget", "start_service"]
 
@@ -75,7 +75,7 @@ async def start_service(
     configs = configs_for(dep, plan)
     for a in dep.apps:  # a bad selection block fails before any replica starts
         if a.selection is not None and (apps is None or a.name in apps):
-            from inferline.server._selection_app import build_policy
+            from inferline.server import build_policy
 
             build_policy(a.name, a.selection, host)
     if backend is None:
@@ -149,7 +149,7 @@ async def start_service(
             if a.has_default:
                 kw["default_output"] = a.default_output
             if a.selection is not None:
-                from inferline.server._selection_app import make_selection_app
+                from inferline.server import make_selection_app
 
                 kw.pop("models")
                 svc.add_app(

@@ -4,20 +4,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from inferline.core import (
+    ModelConfig,
     Profiles,
     ValidationError,
     WakeProfile,
 )
-from inferline.deploy._attach import Attachment
 from inferline.measure._profiler import ProfileResult, ProfilerOptions, Progress, batch_sizes_up_to
 from inferline.server.frontdoors import Signature, TensorInfo
 
 __all__ = ["profile_attachment", "synthetic_inputs"]
+
+
+class AttachmentLike(Protocol):
+    """What ``profile_attachment`` reads of an attachment (``inferline.deploy.Attachment``;
+    measure sits below deploy, so it names the shape, not the class)."""
+
+    @property
+    def models(self) -> Mapping[str, ModelConfig]: ...
+    @property
+    def signatures(self) -> Mapping[str, Signature]: ...
 
 
 def synthetic_inputs(sig: Signature, n: int, seed: int = 0) -> list[Any]:
@@ -46,7 +56,7 @@ def synthetic_inputs(sig: Signature, n: int, seed: int = 0) -> list[Any]:
 
 
 async def profile_attachment(
-    att: Attachment,
+    att: AttachmentLike,
     inputs: Mapping[str, Sequence[Any]] | None = None,
     options: ProfilerOptions | None = None,
     *,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,9 +29,9 @@ from inferline.core import (
     Profiles,
     SimResult,
     ValidationError,
+    import_object,
     simulate,
 )
-from inferline.deploy._format import AppSpec, Deployment, import_object
 from inferline.measure._profiler import ProfileResult, ProfilerOptions, Progress, profile_models
 from inferline.measure._replay import ReplayResult
 
@@ -46,7 +46,32 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-def load_containers(dep: Deployment, models: Sequence[str] | None = None) -> dict[str, Any]:
+class AppLike(Protocol):
+    """What these steps read of an app of a deployment (``inferline.deploy.AppSpec``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def input(self) -> Any: ...
+    def pipeline_fn(self) -> Any: ...
+
+
+class DeploymentLike(Protocol):
+    """What these steps read of a deployment (``inferline.deploy.Deployment``; measure sits
+    below deploy, so it names the shape, not the class)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def models(self) -> Sequence[Any]: ...
+    @property
+    def apps(self) -> Sequence[AppLike]: ...
+    def load_sample_inputs(self) -> list[Any]: ...
+
+
+def load_containers(dep: DeploymentLike, models: Sequence[str] | None = None) -> dict[str, Any]:
     """Instantiate and ``load()`` the model containers in this process (tracing only)."""
     out = {}
     for spec in dep.models:
@@ -60,7 +85,7 @@ def load_containers(dep: Deployment, models: Sequence[str] | None = None) -> dic
     return out
 
 
-def _app(dep: Deployment, app: str | None) -> AppSpec:
+def _app(dep: DeploymentLike, app: str | None) -> AppLike:
     if not dep.apps:
         raise ValidationError("apps", "at least one app to trace", [])
     if app is None:
@@ -72,7 +97,7 @@ def _app(dep: Deployment, app: str | None) -> AppSpec:
 
 
 async def trace_deployment(
-    dep: Deployment,
+    dep: DeploymentLike,
     *,
     app: str | None = None,
     samples: Sequence[Any] | None = None,
@@ -111,7 +136,7 @@ async def trace_deployment(
 
 
 async def profile_deployment(
-    dep: Deployment,
+    dep: DeploymentLike,
     options: ProfilerOptions | None = None,
     *,
     backend: Any = None,

@@ -9,7 +9,15 @@ from inferline.server._admin import AdminRoutes, make_admin_router
 from inferline.server._http import DEFAULT_MAX_BODY_BYTES, AppRoutes, RouterSource, create_app
 from inferline.server._metrics import ServiceMetrics
 from inferline.server._predict import handle_predict
-from inferline.server._run import bind_socket, run_loop, run_server, serve_app
+from inferline.server._run import (
+    DEFAULT_READ_TIMEOUT_S,
+    bind_socket,
+    run_loop,
+    run_server,
+    serve_app,
+)
+from inferline.server._selection_app import SelectionAppSpec, build_policy, make_selection_app
+from inferline.server._selection_routes import make_selection_router
 from inferline.server._service import (
     App,
     DefaultAnswer,
@@ -20,6 +28,7 @@ from inferline.server._service import (
     TunerHandle,
     json_default,
 )
+from inferline.server._velox_app import VeloxSpec, start_velox
 from inferline.server.frontdoors import (
     FrontDoor,
     FrontDoorGrpc,
@@ -31,6 +40,7 @@ from inferline.server.frontdoors import (
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_READ_TIMEOUT_S",
     "AdminRoutes",
     "App",
     "AppRoutes",
@@ -41,19 +51,25 @@ __all__ = [
     "PlanTarget",
     "Prediction",
     "RouterSource",
+    "SelectionAppSpec",
     "Service",
     "ServiceMetrics",
     "Signature",
     "TensorInfo",
     "TunerHandle",
+    "VeloxSpec",
     "bind_socket",
+    "build_policy",
     "create_app",
     "handle_predict",
     "json_default",
     "make_admin_router",
     "make_kserve_router",
+    "make_selection_app",
+    "make_selection_router",
     "make_tfserving_router",
     "run_loop",
     "run_server",
     "serve_app",
+    "start_velox",
 ]

@@ -20,8 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from inferline.core import InferlineError, Plan, ValidationError
-from inferline.core._http_errors import decode_json
+from inferline.core import InferlineError, Plan, ValidationError, decode_json
 from inferline.server._service import Service
 
 __all__ = ["AdminRoutes", "check_inventory", "make_admin_router"]

@@ -13,10 +13,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferline.core._http_errors import (
-    BodyTooLarge,
-    error_body,
-)
+from inferline.core import BodyTooLarge, error_body
 from inferline.server._predict import handle_predict
 from inferline.server._service import Service
 

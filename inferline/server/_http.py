@@ -30,9 +30,9 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from inferline.core import InferlineError
-from inferline.core._http_errors import (
+from inferline.core import (
     BodyTooLarge,
+    InferlineError,
     MalformedJSON,
     decode_json,
     error_body,

@@ -8,12 +8,7 @@ import logging
 import math
 from typing import Any
 
-from inferline.core import InferlineError, ValidationError
-from inferline.core._http_errors import (
-    decode_json,
-    error_body,
-    status_for,
-)
+from inferline.core import InferlineError, ValidationError, decode_json, error_body, status_for
 from inferline.server._service import Prediction, Service, json_default
 
 __all__ = ["MAX_SLO_MS", "handle_predict"]

@@ -35,8 +35,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inferline.core import ValidationError
-from inferline.core._validate import as_float, as_int, as_list, as_mapping, as_str, no_extra_keys
+from inferline.core import (
+    ValidationError,
+    as_float,
+    as_int,
+    as_list,
+    as_mapping,
+    as_str,
+    no_extra_keys,
+)
 from inferline.selection import (
     AllowanceState,
     CombineAllowance,

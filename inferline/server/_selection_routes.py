@@ -119,7 +119,7 @@ def make_selection_router(service: Any) -> APIRouter:
 
     @router.post("/apps/{app}/select", summary="Predict in a user's selection context")
     async def select(app: str, request: Request) -> Response:
-        from inferline.core._wire import value_to_json
+        from inferline.core import value_to_json
 
         sel_of(app)
         body = _body(await request.body(), {"input", "user", "latency_slo_ms"})

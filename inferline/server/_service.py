@@ -6,7 +6,7 @@ frontend (``_app.py``) only parses HTTP and calls ``Service.predict``; routers t
 subsystems mount (velox, selection feedback, KServe/TF-Serving front doors) get the same
 ``Service`` and so share its backend, dispatcher, cache and metrics.
 
-Outcomes of one query (DESIGN.md: every accepted query ends in exactly one of them):
+Outcomes of one query (docs/design.md: every accepted query ends in exactly one of them):
 a prediction; the app's default output with an explanation (deadline passed while
 ``respond_by_slo`` is set, deadline expiry in the queue, a backend failure); or an explicit
 error (bad input, unknown app, overload, or a failure of an app without a default).
@@ -176,7 +176,7 @@ class Prediction:
     latency_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        from inferline.core._wire import value_to_json
+        from inferline.core import value_to_json
 
         d: dict[str, Any] = {
             "query_id": self.query_id,
@@ -203,7 +203,7 @@ class Prediction:
 
 def json_default(v: Any) -> Any:
     """``json.dumps(default=...)`` hook: the wire codec's JSON form of non-JSON values."""
-    from inferline.core._wire import value_to_json
+    from inferline.core import value_to_json
 
     if isinstance(v, set | frozenset):
         raise TypeError(f"a {type(v).__name__} has no JSON form")
@@ -357,13 +357,13 @@ class Service:
         """
         if app.input_spec is not None:
             if isinstance(value, dict):
-                from inferline.core._wire import value_from_json
+                from inferline.core import value_from_json
 
                 value = value_from_json(value, field)
             return app.input_spec.check(value, field, non_numbers=non_numbers)
         if plain:
             return value
-        from inferline.core._wire import value_from_json
+        from inferline.core import value_from_json
 
         return value_from_json(value, field)
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core import ValidationError
-from inferline.core._validate import (
+from inferline.core import (
+    ValidationError,
     as_float,
     as_int,
     as_list,

@@ -1,18 +1,20 @@
-"""The conformance suite over the bundled runtime (``local://``). The TF Serving adapter runs
-it in ``integration/test_tfserving.py`` (it needs a server); Triton can do the same."""
+"""The conformance suite (``inferline.adapters.checks``) over the bundled runtime
+(``local://``). The TF Serving, Triton and Ray adapters run it in ``integration/`` (they need a
+server)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conformance import run_conformance
 
 from inferline.adapters import PluginHost
-from inferline.core import ModelSpec
+from inferline.adapters.checks import CHECKS, run_conformance
+from inferline.core import ModelSpec, ValidationError
 
 
 @pytest.mark.timeout(120)
@@ -34,16 +36,7 @@ def test_local_backend_conforms() -> None:
             check_output=check,
         )
     )
-    assert done == [
-        "protocol",
-        "deploy",
-        "predict_batch",
-        "errors",
-        "scale",
-        "named errors",
-        "stats and remove",
-        "close",
-    ]
+    assert done == list(CHECKS)
 
 
 class _Proxy:
@@ -113,3 +106,17 @@ def test_the_suite_catches_good_inputs_failed_by_a_bad_one() -> None:
     """Before, the per-item branch was a bare ``pass``."""
     with pytest.raises(AssertionError, match="good input"):
         _run_suite_over(_FailsWholeBatchPerItem)
+
+
+def test_the_checks_refuse_too_few_inputs_with_a_named_error() -> None:
+    spec = ModelSpec("double", "inferline.adapters.local.examples:scale", {"factor": 2.0})
+    with pytest.raises(ValidationError, match="three valid inputs"):
+        asyncio.run(run_conformance(lambda: _Proxy(None), spec, [1, 2]))
+
+
+def test_the_checks_ship_without_pytest() -> None:
+    """Third parties call them from any test runner: the module must not need pytest."""
+    import inferline.adapters.checks as checks
+
+    src = Path(checks.__file__).read_text()
+    assert "pytest" not in src.split('"""', 2)[2]

@@ -1,4 +1,4 @@
-"""Exact event traces of the estimator on small hand-computed cases (DESIGN.md contract)."""
+"""Exact event traces of the estimator on small hand-computed cases (docs/design.md contract)."""
 
 from __future__ import annotations
 

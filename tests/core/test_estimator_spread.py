@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from inferline.core import (
+    BatchProfile,
     EstimatorOptions,
     ModelConfig,
     Pipeline,
@@ -21,7 +22,6 @@ from inferline.core import (
     plan_inferline,
     simulate,
 )
-from inferline.core._profiles import BatchProfile
 from inferline.core.estimator import SPREAD_Z_CLIP, spread_floor, spread_params
 from inferline.core.planning import PlannerCore
 

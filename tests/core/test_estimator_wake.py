@@ -153,7 +153,7 @@ def test_estimator_options_round_trip_wake_up() -> None:
 
 
 def test_profiler_options_check_and_round_trip_the_idle_gaps() -> None:
-    from inferline.measure._profiler import ProfilerOptions
+    from inferline.measure import ProfilerOptions
 
     o = ProfilerOptions(wake_idle_s=(0.01, 0.05), wake_samples=5)
     assert ProfilerOptions.from_dict(json.loads(json.dumps(o.to_dict()))) == o

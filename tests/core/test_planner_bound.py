@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from inferline.core import (
     DEFAULT_CATALOG,
+    BatchProfile,
     EstimatorOptions,
     ModelConfig,
     Pipeline,
@@ -15,7 +16,6 @@ from inferline.core import (
     gamma_trace,
     simulate,
 )
-from inferline.core._profiles import BatchProfile
 from inferline.core.estimator import spread_floor
 from inferline.core.planning import MissBound
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from inferline.server._run import bind_socket, serve_app
+from inferline.server import bind_socket, serve_app
 
 
 @dataclass

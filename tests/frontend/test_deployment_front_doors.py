@@ -16,11 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from inferline.cli._main import build_parser
+from inferline.cli import build_parser
 from inferline.core import ValidationError
 from inferline.demo.simple import noop_deployment
-from inferline.deploy._format import Deployment
-from inferline.deploy._serve import serve
+from inferline.deploy import Deployment, serve
 
 
 def _dep(doors: list[str] | None) -> Deployment:

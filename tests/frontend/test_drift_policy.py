@@ -8,7 +8,7 @@ import math
 import pytest
 
 from inferline.core import ValidationError
-from inferline.deploy._drift_policy import (
+from inferline.deploy import (
     DriftConfig,
     DriftObservation,
     DriftPolicy,
@@ -157,7 +157,7 @@ class _Clock:
 
 def _service(clock: _Clock, took_s: float):
     from inferline.core import ModelConfig, Plan
-    from inferline.server._service import App, Service
+    from inferline.server import App, Service
 
     async def handler(x, slo):
         clock.t += took_s  # every query takes took_s of the fake clock

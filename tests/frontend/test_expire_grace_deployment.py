@@ -13,8 +13,7 @@ import pytest
 
 from inferline.core import ModelConfig, Plan, ValidationError
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy import Deployment, start_service
-from inferline.deploy._format import QueueSpec
+from inferline.deploy import Deployment, QueueSpec, start_service
 
 pytestmark = [pytest.mark.timeout(120)]
 SLO_MS = 100

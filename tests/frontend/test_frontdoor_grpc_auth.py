@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inferline.server._service import App, InputSpec, Service
+from inferline.server import App, InputSpec, Service
 from inferline.server.frontdoors import FrontDoor, FrontDoorGrpc, Signature, TensorInfo
 
 grpc = pytest.importorskip("grpc")

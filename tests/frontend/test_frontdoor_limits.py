@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 from _served_app import served
 
-from inferline.server._http import create_app
-from inferline.server._service import App, InputSpec, Service
+from inferline.server import App, InputSpec, Service, create_app
 from inferline.server.frontdoors import (
     FrontDoor,
     FrontDoorGrpc,

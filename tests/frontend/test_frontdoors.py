@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 
 from inferline.core import ValidationError
-from inferline.server._http import create_app
-from inferline.server._service import App, InputSpec, Service
+from inferline.server import App, InputSpec, Service, create_app
 from inferline.server.frontdoors import (
     FrontDoor,
     Signature,

@@ -21,8 +21,8 @@ from inferline.core import (
     ValidationError,
 )
 from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
+from inferline.server import App, DefaultAnswer, InputSpec, Service
 from inferline.server._http import create_app, status_for
-from inferline.server._service import App, DefaultAnswer, InputSpec, Service
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

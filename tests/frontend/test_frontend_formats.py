@@ -8,15 +8,15 @@ import pytest
 from inferline.core import NotFoundError, Profiles, ValidationError
 from inferline.demo.pipeline import deployment_dict
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy._format import AppSpec, Deployment, QueueSpec, import_object
+from inferline.deploy import AppSpec, Deployment, QueueSpec, import_object
+from inferline.measure import ProfilerOptions, batch_sizes_up_to
 from inferline.measure._profile_fit import (
     BatchFit,
     batch_profile,
     fit_batch_latency,
     profiles_from_samples,
 )
-from inferline.measure._profiler import ProfilerOptions, batch_sizes_up_to
-from inferline.server._service import InputSpec
+from inferline.server import InputSpec
 
 
 def _samples(fn, sizes=(1, 2, 4, 8, 16, 32), n=200, noise=0.0005, seed=0):

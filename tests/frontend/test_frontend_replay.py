@@ -12,8 +12,7 @@ from _served_app import served
 
 from inferline.core import ValidationError
 from inferline.measure._replay import _parse_response, encode_bodies, replay_sync
-from inferline.server._http import create_app
-from inferline.server._service import App, Service
+from inferline.server import App, Service, create_app
 
 
 async def _slow(x, slo):

@@ -6,8 +6,7 @@ import numpy as np
 import pytest
 
 from inferline.core import ModelConfig, Pipeline, Profiles, ValidationError
-from inferline.measure._replay import ReplayResult
-from inferline.measure._workflow import estimate, hop_overhead_from
+from inferline.measure import ReplayResult, estimate, hop_overhead_from
 
 
 def _setup():

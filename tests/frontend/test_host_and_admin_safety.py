@@ -14,12 +14,10 @@ import httpx
 import pytest
 from _served_app import served
 
-from inferline.cli._main import build_parser
+from inferline.cli import build_parser
 from inferline.core import ModelConfig, Plan
-from inferline.server._admin import make_admin_router
+from inferline.server import App, Service, create_app, make_admin_router
 from inferline.server._guard import Guard
-from inferline.server._http import create_app
-from inferline.server._service import App, Service
 
 
 async def _echo(x: Any, slo: float) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferline.server._metrics import ServiceMetrics
+from inferline.server import ServiceMetrics
 
 
 @dataclass

@@ -15,9 +15,13 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import positive_data_acceptance  # noqa: E402
 
 from inferline.core import Plan  # noqa: E402
-from inferline.server._admin import make_admin_router  # noqa: E402
-from inferline.server._http import create_app  # noqa: E402
-from inferline.server._service import App, InputSpec, Service  # noqa: E402
+from inferline.server import (  # noqa: E402
+    App,
+    InputSpec,
+    Service,
+    create_app,
+    make_admin_router,
+)
 from inferline.server.frontdoors import (  # noqa: E402
     FrontDoor,
     Signature,

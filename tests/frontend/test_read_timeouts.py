@@ -13,8 +13,7 @@ import pytest
 from _served_app import served
 from fastapi import APIRouter, Request
 
-from inferline.server._http import create_app
-from inferline.server._service import App, Service
+from inferline.server import App, Service, create_app
 
 TIMEOUT_S = 0.5
 

@@ -10,8 +10,7 @@ from fastapi import APIRouter
 
 from inferline.core import StorageError
 from inferline.selection import SQLiteStore as SelectionStore
-from inferline.server._http import create_app
-from inferline.server._service import App, Service
+from inferline.server import App, Service, create_app
 from inferline.velox import SQLiteStore as VeloxStore
 
 

@@ -11,8 +11,7 @@ import time
 import httpx
 from _served_app import serving
 
-from inferline.server._http import create_app
-from inferline.server._service import App, Service
+from inferline.server import App, Service, create_app
 
 
 async def _stuck(x, slo):

@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from _served_app import served
 
-from inferline.server._http import create_app
-from inferline.server._service import App, Service
+from inferline.server import App, Service, create_app
 from inferline.server.frontdoors import FrontDoor, Signature, TensorInfo, make_tfserving_router
 
 

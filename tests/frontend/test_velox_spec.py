@@ -5,8 +5,8 @@ import json
 import pytest
 
 from inferline.core import ValidationError
-from inferline.deploy._format import Deployment
-from inferline.server._velox_app import VeloxSpec
+from inferline.deploy import Deployment
+from inferline.server import VeloxSpec
 
 BLOCK = {
     "store": "v.sqlite",

@@ -203,3 +203,30 @@ def test_disabling_the_third_party_plugin(
     monkeypatch.setenv(DISABLED_ENV, "echo")
     host = PluginHost.default()
     assert "echo" not in host.schemes() and "local" in host.schemes()
+
+
+def test_third_party_backend_passes_the_shipped_conformance_checks(
+    echo_installed: dict[str, str],
+) -> None:
+    """As an adapter's author would: ``inferline.adapters.checks`` from the installed package,
+    on a backend made from its URL through the plugin host."""
+    from inferline.adapters.checks import CHECKS, run_conformance
+
+    host = PluginHost()
+    host.load_entrypoints()
+    spec = ModelSpec("echo", params={"base_s": 0.001, "per_item_s": 0.0, "scale": 1.0})
+    inputs = [np.linspace(-1, 1, 4) * (i + 1) for i in range(3)]
+
+    def check(x: np.ndarray, y: np.ndarray) -> None:
+        np.testing.assert_allclose(y, np.tanh(x))
+
+    done = asyncio.run(
+        run_conformance(
+            lambda: host.backend_for("echo://?cores=2&accelerators=1"),
+            spec,
+            inputs,
+            bad_input="not a number",
+            check_output=check,
+        )
+    )
+    assert done == list(CHECKS)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from inferline.core.errors import ValidationError
-from inferline.queueing._cache import PredictionCache, cache_key, key_prefix, parse_key
+from inferline.queueing import PredictionCache, cache_key, key_prefix, parse_key
 
 
 def k(name: str) -> bytes:

@@ -8,8 +8,7 @@ import pytest
 
 from inferline.adapters import PluginHost, hookimpl
 from inferline.core import ValidationError
-from inferline.selection import BUILTIN_POLICIES, Exp4, check_policy, make_policy
-from inferline.selection._policy import Combined
+from inferline.selection import BUILTIN_POLICIES, Combined, Exp4, check_policy, make_policy
 
 
 def test_builtins_come_from_the_entry_point():

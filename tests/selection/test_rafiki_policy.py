@@ -99,7 +99,7 @@ def test_live_state_tracks_the_queries_in_flight() -> None:
 
 def test_deployment_errors_name_the_params_field() -> None:
     from inferline.adapters import PluginHost
-    from inferline.server._selection_app import SelectionAppSpec, build_policy
+    from inferline.server import SelectionAppSpec, build_policy
 
     block = {"policy": "rafiki", "models": ["a", "b", "c"], "params": _cfg(tau_ms=-5)}
     del block["params"]["policy"], block["params"]["models"]

@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 
 from inferline.core import ValidationError
-from inferline.deploy._format import Deployment
-from inferline.deploy._start import start_service
+from inferline.deploy import Deployment, start_service
 from inferline.selection import SQLiteStore
 from inferline.selection.digits import digits_data
-from inferline.server._http import create_app
+from inferline.server import create_app, make_selection_router
 from inferline.server._selection_app import SelectionAppSpec, selection_services
-from inferline.server._selection_routes import make_selection_router
 
 SRC = "inferline.selection.digits:digits_classifier"
 

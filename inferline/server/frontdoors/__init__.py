@@ -27,11 +27,13 @@ the keys of a dict output).
 """
 
 from inferline.server.frontdoors._door import (
+    DEFAULT_MAX_ROWS,
     KSERVE_DTYPES,
     TF_DTYPES,
     FrontDoor,
     Signature,
     TensorInfo,
+    check_max_rows,
 )
 from inferline.server.frontdoors._grpc import FrontDoorGrpc
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
@@ -39,12 +41,14 @@ from inferline.server.frontdoors._kserve_http import make_kserve_router
 from inferline.server.frontdoors._tfserving_rest import make_tfserving_router
 
 __all__ = [
+    "DEFAULT_MAX_ROWS",
     "KSERVE_DTYPES",
     "TF_DTYPES",
     "FrontDoor",
     "FrontDoorGrpc",
     "Signature",
     "TensorInfo",
+    "check_max_rows",
     "header_length",
     "kserve_decode",
     "kserve_encode",

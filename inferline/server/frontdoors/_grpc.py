@@ -78,12 +78,12 @@ class FrontDoorGrpc:
         self.services.append("inference.GRPCInferenceService")
 
     def _add_tfserving(self, server: Any) -> None:
-        from inferline.adapters.tfserving._protos import available, stubs
+        from inferline.adapters.tfserving import grpc_available, grpc_stubs
 
-        if not available():
+        if not grpc_available():
             log.info("no TF Serving gRPC front door (tensorflow-serving-api missing)")
             return
-        st = stubs()
+        st = grpc_stubs()
         pred, models = tfserving_servicers(self.door, self._auth, st, self.max_message_bytes)
         st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, server)
         st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from inferline.core import InferlineError, NotFoundError, ValidationError
-from inferline.core._http_errors import status_for
+from inferline.core import InferlineError, NotFoundError, ValidationError, status_for
 
 __all__ = ["TokenCheck", "grpc_fail", "unimplemented", "with_unimplemented"]
 

@@ -54,7 +54,7 @@ class KServeHandlers:
 
     async def ServerMetadata(self, request: Any, context: Any) -> Any:
         await self.auth.require(context)
-        from inferline import __version__
+        from inferline.core import __version__
 
         return self.pb.ServerMetadataResponse(
             name="inferline", version=__version__, extensions=list(KSERVE_EXTENSIONS)

@@ -155,7 +155,7 @@ class KServeRoutes:
         return r
 
     async def server_metadata(self) -> dict[str, Any]:
-        from inferline import __version__
+        from inferline.core import __version__
 
         return {"name": "inferline", "version": __version__, "extensions": list(KSERVE_EXTENSIONS)}
 

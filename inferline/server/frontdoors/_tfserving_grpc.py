@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.adapters.tfserving._protos import from_tensor_proto, to_tensor_proto
+from inferline.adapters.tfserving import from_tensor_proto, to_tensor_proto
 from inferline.core import InferlineError, ValidationError
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, check_shape, decode_off_loop
 from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
