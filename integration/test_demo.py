@@ -12,6 +12,8 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
+# time (~40 s): `inferline demo --quick` is the README's main job end to end (train the digits
+# models, profile each on the bundled runtime, plan, serve, replay); its size is the point.
 def test_demo_quick(tmp_path):
     out = tmp_path / "demo"
     r = subprocess.run(

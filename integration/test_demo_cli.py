@@ -32,6 +32,8 @@ def _cli(*args: str, token: str | None = None) -> subprocess.CompletedProcess[st
     )
 
 
+# time (~13 s): `inferline serve`, `deploy` and `replay` as the user runs them: separate
+# processes, each an interpreter start and the project's imports.
 def test_serve_deploy_replay(tmp_path):
     dep = tmp_path / "d.json"
     dep.write_text(json.dumps(sleep_deployment(base_s=0.002)))

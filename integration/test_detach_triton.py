@@ -167,6 +167,8 @@ def test_detach_by_request_restores_the_operators_configuration(
     assert "no attach server answered" in again.stderr and "--snapshot" in again.stderr
 
 
+# time (~13 s): three `inferline attach` processes on the real Triton (SIGTERM, SIGINT,
+# SIGKILL then restore from the snapshot), each discovering, planning and applying.
 def test_sigterm_and_sigint_restore_and_a_crash_is_restored_from_the_snapshot(
     triton: tuple[TritonServer, Path],
 ) -> None:

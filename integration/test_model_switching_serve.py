@@ -62,6 +62,8 @@ def _files(tmp_path, acc):
     return tmp_path / "dep.json", tmp_path / "switching.json"
 
 
+# time (~17 s): real classifiers trained in the replica processes, then a rate step replayed
+# long enough for the switching controller to switch and be measured on both sides.
 def test_rate_step_switches_to_the_cheap_real_model(tmp_path):
     _, _, xte, yte = digits_data()
     # the same fits as in the replica processes (same seed, same split)

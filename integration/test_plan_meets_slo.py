@@ -56,6 +56,8 @@ def _profiles() -> Profiles:
     )
 
 
+# time (~19 s): a live replay long enough that the 1% tail the SLO is judged on is
+# made of a hundred-odd queries, after a server start.
 def test_a_feasible_plan_meets_its_slo_when_served(tmp_path):
     pipe = Pipeline.linear("sleep", ["m"])
     prof = _profiles()

@@ -29,6 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 LOW, HIGH = (4.0, 12.0), (60.0, 10.0)  # (rate q/s, seconds)
 
 
+# time (~40 s): 250 pretraining updates, then two live phases (12 s at 4 q/s, 10 s at 60 q/s):
+# shorter phases leave too few queries to tell the two rates' subset sizes apart.
 def test_rafiki_uses_fewer_models_under_a_high_rate(tmp_path) -> None:
     args = argparse.Namespace(
         slo_ms=500.0, beta=1.0, r_ref=40.0, train_updates=250, seed=0, quick=True

@@ -85,6 +85,8 @@ def _rolling_p99(
     return out
 
 
+# time (~18 s): 15 s at 40 q/s through `inferline serve` on the Ray cluster, a node removed
+# at 5 s: the P99 must be seen recovering after the replica comes back.
 def test_node_lost_under_load_through_inferline_serve(cluster: RayCluster, tmp_path) -> None:
     dep = sleep_deployment(base_s=0.02, slo_ms=SLO_S * 1e3, backend=cluster.url)
     (tmp_path / "d.json").write_text(json.dumps(dep))
@@ -215,6 +217,8 @@ TUNER_PLANNED_QPS = 6.0
 TUNER_BURST_QPS = 50.0  # wants 3+ replicas; the cluster has room for 2 until a node joins
 
 
+# time (~15 s): 14 s of a 50 q/s burst; a Ray node joins mid-run (add_node takes ~1 s) and
+# the tuner's retry must land a replica on it.
 def test_tuner_scales_up_onto_a_node_added_mid_run(cluster: RayCluster) -> None:
     # two workers, so the burst outgrows them (the figures below are for this shape; the
     # test once ran on whatever the node-loss test had left: two workers in file order, more

@@ -34,6 +34,8 @@ def _plan() -> Plan:
     return Plan("sleep", SLO_S, {"m": ModelConfig("cpu", 1, 1)}, tuner=inputs)
 
 
+# time (~18 s): an 8 s burst and a 5 s quiet phase, then the tuner's stabilization delay
+# before the scale-down this test waits for.
 def test_burst_scales_up_recovers_and_scales_down_after_the_delay():
     dep = Deployment.from_dict(sleep_deployment(base_s=BATCH_S, slo_ms=SLO_S * 1e3))
     plan = _plan()

@@ -89,6 +89,7 @@ def test_plan_file_round_trips_and_names_the_served_models():
         Plan.from_dict(bad)
 
 
+# time (~15 s): a 6 s burst and 4 s after it, plus the tuner's delay before switching back.
 def test_tuner_switches_to_the_cheaper_variant_on_a_burst_and_back_after_it():
     dep = _deployment()
     plan = _plan()
@@ -221,6 +222,8 @@ def test_a_deployment_missing_a_variant_is_refused_by_name():
         asyncio.run(start_service(only_slow, _plan()))
 
 
+# time (~13 s): three CLI processes (profile both variants on the real runtime, plan,
+# deploy --dry-run).
 def test_profile_plan_and_deploy_a_variant_deployment_from_the_command_line(tmp_path, capsys):
     """The whole chain on the real runtime: ``inferline profile --variants`` traces the stage
     (running its first variant) and profiles both variants on its inputs; ``inferline plan

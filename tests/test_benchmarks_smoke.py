@@ -47,6 +47,13 @@ def _reproduce(name: str) -> str:
     return f"reproduce: .venv/bin/python benchmarks/{name}.py --smoke"
 
 
+# Time: the whole file takes about 3.5 min on the 2-core machine, most of it in a few rows
+# (measured 2026-11-28): calibrated_plans with the fidelity run ~50 s (profiles the three
+# demo models on the bundled runtime, plans three ways, replays each), selection ~40 s (six
+# sections, each training its models), switching_live ~30 s (each variant's accuracy scored
+# through a live server), triton_overhead ~20 s (a real Triton, perf_analyzer and the
+# attach door), rafiki_live ~17 s and frontend ~14 s (server processes and short replays).
+# Each is the script's smallest real run; the rest take seconds.
 SMOKES: dict[str, Smoke] = {
     # reuses the profiles of the fidelity run (what its docstring suggests): profiling the
     # demo pipeline again would double the time and exercise nothing new
