@@ -1,6 +1,6 @@
 """Rafiki's actor-critic ensemble selector live in ``inferline serve``, against its baselines.
 
-Three digits classifiers (``inferline.selection.digits``: logistic regression, MLP and SVM on
+Three digits classifiers (``benchmarks/_digits.py``: logistic regression, MLP and SVM on
 disjoint random 12-pixel subsets, trained at start in their replicas, so their errors differ
 and ensembles gain) serve one selection app, one replica each, max batch 8. Each model also
 sleeps per batch (``delay_s + per_item_s x batch``) so that the machine's two cores can drive
@@ -39,11 +39,13 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks._* when run as a script
+
+from benchmarks._digits import SOURCE as SRC
+from benchmarks._digits import digits_data, fit_classifier
 from inferline.measure import ServerProcess, encode_bodies, replay
 from inferline.selection import sine_arrivals, sine_rate
-from inferline.selection.digits import digits_data, fit_classifier
 
-SRC = "inferline.selection.digits:digits_classifier"
 # name, kind, delay_s per batch, per_item_s; the first is the fastest (the one-model baseline)
 # and wins a vote's ties
 MODELS = (("mlp", "mlp", 0.04, 0.020), ("svc", "svc", 0.06, 0.025), ("lr", "logreg", 0.08, 0.030))

@@ -2,7 +2,7 @@
 model switching on real traces, personalized selection, Rafiki's RL scheduling.
 
 Models are real scikit-learn classifiers trained at run time on scikit-learn's digits
-(``inferline.selection.digits``), served as replica processes of the bundled runtime
+(``benchmarks/_digits.py``), served as replica processes of the bundled runtime
 (``local://``); every prediction below came back from a replica over gRPC.
 
 1. Model failure (Clipper Fig. 3.8). Five models (naive Bayes, tree, logistic regression,
@@ -58,6 +58,16 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks._* when run as a script
+
+from benchmarks._digits import SOURCE as SRC
+from benchmarks._digits import digits_data, distort
+from benchmarks._selection_experiments import (
+    confidence_table,
+    model_failure,
+    personalized,
+    switching_replay,
+)
 from inferline.adapters.local import LocalBackend
 from inferline.core import (
     ModelConfig,
@@ -83,15 +93,7 @@ from inferline.selection import (
     sine_rate,
     thread_hardware,
 )
-from inferline.selection.digits import digits_data, distort
-from inferline.selection.experiments import (
-    confidence_table,
-    model_failure,
-    personalized,
-    switching_replay,
-)
 
-SRC = "inferline.selection.digits:digits_classifier"
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 SECTIONS = ("failure", "confidence", "stragglers", "switching", "personal", "rafiki")
 FIVE = {"nb": {}, "tree": {}, "logreg": {}, "forest": {}, "svc": {}}

@@ -1,7 +1,7 @@
 """Model-Switching live: the two Azure traces replayed through ``inferline serve`` (docs/variants.md).
 
 Variants: random forests of 200, 100 and 30 trees on scikit-learn's digits
-(``inferline.selection.digits``), trained at start inside their replica processes. Queries are
+(``benchmarks/_digits.py``), trained at start inside their replica processes. Queries are
 the held-out 30% of the digits with Gaussian pixel noise (sigma 5 on 0..16), so the variants
 differ in accuracy. Measured at start through a real ``inferline serve`` per variant (two
 replicas): its accuracy on the 540 held-out images and its service time at saturation (four
@@ -39,12 +39,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._digits import SOURCE as SRC
+from benchmarks._digits import digits_data, distort
 from inferline.core import load_csv_trace, peak_rate
 from inferline.measure import ServerProcess, encode_bodies, replay
-from inferline.selection.digits import digits_data, distort
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
-SRC = "inferline.selection.digits:digits_classifier"
 TREES = {"f200": 200, "f100": 100, "f30": 30}
 
 

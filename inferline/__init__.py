@@ -26,6 +26,8 @@ do not pay for FastAPI and uvicorn. Everything else lives in its subpackage:
 ``inferline.adapters.checks``). The design is ``docs/design.md``.
 """
 
+from typing import TYPE_CHECKING
+
 from inferline.core import (
     DEFAULT_CATALOG,
     HardwareCatalog,
@@ -45,20 +47,100 @@ from inferline.core import (
 
 __all__ = [
     "DEFAULT_CATALOG",
+    "App",
+    "AppSpec",
+    "Attachment",
+    "BatchFit",
+    "CalibrationRow",
+    "Deployment",
     "HardwareCatalog",
     "InferlineError",
+    "InputSpec",
     "ModelConfig",
     "Pipeline",
     "Plan",
+    "Prediction",
+    "ProfileResult",
+    "ProfilerOptions",
     "Profiles",
+    "ReplayResult",
+    "ServerProcess",
+    "Service",
     "ValidationError",
     "__version__",
+    "apply_attachment_plan",
+    "apply_plan",
+    "attach",
+    "calibrate_profiles",
+    "create_app",
+    "dag_pipeline",
+    "estimate",
     "gamma_trace",
+    "handle_predict",
+    "hop_overhead_from",
+    "live_service_from_admin",
+    "load_deployment",
     "load_pipeline",
     "load_plan",
     "load_profiles",
     "load_trace",
+    "plan_attachment",
+    "profile_attachment",
+    "profile_deployment",
+    "profile_models",
+    "replay",
+    "replay_sync",
+    "run_server",
+    "serve",
+    "serve_attachment",
+    "start_attachment_service",
+    "start_service",
+    "trace_deployment",
 ]
+
+if TYPE_CHECKING:  # the lazy names, visible to type checkers and IDEs (never run)
+    from inferline.deploy import (
+        AppSpec,
+        Attachment,
+        Deployment,
+        apply_attachment_plan,
+        apply_plan,
+        attach,
+        dag_pipeline,
+        load_deployment,
+        plan_attachment,
+        serve,
+        serve_attachment,
+        start_attachment_service,
+        start_service,
+    )
+    from inferline.measure import (
+        BatchFit,
+        CalibrationRow,
+        ProfileResult,
+        ProfilerOptions,
+        ReplayResult,
+        ServerProcess,
+        calibrate_profiles,
+        estimate,
+        hop_overhead_from,
+        live_service_from_admin,
+        profile_attachment,
+        profile_deployment,
+        profile_models,
+        replay,
+        replay_sync,
+        trace_deployment,
+    )
+    from inferline.server import (
+        App,
+        InputSpec,
+        Prediction,
+        Service,
+        create_app,
+        handle_predict,
+        run_server,
+    )
 
 # Serving side (HTTP frontend, deployments, profiler, replay client), imported on first use so
 # that ``import inferline`` and the CLI's other commands do not pay for FastAPI and uvicorn.
@@ -117,4 +199,3 @@ _ATTACH = (
     "start_attachment_service",
 )
 _LAZY.update(dict.fromkeys(_ATTACH, "inferline.deploy"))
-__all__ += sorted(_LAZY)

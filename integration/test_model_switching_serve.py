@@ -9,17 +9,21 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks._digits
+
+from benchmarks._digits import SOURCE as SRC
+from benchmarks._digits import digits_data, fit_classifier
 from inferline.core import Profiles
 from inferline.measure import ServerProcess, encode_bodies, replay
-from inferline.selection.digits import digits_data, fit_classifier
 
 pytestmark = pytest.mark.integration
 
-SRC = "inferline.selection.digits:digits_classifier"
 SLO_MS = 150.0
 
 

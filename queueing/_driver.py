@@ -22,7 +22,7 @@ from ._dispatcher import Dispatcher
 
 if TYPE_CHECKING:
     from ._cache import PredictionCache
-    from ._instant import _Handoff
+    from ._instant import Handoff
 
 __all__ = ["PipelineContext", "PipelineFn", "PipelineRunner", "QueryResult"]
 
@@ -51,7 +51,7 @@ class PipelineContext:
         self._call = call
         # set while PipelineRunner.run drives the query: tells the dispatcher's same-instant
         # barrier when the query is between two model calls (see ``_instant``)
-        self._handoff: _Handoff | None = None
+        self._handoff: Handoff | None = None
 
     async def predict(self, model: str, x: Any) -> Any:
         """The output of ``model`` on ``x`` (raises the query's error, e.g. overload)."""
@@ -129,7 +129,7 @@ class PipelineRunner:
             raise ValidationError("slo_s", "a number of seconds > 0", slo_s)
 
     async def _plain_call(self, model: str, x: Any, ctx: PipelineContext) -> Any:
-        return await self.dispatcher._submit(
+        return await self.dispatcher.submit_nowait(
             model, x, ctx.deadline, ctx.arrival, ctx.query_id, ctx._handoff
         )
 
@@ -163,7 +163,7 @@ class PipelineRunner:
         # The query's hand-off is open from its arrival to its end: while it is between two
         # model calls, pullers wait before cutting batches (the estimator's rule 3). Inline,
         # not a helper coroutine: one frame less per query.
-        h = ctx._handoff = self.dispatcher._handoff()
+        h = ctx._handoff = self.dispatcher.open_handoff()
         try:
             return await self.fn(x, ctx)
         finally:
@@ -174,7 +174,7 @@ class PipelineRunner:
     ) -> QueryResult:
         """Like ``run`` but with the query id, timing and number of model calls."""
         ctx = self.context(arrival=arrival, slo_s=slo_s)
-        h = ctx._handoff = self.dispatcher._handoff()  # as in ``run``
+        h = ctx._handoff = self.dispatcher.open_handoff()  # as in ``run``
         try:
             out = await self.fn(x, ctx)
         finally:

@@ -28,7 +28,7 @@ from typing import Any
 from inferline.core.errors import DeadlineExceededError, ValidationError
 
 from ._instant import _Instant
-from ._mqueue import _DEADLINE, _FUT, _deliver, _ModelQueue
+from ._mqueue import ModelQueue, QueuedQuery, deliver
 
 __all__: list[str] = []  # private to the package
 
@@ -59,24 +59,24 @@ class _Expiry:
         self.instant = instant
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    def expire(self, q: _ModelQueue, item: tuple[Any, ...], now: float) -> None:
+    def expire(self, q: ModelQueue, item: QueuedQuery, now: float) -> None:
         """Answer ``item`` (already out of the heap) with ``DeadlineExceededError``."""
         q.expired += 1
         q.failed += 1
-        item[_FUT].set_exception(DeadlineExceededError(q.name, now - item[_DEADLINE]))
-        _deliver(item)
+        item.fut.set_exception(DeadlineExceededError(q.name, now - item.deadline))
+        deliver(item)
         self.instant.activity += 1
 
-    def arm(self, q: _ModelQueue) -> None:
+    def arm(self, q: ModelQueue) -> None:
         """Make ``q``'s timer due at its head's deadline plus the grace (no timer when the
         queue is empty). Cheap when the head did not change."""
         if not q.expire_late:
             return
         heap = q.heap
-        while heap and heap[0][_FUT].done():  # answered elsewhere: must not hold the timer
+        while heap and heap[0].fut.done():  # answered elsewhere: must not hold the timer
             heapq.heappop(heap)
             q.cancelled += 1
-        deadline = heap[0][_DEADLINE] if heap else math.inf
+        deadline = heap[0].deadline if heap else math.inf
         if deadline == q.expiry_deadline and (q.expiry_timer is not None or not heap):
             return
         self.disarm(q)
@@ -88,13 +88,13 @@ class _Expiry:
         q.expiry_timer = loop.call_at(loop.time() + max(0.0, delay), self._fire, q)
 
     @staticmethod
-    def disarm(q: _ModelQueue) -> None:
+    def disarm(q: ModelQueue) -> None:
         if q.expiry_timer is not None:
             q.expiry_timer.cancel()
             q.expiry_timer = None
         q.expiry_deadline = math.inf
 
-    def _fire(self, q: _ModelQueue) -> None:
+    def _fire(self, q: ModelQueue) -> None:
         # The timer is due: the query it was armed for has expired even if the loop's timer
         # ran a hair early against ``clock`` (uvloop rounds timers to milliseconds).
         q.expiry_timer = None
@@ -104,10 +104,10 @@ class _Expiry:
         heap = q.heap
         while heap:
             head = heap[0]
-            if head[_FUT].done():
+            if head.fut.done():
                 heapq.heappop(heap)
                 q.cancelled += 1
-            elif head[_DEADLINE] <= limit:
+            elif head.deadline <= limit:
                 heapq.heappop(heap)
                 self.expire(q, head, now)
             else:

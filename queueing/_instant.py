@@ -13,7 +13,7 @@ The barrier ends an instant by counting what the queue knows about, not by readi
 loop's internals (uvloop, the production loop, has no ready queue to read), so it is the same
 code on every loop:
 
-- Hand-offs in transit. ``PipelineRunner`` gives each query a ``_Handoff``. A query is in
+- Hand-offs in transit. ``PipelineRunner`` gives each query a ``Handoff``. A query is in
   transit from its arrival until its first model call, and again whenever none of its model
   calls is unanswered (between two stages), until its next call or its end. A result the
   dispatcher sets is in transit until the query's ``predict`` returns it, however many hops
@@ -97,7 +97,7 @@ class _Instant:
                 w.set_result(None)
 
 
-class _Handoff:
+class Handoff:
     """One pipeline query's share of ``_Instant.in_transit``: one while it has no model call
     unanswered, plus one per result set for it and not yet returned by its ``predict``.
 

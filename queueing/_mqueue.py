@@ -1,4 +1,4 @@
-"""The dispatcher's per-model state: queued-query layout, pullers and counters, and what both
+"""The dispatcher's per-model state: the queued-query record, pullers and counters, and what both
 the submitting and the pulling side do to it (wake idle pullers, compact the heap, tell a
 query's hand-off that its call was answered)."""
 
@@ -8,7 +8,7 @@ import asyncio
 import heapq
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from inferline.core.errors import BackendError
 from inferline.core.protocols import ReplicaHandle
@@ -16,20 +16,41 @@ from inferline.core.protocols import ReplicaHandle
 from ._batching import BatchingPolicy
 
 if TYPE_CHECKING:
-    from ._instant import _Handoff
+    from ._instant import Handoff
 
 __all__: list[str] = []  # private to the package
 
-# A queued query is a tuple so the heap compares plain floats/ints; ``seq`` is unique, so the
-# comparison never reaches the payload. Fields: deadline, arrival, rank (the caller's query id,
-# else seq: same-arrival ties keep query order), seq, input, future, enqueue time, the calling
-# query's hand-off (``_instant._Handoff``, or None outside a PipelineRunner), retries (last, so
-# a retry copies the rest and bumps it).
-_DEADLINE, _ARRIVAL, _RANK, _SEQ, _X, _FUT, _ENQ, _HAND, _RETRIES = range(9)
 RECENT_BATCHES = 1024  # service times kept for ModelStats' recent quantiles
 
 
-class _Puller:
+class QueuedQuery(NamedTuple):
+    """One query in a model's heap.
+
+    A NamedTuple, not a dataclass: it is built and read once per query on the hot path, and
+    the heap orders entries by plain tuple comparison (C speed). Fields compare in order:
+    ``deadline``, then ``arrival``, then ``rank``, then ``seq``; ``seq`` is unique, so the
+    comparison never reaches the payload. Keep the order of the first four fields.
+    """
+
+    deadline: float
+    arrival: float
+    # the caller's query id, else ``seq``: same-arrival ties keep query order
+    rank: int
+    seq: int  # unique per dispatcher: ends every comparison
+    x: Any
+    fut: asyncio.Future[Any]
+    enqueued: float  # clock time it entered the queue (queue delay, batching policy)
+    # the calling query's hand-off (None outside a PipelineRunner)
+    handoff: Handoff | None
+    retries: int  # times put back after a failed batch (``max_retries``)
+
+    def retried(self) -> QueuedQuery:
+        """This query put back after a failed batch: the same place in the order, one more
+        retry."""
+        return self._replace(retries=self.retries + 1)
+
+
+class Puller:
     __slots__ = ("batch", "handle", "idle_since", "stopping", "task", "timer", "waiter")
 
     def __init__(self, handle: ReplicaHandle, now: float = -math.inf) -> None:
@@ -39,10 +60,10 @@ class _Puller:
         self.waiter: asyncio.Future[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.stopping = False
-        self.batch: list[tuple[Any, ...]] | None = None
+        self.batch: list[QueuedQuery] | None = None
 
 
-class _ModelQueue:
+class ModelQueue:
     __slots__ = (
         "batch_sizes",
         "batches",
@@ -96,11 +117,11 @@ class _ModelQueue:
         self.expiry_timer: asyncio.TimerHandle | None = None
         self.expiry_deadline = math.inf
         self.max_retries = max_retries
-        self.heap: list[tuple[Any, ...]] = []
-        self.pullers: dict[str, _Puller] = {}
+        self.heap: list[QueuedQuery] = []
+        self.pullers: dict[str, Puller] = {}
         self.handles: list[ReplicaHandle] = []
         self.needs_start = False
-        self.idle: list[_Puller] = []
+        self.idle: list[Puller] = []
         self.in_flight = 0
         self.in_flight_batches = 0
         self.submitted = self.rejected = self.completed = self.failed = 0
@@ -115,15 +136,15 @@ class _ModelQueue:
         self.recent_service: deque[tuple[int, float]] = deque(maxlen=RECENT_BATCHES)
 
 
-def _closed_error(model: str) -> BackendError:
+def closed_error(model: str) -> BackendError:
     return BackendError("dispatcher", f"closed before model {model!r} answered the query")
 
 
-def _idle_since(p: _Puller) -> float:
+def _idle_since(p: Puller) -> float:
     return p.idle_since
 
 
-def _wake(q: _ModelQueue) -> None:
+def wake(q: ModelQueue) -> None:
     """Wake the model's idle pullers (new work arrived or was put back)."""
     # Warmest first (most recently idle; the later-idled of a tie): the first woken takes
     # the batch, so replicas that just served keep serving and the others stay idle; a
@@ -136,13 +157,13 @@ def _wake(q: _ModelQueue) -> None:
     q.idle.clear()
 
 
-def _compact(q: _ModelQueue) -> int:
+def compact(q: ModelQueue) -> int:
     """Drop the entries already answered elsewhere (a query that got its default or whose
     client left cancels its future, and leaves the entry until a puller reaches it), so
     that they do not count against ``max_queue``; returns the live count. O(n), only when
     the queue looks full."""
     heap = q.heap
-    live = [e for e in heap if not e[_FUT].done()]
+    live = [e for e in heap if not e.fut.done()]
     if len(live) < len(heap):
         q.cancelled += len(heap) - len(live)
         heapq.heapify(live)
@@ -150,8 +171,8 @@ def _compact(q: _ModelQueue) -> int:
     return len(heap)
 
 
-def _deliver(item: tuple[Any, ...]) -> None:
+def deliver(item: QueuedQuery) -> None:
     """Tell the calling query's hand-off that ``item``'s future was just answered."""
-    h: _Handoff | None = item[_HAND]
+    h = item.handoff
     if h is not None:
         h.delivered()

@@ -37,19 +37,7 @@ from inferline.core.protocols import ReplicaHandle
 
 from ._expiry import _Expiry
 from ._instant import _Instant
-from ._mqueue import (
-    _DEADLINE,
-    _ENQ,
-    _FUT,
-    _HAND,
-    _RETRIES,
-    _X,
-    _closed_error,
-    _deliver,
-    _ModelQueue,
-    _Puller,
-    _wake,
-)
+from ._mqueue import ModelQueue, Puller, QueuedQuery, closed_error, deliver, wake
 from ._stats import ArrivalEvent, BatchEvent
 
 __all__: list[str] = []  # private to the package
@@ -84,10 +72,10 @@ class _PullerPool:
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(
-        self, q: _ModelQueue, handle: ReplicaHandle, loop: asyncio.AbstractEventLoop
-    ) -> _Puller:
+        self, q: ModelQueue, handle: ReplicaHandle, loop: asyncio.AbstractEventLoop
+    ) -> Puller:
         """A new puller for ``handle`` on ``loop``, running."""
-        p = _Puller(handle, self.clock())
+        p = Puller(handle, self.clock())
         p.task = loop.create_task(
             self._pull(q, p, loop), name=f"inferline-pull-{q.name}-{handle.id}"
         )
@@ -96,7 +84,7 @@ class _PullerPool:
         return p
 
     @staticmethod
-    def retire(p: _Puller) -> None:
+    def retire(p: Puller) -> None:
         """Let ``p`` finish its in-flight batch and exit."""
         p.stopping = True
         if p.waiter is not None and not p.waiter.done():
@@ -111,14 +99,14 @@ class _PullerPool:
 
     # -- waiting ------------------------------------------------------------------------
     @staticmethod
-    def _wake_one(p: _Puller) -> None:
+    def _wake_one(p: Puller) -> None:
         p.timer = None
         w = p.waiter
         if w is not None and not w.done():
             w.set_result(None)
 
     async def _idle_wait(
-        self, q: _ModelQueue, p: _Puller, until: float | None, loop: asyncio.AbstractEventLoop
+        self, q: ModelQueue, p: Puller, until: float | None, loop: asyncio.AbstractEventLoop
     ) -> None:
         w = loop.create_future()
         p.waiter = w
@@ -136,20 +124,20 @@ class _PullerPool:
                 q.idle.remove(p)
 
     # -- cutting batches ----------------------------------------------------------------
-    def _purge_head(self, q: _ModelQueue, now: float) -> None:
+    def _purge_head(self, q: ModelQueue, now: float) -> None:
         heap = q.heap
         while heap:
             head = heap[0]
-            if head[_FUT].done():
+            if head.fut.done():
                 heapq.heappop(heap)
                 q.cancelled += 1
-            elif q.expire_late and head[_DEADLINE] < now:
+            elif q.expire_late and head.deadline < now:
                 heapq.heappop(heap)
                 self.expiry.expire(q, head, now)
             else:
                 return
 
-    async def _pull(self, q: _ModelQueue, p: _Puller, loop: asyncio.AbstractEventLoop) -> None:
+    async def _pull(self, q: ModelQueue, p: Puller, loop: asyncio.AbstractEventLoop) -> None:
         heap = q.heap
         pop = heapq.heappop
         instant = self.instant
@@ -168,16 +156,16 @@ class _PullerPool:
                 if not heap:
                     continue
                 head = heap[0]
-                d = q.policy.decide(now, len(heap), head[_DEADLINE], head[_ENQ])
+                d = q.policy.decide(now, len(heap), head.deadline, head.enqueued)
                 if d.take <= 0:
                     await self._idle_wait(q, p, d.wait_until, loop)
                     continue
-                batch: list[tuple[Any, ...]] = []
+                batch: list[QueuedQuery] = []
                 while heap and len(batch) < d.take:
                     item = pop(heap)
-                    if item[_FUT].done():
+                    if item.fut.done():
                         q.cancelled += 1
-                    elif q.expire_late and item[_DEADLINE] < now:
+                    elif q.expire_late and item.deadline < now:
                         self.expiry.expire(q, item, now)
                     else:
                         batch.append(item)
@@ -190,15 +178,15 @@ class _PullerPool:
                 q.in_flight -= len(p.batch)
                 q.in_flight_batches -= 1
                 for item in p.batch:
-                    fut = item[_FUT]
+                    fut = item.fut
                     if not fut.done():
-                        fut.set_exception(_closed_error(q.name))
-                        _deliver(item)
+                        fut.set_exception(closed_error(q.name))
+                        deliver(item)
                         q.failed += 1
                 p.batch = None
 
     # -- running batches ----------------------------------------------------------------
-    async def _run_batch(self, q: _ModelQueue, p: _Puller, batch: list[tuple[Any, ...]]) -> None:
+    async def _run_batch(self, q: ModelQueue, p: Puller, batch: list[QueuedQuery]) -> None:
         n = len(batch)
         p.batch = batch
         q.in_flight += n
@@ -208,7 +196,7 @@ class _PullerPool:
         error: BaseException | None = None
         outs: Any = None
         try:
-            outs = await p.handle.predict_batch([item[_X] for item in batch])
+            outs = await p.handle.predict_batch([item.x for item in batch])
         except InferlineError as e:
             error = e
         except asyncio.CancelledError:
@@ -242,12 +230,12 @@ class _PullerPool:
             if service > q.service_max:
                 q.service_max = service
             for item, out in zip(batch, outs, strict=True):
-                delay = t0 - item[_ENQ]
+                delay = t0 - item.enqueued
                 delays.append(delay)
                 q.queue_delay_sum += delay
                 if delay > q.queue_delay_max:
                     q.queue_delay_max = delay
-                fut = item[_FUT]
+                fut = item.fut
                 if fut.done():
                     q.cancelled += 1
                     continue
@@ -257,7 +245,7 @@ class _PullerPool:
                 else:
                     fut.set_result(out)
                     q.completed += 1
-                h = item[_HAND]  # ``_deliver``, inline on the hot path
+                h = item.handoff  # ``deliver``, inline on the hot path
                 if h is not None:
                     h.delivered()
             q.policy = q.policy.observe(n, service)
@@ -274,25 +262,23 @@ class _PullerPool:
             elif self.cooldown_s > 0:
                 await asyncio.sleep(self.cooldown_s)
 
-    def _fail_or_retry(
-        self, q: _ModelQueue, batch: list[tuple[Any, ...]], error: BaseException
-    ) -> None:
+    def _fail_or_retry(self, q: ModelQueue, batch: list[QueuedQuery], error: BaseException) -> None:
         retry = isinstance(error, ReplicaError) and not self.closed
         requeued = False
         for item in batch:
-            fut = item[_FUT]
+            fut = item.fut
             if fut.done():
                 q.cancelled += 1
-            elif retry and item[_RETRIES] < q.max_retries:
-                heapq.heappush(q.heap, (*item[:_RETRIES], item[_RETRIES] + 1))
+            elif retry and item.retries < q.max_retries:
+                heapq.heappush(q.heap, item.retried())
                 q.retried += 1
                 requeued = True
             else:
                 fut.set_exception(error)
-                _deliver(item)
+                deliver(item)
                 q.failed += 1
         if requeued:
             if q.expire_late:
                 self.expiry.arm(q)  # a retried query may now be the earliest deadline
             if q.idle:
-                _wake(q)
+                wake(q)

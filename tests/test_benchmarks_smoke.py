@@ -101,6 +101,13 @@ SMOKES: dict[str, Smoke] = {
     ),
     "layout": Smoke(("lines per folder", "import cycles: 0")),
     "local_payload": Smoke(("MB/s (both)", _reproduce("local_payload"))),
+    "local_runtime": Smoke(
+        (
+            "activation delay, noop container",
+            "kill -9 -> replacement active",
+            _reproduce("local_runtime"),
+        ),
+    ),
     "paper_planner": Smoke(
         ("image-processing", "planning time, video-monitoring", "plot:"),
         ("--out", "{tmp}"),

@@ -343,6 +343,7 @@ class _Dep:
         name = "m"
 
     name = "d"
+    backend = "local://"  # what `profile` opens before profiling
     models = (_Model(),)
 
 

@@ -113,6 +113,38 @@ def test_no_module_over_600_lines_but_the_numba_kernel():
     assert over == []
 
 
+def test_no_function_over_80_lines_but_the_numba_kernel():
+    """pluggy and SimPy keep every function to one screen; the kernel is one numba loop."""
+    lay = _layout()
+    r = lay.report()
+    assert lay._counted_long(r) == []
+
+
+def test_the_checker_sees_a_long_function_and_spares_the_kernel(tmp_path):
+    long_body = "".join(f"    x{i} = {i}\n" for i in range(80))  # def + 80 lines: 81
+    r = _tree(
+        tmp_path,
+        {
+            "core/_a.py": f"def short():\n{long_body[:-12]}\n\ndef f():\n{long_body}",
+            "core/estimator/_estimator_kernel.py": f"def _loop():\n{long_body}",
+        },
+    )
+    lay = _layout()
+    assert lay._counted_long(r) == [("inferline.core._a", "f", 81)]
+    assert {row[1] for row in r["long_functions"]} == {"f", "_loop"}
+
+
+def test_one_place_builds_the_plugin_host_backend_and_dispatcher():
+    """The composition root (``inferline.deploy._build``) builds them; measure's
+    ``profile_deployment`` still opens a backend of its own when given none (measure is below
+    deploy), counted here so that a third place fails."""
+    built = _layout().report()["constructions"]
+    root = "inferline.deploy._build"
+    assert {m.split(":")[0] for m in built["dispatcher"]} == {root}
+    assert {m.split(":")[0] for m in built["plugin host"]} <= {root, "inferline.measure._workflow"}
+    assert {m.split(":")[0] for m in built["backend"]} <= {root, "inferline.measure._workflow"}
+
+
 def test_at_most_six_modules_at_the_top_of_the_facade():
     assert len(_layout().report()["facade_top_modules"]) <= 6
 
@@ -134,3 +166,23 @@ def test_a_verb_that_does_not_import_fails_loudly(monkeypatch):
     monkeypatch.setattr(cli_main, "VERBS", (*cli_main.VERBS, "no_such_verb"))
     with pytest.raises(ModuleNotFoundError):
         cli_main.build_parser()
+
+
+def test_the_facade_names_its_lazy_exports_for_type_checkers():
+    """Every lazy name is in ``__all__``, imported under ``TYPE_CHECKING`` (so type checkers
+    and IDEs see it) from the module ``_LAZY`` loads it from, and resolves at run time."""
+    import ast
+
+    import inferline
+
+    tree = ast.parse((ROOT / "inferline" / "__init__.py").read_text())
+    typed: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            for imp in node.body:
+                assert isinstance(imp, ast.ImportFrom)
+                typed.update({a.name: imp.module or "" for a in imp.names})
+    assert typed == inferline._LAZY
+    assert set(inferline._LAZY) <= set(inferline.__all__)
+    for name in inferline.__all__:
+        assert getattr(inferline, name) is not None, name

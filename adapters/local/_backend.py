@@ -238,8 +238,17 @@ class LocalBackend(SlotKeeper):
         rid = f"{name}-{next(self._ids)}"
         r = LocalReplica(self, name, rid, m.config.hardware, s.placement)
         s.replica = r
-        cfg = {
-            "model": name,
+        cfg = self._replica_config(m, s, rid)
+        t0 = time.monotonic()
+        await self._spawn(m, s, r, cfg)
+        await self._await_ready(m, r, t0)
+        await self._activate(m, s, r, t0)
+        return r
+
+    def _replica_config(self, m: ModelRecord, s: _Slot, rid: str) -> dict[str, Any]:
+        """The JSON document a replica process reads from its command line."""
+        return {
+            "model": m.spec.name,
             "replica": rid,
             "source": m.spec.source,
             "params": dict(m.spec.params),
@@ -253,7 +262,9 @@ class LocalBackend(SlotKeeper):
             "max_message_bytes": self.max_message_bytes,
             "log_level": self.replica_log_level,
         }
-        t0 = time.monotonic()
+
+    async def _spawn(self, m: ModelRecord, s: _Slot, r: LocalReplica, cfg: dict[str, Any]) -> None:
+        """Start the replica's process, record its pid and watch for its exit."""
         proc = await asyncio.create_subprocess_exec(
             self.python,
             "-m",
@@ -267,21 +278,16 @@ class LocalBackend(SlotKeeper):
         r.proc, r.pid = proc, proc.pid
         _process.remember_pid(proc.pid)
         self._pids.add(proc.pid)
-        r.tasks.append(asyncio.create_task(self._watch_exit(m, s, r), name=f"watch-{rid}"))
+        r.tasks.append(asyncio.create_task(self._watch_exit(m, s, r), name=f"watch-{r.id}"))
+
+    async def _await_ready(self, m: ModelRecord, r: LocalReplica, t0: float) -> None:
+        """Read the replica's ready line, connect, wait for its first healthy ping, all within
+        ``start_timeout_s`` of ``t0``; on any failure kill the process before raising."""
         try:
             ready = await asyncio.wait_for(_process.read_ready(r, self._url), self.start_timeout_s)
             r.port = int(ready["port"])
             r.load_s = float(ready.get("load_s", 0.0))
-            r.channel = grpc.aio.insecure_channel(
-                f"127.0.0.1:{r.port}",
-                options=[
-                    ("grpc.max_receive_message_length", self.max_message_bytes),
-                    ("grpc.max_send_message_length", self.max_message_bytes),
-                    ("grpc.enable_retries", 0),
-                ],
-            )
-            r.stub = pbg.ReplicaStub(r.channel)
-            r.metadata = (("authorization", f"Bearer {self._replica_token}"),)
+            self._connect(r)
             await asyncio.wait_for(
                 self._first_ping(r), max(0.1, t0 + self.start_timeout_s - time.monotonic())
             )
@@ -292,22 +298,40 @@ class LocalBackend(SlotKeeper):
             if isinstance(e, asyncio.TimeoutError):
                 reason = BackendError(
                     self._url,
-                    f"replica {rid} of {name!r} not ready within {self.start_timeout_s} s",
+                    f"replica {r.id} of {m.spec.name!r} not ready within {self.start_timeout_s} s",
                 )
             if reason is not None:
                 raise reason from None
             raise
+
+    def _connect(self, r: LocalReplica) -> None:
+        """The gRPC channel, stub and credentials for the replica's port."""
+        r.channel = grpc.aio.insecure_channel(
+            f"127.0.0.1:{r.port}",
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", self.max_message_bytes),
+                ("grpc.enable_retries", 0),
+            ],
+        )
+        r.stub = pbg.ReplicaStub(r.channel)
+        r.metadata = (("authorization", f"Bearer {self._replica_token}"),)
+
+    async def _activate(self, m: ModelRecord, s: _Slot, r: LocalReplica, t0: float) -> None:
+        """Make a ready replica active (heartbeat on, subscribers told), unless it was stopped
+        or replaced while it started."""
+        name = m.spec.name
         r.activation_delay_s = time.monotonic() - t0
         r.last_heartbeat_mono = time.monotonic()
         if r.died.done() or self._closed or s not in m.slots or s.replica is not r:
             kill(r)
             await reap(r)
-            raise BackendError(self._url, f"replica {rid} of {name!r} was stopped while starting")
+            raise BackendError(self._url, f"replica {r.id} of {name!r} was stopped while starting")
         r.state = ACTIVE
         log.info(
             "replica %s of %r ready: pid %d, port %d, cores %s%s, activation delay %.3f s "
             "(load %.3f s)",
-            rid,
+            r.id,
             name,
             r.pid,
             r.port,
@@ -316,9 +340,8 @@ class LocalBackend(SlotKeeper):
             r.activation_delay_s,
             r.load_s,
         )
-        r.tasks.append(asyncio.create_task(self._heartbeat(r), name=f"heartbeat-{rid}"))
+        r.tasks.append(asyncio.create_task(self._heartbeat(r), name=f"heartbeat-{r.id}"))
         self._notify(name)
-        return r
 
     async def _first_ping(self, r: LocalReplica) -> None:
         while not await r.ping(self.heartbeat_timeout_s):

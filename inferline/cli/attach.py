@@ -21,6 +21,8 @@ from inferline.cli._args import count, output_path, slo_ms
 from inferline.cli._estimator_args import rate_margin as _rate_margin
 from inferline.cli._server_args import add_listen_args
 from inferline.core import (
+    Pipeline,
+    Plan,
     PlannerOptions,
     ValidationError,
     load_json,
@@ -123,129 +125,179 @@ def _print_found(att: Any) -> None:
 
 
 def _attach(args: argparse.Namespace) -> int:
-    from inferline.core import import_object
-    from inferline.deploy import attach, plan_attachment, serve_attachment, start_attachment_service
-    from inferline.measure import ProfilerOptions, print_fits, profile_attachment
+    from inferline.cli._server_args import warn_open_host
     from inferline.server import run_loop
 
-    serving = bool(args.pipeline)
-    if serving and not (args.slo_ms and (args.trace or args.plan)):
+    if args.pipeline and not (args.slo_ms and (args.trace or args.plan)):
         raise ValidationError("--pipeline", "--slo-ms and --trace (or --plan) with it", None)
     opts = _options(args.option or [])
     if "models" in opts:  # attach's own flag names the models (and tells discovery of them)
         raise ValidationError("--option models", "--models M1,M2 instead", opts["models"])
     models = [m for m in (args.models or "").split(",") if m] or None
-    inputs = None
-    if args.inputs:
-        raw = load_json(args.inputs)
-        if not isinstance(raw, dict):
-            raise ValidationError(
-                args.inputs, "a JSON object {model: [inputs...]}", type(raw).__name__
-            )
-        inputs = raw
+    inputs = _load_inputs(args.inputs)
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    from inferline.cli._server_args import warn_open_host
-
     warn_open_host(args.host, token)
+    return int(run_loop(_attach_main(args, models, opts, inputs, token)))
 
-    async def main() -> int:
-        att = await attach(args.url, models=models, **opts)
-        svc = None
-        try:
-            _print_found(att)
-            if args.summary_out:
-                Path(args.summary_out).write_text(
-                    json.dumps(att.summary(), indent=2, default=str) + "\n"
-                )
-            prof = None
-            if not args.no_profile and att.models:
-                po = ProfilerOptions(
-                    max_batch_size=args.max_batch,
-                    warmup=1 if args.quick else 5,
-                    min_samples=5 if args.quick else 50,
-                    max_samples=10 if args.quick else 400,
-                    max_seconds_per_point=0.5 if args.quick else 4.0,
-                    wake_samples=5 if args.quick else 20,
-                )
-                prof = await profile_attachment(att, inputs, po, samples=args.samples)
-                print_fits(prof)
-                if args.profiles_out:
-                    save(prof.profiles, args.profiles_out)
-                    print(
-                        f"wrote profiles of {len(prof.profiles.models)} models to {args.profiles_out}"
-                    )
-            if not serving:
-                return 0
-            pipeline = load_pipeline(args.pipeline)
-            if args.plan:
-                plan = load_plan(args.plan)
-            else:
-                if prof is None:
-                    raise ValidationError("--no-profile", "profiles to plan with (or --plan)", None)
-                plan = plan_attachment(
-                    att,
-                    pipeline,
-                    prof.profiles,
-                    load_trace(args.trace),
-                    args.slo_ms / 1e3,
-                    options=PlannerOptions(rate_margin=args.rate_margin),
-                )
-                if args.plan_out:
-                    save(plan, args.plan_out)
-            for m, cfg in plan.models.items():
-                print(f"plan: {m}: {cfg.replicas} x {cfg.hardware}, max batch {cfg.max_batch_size}")
-            print(
-                f"plan: cost ${plan.cost_per_hour:.3f}/h, estimated P{plan.percentile:g} {plan.estimated_latency_s * 1e3:.1f} ms"
-            )
-            fn = import_object(args.pipeline_fn, "--pipeline-fn") if args.pipeline_fn else None
-            snapshot = _write_snapshot(att.backend, args.snapshot or SNAPSHOT_DEFAULT)
-            svc, door = await start_attachment_service(
-                att,
-                plan,
-                pipeline,
-                pipeline_fn=fn,
-                app=args.app,
-                slo_s=args.slo_ms / 1e3,
-                max_rows=args.max_request_rows,  # every door's cap, the native route's too
-            )
-            if args.dry_run:
-                return 0
 
-            def ready(info: dict[str, Any]) -> None:
-                info["pid"] = os.getpid()
-                info["snapshot"] = snapshot
-                if args.ready_file:
-                    tmp = Path(args.ready_file).with_suffix(".tmp")
-                    tmp.write_text(json.dumps(info))
-                    os.replace(tmp, args.ready_file)
-                print(
-                    f"inferline: serving {info['apps']} and models {info['models']} of {args.url} "
-                    f"at {info['url']} (KServe v2 /v2, TF Serving /v1; gRPC {info['grpc']})",
-                    flush=True,
-                )
+def _load_inputs(path: str | None) -> dict[str, Any] | None:
+    """``--inputs``: sample inputs per model, read before connecting so a bad file fails fast."""
+    if not path:
+        return None
+    raw = load_json(path)
+    if not isinstance(raw, dict):
+        raise ValidationError(path, "a JSON object {model: [inputs...]}", type(raw).__name__)
+    return raw
 
-            await serve_attachment(
-                svc,
-                door,
-                host=args.host,
-                port=args.port,
-                grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-                token=token,
-                max_body_bytes=args.max_body_bytes,
-                allowed_hosts=args.allowed_hosts,
-                ready=ready,
-                read_timeout_s=args.read_timeout_s,
-                restore_on_exit=True,
-                restored=lambda: _restored(snapshot),
-            )
+
+async def _attach_main(
+    args: argparse.Namespace,
+    models: list[str] | None,
+    opts: dict[str, Any],
+    inputs: dict[str, Any] | None,
+    token: str | None,
+) -> int:
+    """Discover, profile and (with ``--pipeline``) plan and serve; whatever happens, the
+    connection to the backend is closed (by the service once one runs, which owns it then)."""
+    from inferline.deploy import attach
+
+    att = await attach(args.url, models=models, **opts)
+    svc = None
+    try:
+        _report_found(att, args.summary_out)
+        prof = await _profile(att, inputs, args)
+        if not args.pipeline:
             return 0
-        finally:
-            if svc is not None:
-                await svc.close()
-            else:
-                await att.backend.close()
+        pipeline = load_pipeline(args.pipeline)
+        plan = _plan_pipeline(att, pipeline, prof, args)
+        svc, door, snapshot = await _start_service(att, plan, pipeline, args)
+        if args.dry_run:
+            return 0
+        await _serve(svc, door, snapshot, args, token)
+        return 0
+    finally:
+        if svc is not None:
+            await svc.close()
+        else:
+            await att.backend.close()
 
-    return int(run_loop(main()))
+
+def _report_found(att: Any, summary_out: str | None) -> None:
+    """Print the discovered models and, with ``--summary-out``, write them as JSON."""
+    _print_found(att)
+    if summary_out:
+        Path(summary_out).write_text(json.dumps(att.summary(), indent=2, default=str) + "\n")
+
+
+async def _profile(att: Any, inputs: dict[str, Any] | None, args: argparse.Namespace) -> Any:
+    """Profile the adopted models through the live server; None with ``--no-profile`` or
+    when nothing was adopted."""
+    from inferline.measure import ProfilerOptions, print_fits, profile_attachment
+
+    if args.no_profile or not att.models:
+        return None
+    po = ProfilerOptions(
+        max_batch_size=args.max_batch,
+        warmup=1 if args.quick else 5,
+        min_samples=5 if args.quick else 50,
+        max_samples=10 if args.quick else 400,
+        max_seconds_per_point=0.5 if args.quick else 4.0,
+        wake_samples=5 if args.quick else 20,
+    )
+    prof = await profile_attachment(att, inputs, po, samples=args.samples)
+    print_fits(prof)
+    if args.profiles_out:
+        save(prof.profiles, args.profiles_out)
+        print(f"wrote profiles of {len(prof.profiles.models)} models to {args.profiles_out}")
+    return prof
+
+
+def _plan_pipeline(att: Any, pipeline: Pipeline, prof: Any, args: argparse.Namespace) -> Plan:
+    """``--plan`` as given, or a plan made from the profiles and ``--trace``; printed either
+    way so the operator sees what is about to be applied."""
+    from inferline.deploy import plan_attachment
+
+    if args.plan:
+        plan = load_plan(args.plan)
+    else:
+        if prof is None:
+            raise ValidationError("--no-profile", "profiles to plan with (or --plan)", None)
+        plan = plan_attachment(
+            att,
+            pipeline,
+            prof.profiles,
+            load_trace(args.trace),
+            args.slo_ms / 1e3,
+            options=PlannerOptions(rate_margin=args.rate_margin),
+        )
+        if args.plan_out:
+            save(plan, args.plan_out)
+    for m, cfg in plan.models.items():
+        print(f"plan: {m}: {cfg.replicas} x {cfg.hardware}, max batch {cfg.max_batch_size}")
+    print(
+        f"plan: cost ${plan.cost_per_hour:.3f}/h, estimated P{plan.percentile:g} {plan.estimated_latency_s * 1e3:.1f} ms"
+    )
+    return plan
+
+
+async def _start_service(
+    att: Any, plan: Plan, pipeline: Pipeline, args: argparse.Namespace
+) -> tuple[Any, Any, str | None]:
+    """Snapshot the operator's settings, then apply the plan and build the service (before
+    binding, so ``--dry-run`` stops here); returns the service, its front door and the
+    snapshot's path."""
+    from inferline.core import import_object
+    from inferline.deploy import start_attachment_service
+
+    fn = import_object(args.pipeline_fn, "--pipeline-fn") if args.pipeline_fn else None
+    snapshot = _write_snapshot(att.backend, args.snapshot or SNAPSHOT_DEFAULT)
+    svc, door = await start_attachment_service(
+        att,
+        plan,
+        pipeline,
+        pipeline_fn=fn,
+        app=args.app,
+        slo_s=args.slo_ms / 1e3,
+        max_rows=args.max_request_rows,  # every door's cap, the native route's too
+    )
+    return svc, door, snapshot
+
+
+async def _serve(
+    svc: Any, door: Any, snapshot: str | None, args: argparse.Namespace, token: str | None
+) -> None:
+    """Serve until stopped, then put the operator's settings back."""
+    from inferline.deploy import serve_attachment
+
+    await serve_attachment(
+        svc,
+        door,
+        host=args.host,
+        port=args.port,
+        grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        token=token,
+        max_body_bytes=args.max_body_bytes,
+        allowed_hosts=args.allowed_hosts,
+        ready=lambda info: _ready(info, snapshot, args),
+        read_timeout_s=args.read_timeout_s,
+        restore_on_exit=True,
+        restored=lambda: _restored(snapshot),
+    )
+
+
+def _ready(info: dict[str, Any], snapshot: str | None, args: argparse.Namespace) -> None:
+    """Once listening: write ``--ready-file`` (atomically: scripts poll it) and say where."""
+    info["pid"] = os.getpid()
+    info["snapshot"] = snapshot
+    if args.ready_file:
+        tmp = Path(args.ready_file).with_suffix(".tmp")
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, args.ready_file)
+    print(
+        f"inferline: serving {info['apps']} and models {info['models']} of {args.url} "
+        f"at {info['url']} (KServe v2 /v2, TF Serving /v1; gRPC {info['grpc']})",
+        flush=True,
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -254,6 +306,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="attach to a running Triton/TF Serving server: discover, profile, plan, serve",
         description=__doc__,
     )
+    # added in this order: it is the order of ``attach --help``
+    _add_discovery_options(a)
+    _add_profile_options(a)
+    _add_plan_options(a)
+    _add_serve_options(a)
+    a.set_defaults(func=_attach)
+
+
+def _add_discovery_options(a: argparse.ArgumentParser) -> None:
+    """The server to attach to and which of its models to adopt."""
     a.add_argument(
         "url",
         type=_server_url,
@@ -268,6 +330,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="KEY=VALUE",
         help="backend option (repeatable), e.g. grpc_port=8500",
     )
+
+
+def _add_profile_options(a: argparse.ArgumentParser) -> None:
+    """How the adopted models are profiled, and where discovery and profiles are written."""
     a.add_argument("--inputs", default=None, help="JSON {model: [sample inputs]} for profiling")
     a.add_argument(
         "--samples", type=count, default=32, help="synthetic inputs per model when no --inputs"
@@ -286,6 +352,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     a.add_argument(
         "--summary-out", type=output_path(), default=None, help="write what was found as JSON"
     )
+
+
+def _add_plan_options(a: argparse.ArgumentParser) -> None:
+    """The pipeline to serve and the plan for it: given, or made from ``--trace``."""
     a.add_argument(
         "--pipeline", default=None, help="pipeline DAG JSON over the served models: plan and serve"
     )
@@ -317,6 +387,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="write the plan made from --trace here",
     )
+
+
+def _add_serve_options(a: argparse.ArgumentParser) -> None:
+    """Serving: the snapshot of the operator's settings and where inferline listens."""
     a.add_argument(
         "--dry-run",
         action="store_true",
@@ -332,4 +406,3 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "and `inferline detach URL --snapshot PATH` restores them after a crash",
     )
     add_listen_args(a, grpc=True)
-    a.set_defaults(func=_attach)

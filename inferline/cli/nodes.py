@@ -16,9 +16,9 @@ __all__ = ["register"]
 
 
 async def _read_nodes(url: str) -> list[dict[str, Any]]:
-    from inferline.adapters import PluginHost
+    from inferline.deploy import open_backend, plugin_host
 
-    backend = PluginHost.default().backend_for(url)
+    backend = open_backend(plugin_host(), url)
     try:
         nodes = getattr(backend, "nodes", None)
         if not callable(nodes):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -64,13 +65,30 @@ def _console() -> Any:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
     pipeline = load_pipeline(args.pipeline)
     profiles = load_profiles(args.profiles)
     trace = load_trace(args.trace)
     catalog = load_catalog(args.hardware)
-    options = PlannerOptions(
+    options = _planner_options(args)
+    t0 = time.monotonic()
+    plan, vplan = _plan_with_progress(args, pipeline, profiles, trace, catalog, options)
+    elapsed = time.monotonic() - t0
+    save(plan, args.output)
+    print(
+        f"wrote {plan.strategy} plan for {pipeline.name!r} to {args.output}: "
+        f"${plan.cost_per_hour:.4f}/h, estimated P{plan.percentile:g} "
+        f"{plan.estimated_latency_s:.4f} s (SLO {plan.slo_s:g} s), planned in {elapsed:.1f} s"
+    )
+    if vplan is not None:
+        _print_variants(vplan)
+    _print_configs(pipeline, plan, catalog)
+    _print_notes(args, plan, catalog, options, trace)
+    return 0
+
+
+def _planner_options(args: argparse.Namespace) -> PlannerOptions:
+    """The planner's and its estimator's settings from ``plan``'s options."""
+    return PlannerOptions(
         estimator=EstimatorOptions(
             seed=args.seed,
             hop_overhead_s=args.hop_overhead_ms / 1e3,
@@ -87,7 +105,20 @@ def _plan(args: argparse.Namespace) -> int:
         gpu_host_units=args.gpu_host_cores,
         nodes=args.inventory_nodes,
     )
-    t0 = time.monotonic()
+
+
+def _plan_with_progress(
+    args: argparse.Namespace,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    catalog: HardwareCatalog,
+    options: PlannerOptions,
+) -> tuple[Plan, VariantPlan | None]:
+    """The plan (with its ladder and variants section), under a spinner on stderr that names
+    the planner's current step: planning can take minutes. Also the variant plan, if any."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     with Progress(
         SpinnerColumn(),
         TextColumn("[bold]{task.fields[strategy]}[/] {task.description}"),
@@ -97,13 +128,13 @@ def _plan(args: argparse.Namespace) -> int:
     ) as bar:
         task = bar.add_task("starting", total=None, strategy=args.strategy)
 
+        def say(description: str) -> None:
+            bar.update(task, description=description)
+
         def progress(p: PlanProgress) -> None:
-            bar.update(
-                task,
-                description=(
-                    f"{p.phase} step {p.iteration}: ${p.cost_per_hour:.3f}/h, "
-                    f"{p.simulations} simulations - {p.message}"
-                ),
+            say(
+                f"{p.phase} step {p.iteration}: ${p.cost_per_hour:.3f}/h, "
+                f"{p.simulations} simulations - {p.message}"
             )
 
         variants = vplan = None
@@ -126,36 +157,52 @@ def _plan(args: argparse.Namespace) -> int:
                 progress=progress,
             )
         if args.strategy == "inferline" and not args.no_ladder:
-            from inferline.core import plan_ladder
-
-            def step_done(f: float, step: Any) -> None:
-                what = f"${step.cost_per_hour:.3f}/h" if step is not None else "infeasible"
-                bar.update(task, description=f"tuner ladder: {f:g}x the sample's rate {what}")
-
-            steps = plan_ladder(
-                pipeline,
-                plan_profiles,
-                trace,
-                plan,
-                catalog=catalog,
-                options=options,
-                progress=step_done,
-                workers=args.workers,
-            )
-            assert plan.tuner is not None
-            plan = replace(plan, tuner=replace(plan.tuner, ladder=steps))
+            plan = _with_ladder(args, pipeline, plan_profiles, trace, plan, catalog, options, say)
         if vplan is not None and variants is not None:
             plan = plan_with_variants_section(vplan, pipeline, variants, profiles, plan)
-    elapsed = time.monotonic() - t0
-    save(plan, args.output)
-    print(
-        f"wrote {plan.strategy} plan for {pipeline.name!r} to {args.output}: "
-        f"${plan.cost_per_hour:.4f}/h, estimated P{plan.percentile:g} "
-        f"{plan.estimated_latency_s:.4f} s (SLO {plan.slo_s:g} s), planned in {elapsed:.1f} s"
+    return plan, vplan
+
+
+def _with_ladder(
+    args: argparse.Namespace,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    trace: np.ndarray,
+    plan: Plan,
+    catalog: HardwareCatalog,
+    options: PlannerOptions,
+    say: Callable[[str], None],
+) -> Plan:
+    """``plan`` with the tuner's ladder: re-plans of its hardware at higher rates."""
+    from inferline.core import plan_ladder
+
+    def step_done(f: float, step: Any) -> None:
+        what = f"${step.cost_per_hour:.3f}/h" if step is not None else "infeasible"
+        say(f"tuner ladder: {f:g}x the sample's rate {what}")
+
+    steps = plan_ladder(
+        pipeline,
+        profiles,
+        trace,
+        plan,
+        catalog=catalog,
+        options=options,
+        progress=step_done,
+        workers=args.workers,
     )
-    if vplan is not None:
-        _print_variants(vplan)
-    _print_configs(pipeline, plan, catalog)
+    assert plan.tuner is not None
+    return replace(plan, tuner=replace(plan.tuner, ladder=steps))
+
+
+def _print_notes(
+    args: argparse.Namespace,
+    plan: Plan,
+    catalog: HardwareCatalog,
+    options: PlannerOptions,
+    trace: np.ndarray,
+) -> None:
+    """What the table does not say: the placement on ``--nodes``, the rate margin used, the
+    tuner's ladder and its room, and the per-hop overhead left out."""
     if options.nodes:
         placed = place_on_nodes(plan.models, catalog, options)
         print(
@@ -182,7 +229,6 @@ def _plan(args: argparse.Namespace) -> int:
         print(_room_note(plan, margin))
     if args.hop_overhead_ms == 0:
         print(_HOP_NOTE)
-    return 0
 
 
 # The estimate covers queueing and batch latency only; a live system adds its own time per
@@ -357,6 +403,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="choose hardware, batch size and replicas per model for an SLO",
         description="Plan a pipeline for a latency SLO on a sample trace and write a plan file.",
     )
+    # added in this order: it is the order of ``plan --help``
+    _add_input_options(p)
+    _add_planner_options(p)
+    add_inventory_arguments(
+        p,
+        "the plan never needs more, and the answer names the inventory when no plan fits",
+    )
+    add_nodes_argument(p)
+    _add_ladder_options(p)
+    _add_variant_options(p)
+    p.add_argument(
+        "-o", "--output", type=output_path(), required=True, help="where to write the plan JSON"
+    )
+    p.set_defaults(func=_plan, check_args=_check_plan_args)
+
+
+def _add_input_options(p: argparse.ArgumentParser) -> None:
+    """What is planned: the pipeline, its profiles, the sample trace, the SLO, the hardware."""
     p.add_argument("--pipeline", required=True, help="pipeline JSON (inferline.pipeline/1)")
     p.add_argument("--profiles", required=True, help="profiles JSON (inferline.profiles/1)")
     p.add_argument("--trace", required=True, help="sample arrival trace used for planning")
@@ -365,6 +429,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--percentile", type=_percentile, default=99.0, help="tail percentile (default 99)"
     )
     p.add_argument("--hardware", default=None, help="hardware catalog JSON overriding defaults")
+
+
+def _add_planner_options(p: argparse.ArgumentParser) -> None:
+    """How the plan is searched for and judged."""
     p.add_argument(
         "--strategy",
         choices=sorted(STRATEGIES),
@@ -400,11 +468,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "sample can sit near saturation and miss the SLO on the next realization of the same "
         "process (benchmarks/plan_generalization.py)",
     )
-    add_inventory_arguments(
-        p,
-        "the plan never needs more, and the answer names the inventory when no plan fits",
-    )
-    add_nodes_argument(p)
+
+
+def _add_ladder_options(p: argparse.ArgumentParser) -> None:
+    """The tuner's ladder written with the plan."""
     p.add_argument(
         "--no-ladder",
         action="store_true",
@@ -417,6 +484,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=None,
         help="threads planning the ladder's rate factors at once (default: one per CPU)",
     )
+
+
+def _add_variant_options(p: argparse.ArgumentParser) -> None:
+    """Model variants per stage and the accuracy they must keep (docs/variants.md)."""
     p.add_argument(
         "--variants",
         default=None,
@@ -432,7 +503,3 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="A",
         help="with --variants: floor on the pipeline accuracy (overrides the document's)",
     )
-    p.add_argument(
-        "-o", "--output", type=output_path(), required=True, help="where to write the plan JSON"
-    )
-    p.set_defaults(func=_plan, check_args=_check_plan_args)

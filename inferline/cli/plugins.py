@@ -11,9 +11,9 @@ def _plugins(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from inferline.adapters import PluginHost
+    from inferline.deploy import plugin_host
 
-    host = PluginHost.default()
+    host = plugin_host()
     t = Table(title="inferline plugins (entry-point group 'inferline')")
     for col in ("plugin", "from", "hooks"):
         t.add_column(col)

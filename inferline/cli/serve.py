@@ -34,29 +34,27 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
     drift, profiles, pipeline = _drift_args(args)
     switching = _switching_args(args)
     warn_open_host(args.host, token)
-    from inferline.deploy import serve
+    from inferline.deploy import Loops, ServeSettings, plugin_host, serve_deployment
 
+    tuner = None if getattr(args, "tuner", "inferline") == "none" else tuner_config
+    variant_switching = getattr(args, "switching", "tuner") == "tuner"
+    settings = ServeSettings(
+        host=args.host,
+        port=args.port,
+        token=token,
+        max_body_bytes=args.max_body_bytes,
+        max_request_rows=args.max_request_rows,
+        allowed_hosts=None if args.allowed_hosts is None else tuple(args.allowed_hosts),
+        grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        ready_file=args.ready_file,
+        read_timeout_s=args.read_timeout_s,
+        tuner=tuner,
+        variant_switching=variant_switching,
+        drift=drift,
+    )
+    loops = Loops(tuner, variant_switching, drift, profiles, pipeline, switching)
     run_loop(
-        serve(
-            dep,
-            plan,
-            host=args.host,
-            port=args.port,
-            token=token,
-            max_body_bytes=args.max_body_bytes,
-            max_request_rows=args.max_request_rows,
-            allowed_hosts=args.allowed_hosts,
-            grpc_port=None if args.grpc_port < 0 else args.grpc_port,
-            ready_file=args.ready_file,
-            read_timeout_s=args.read_timeout_s,
-            ready=_print_serving,
-            tuner=None if getattr(args, "tuner", "inferline") == "none" else tuner_config,
-            variant_switching=getattr(args, "switching", "tuner") == "tuner",
-            model_switching=switching,
-            drift=drift,
-            profiles=profiles,
-            pipeline=pipeline,
-        )
+        serve_deployment(dep, plan, settings, host=plugin_host(), loops=loops, ready=_print_serving)
     )
     return 0
 

@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from inferline.core import (
     save,
     save_trace,
 )
+
+if TYPE_CHECKING:  # for annotations only: the demo imports inferline.deploy when it runs
+    from inferline.deploy import Deployment
 
 __all__ = ["DemoOptions", "run_demo", "run_demo_async"]
 
@@ -76,58 +79,18 @@ def run_demo(opts: DemoOptions) -> dict[str, Any]:
 
 
 async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
-    import httpx
-
     from inferline.adapters.local import detect_cores
-    from inferline.demo.pipeline import deployment_dict, test_inputs
-    from inferline.deploy import Deployment
-    from inferline.measure import (
-        ProfilerOptions,
-        ServerProcess,
-        encode_bodies,
-        estimate,
-        hop_overhead_from,
-        profile_deployment,
-        replay,
-    )
+    from inferline.demo.pipeline import test_inputs
+    from inferline.measure import ServerProcess, encode_bodies, estimate
 
     t_start = time.perf_counter()
     r = opts.resolved()
     slo_s = r["slo_ms"] / 1e3
     out = Path(opts.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-
-    # 1. deployment
-    dep_dict = deployment_dict(slo_ms=r["slo_ms"])
-    dep = Deployment.from_dict(dep_dict)
-    (out / "deployment.json").write_text(json.dumps(dep_dict, indent=2) + "\n")
-    _say(
-        f"[1/5] deployment {dep.name!r}: models {[m.name for m in dep.models]}, SLO {r['slo_ms']:.0f} ms"
-    )
-
-    # 2. trace + profile
-    popts = ProfilerOptions(
-        max_batch_size=8 if opts.quick else 16,
-        warmup=2 if opts.quick else 4,
-        min_samples=20 if opts.quick else 40,
-        max_samples=40 if opts.quick else 150,
-        max_seconds_per_point=0.8 if opts.quick else 2.0,
-        contention=not opts.quick,
-        wake_samples=8 if opts.quick else 20,
-    )
-    t0 = time.perf_counter()
-    result, pipeline = await profile_deployment(dep, popts, samples=_samples(120))
-    profiles = result.profiles
-    save(profiles, out / "profiles.json")
-    save(pipeline, out / "pipeline.json")
-    _say(
-        f"[2/5] traced pipeline: edges {list(pipeline.edges)}, scale factors "
-        f"{ {m: round(s, 3) for m, s in pipeline.scale_factors.items()} }; profiled in "
-        f"{time.perf_counter() - t0:.0f} s"
-    )
-    from inferline.measure import print_fits
-
-    print_fits(result)
+    # 1. deployment; 2. trace + profile
+    dep = _write_deployment(r["slo_ms"], out)
+    profiles, pipeline = await _trace_and_profile(dep, opts.quick, out)
 
     # 3. serve one replica per model; measure the per-hop overhead at low load
     xt, yt = test_inputs()
@@ -138,93 +101,235 @@ async def run_demo_async(opts: DemoOptions) -> dict[str, Any]:
     with ServerProcess(out / "deployment.json", log_path=out / "server.log") as server:
         _say(f"[3/5] serving at {server.url} (started in {time.perf_counter() - t0:.0f} s)")
         base = {m: ModelConfig("cpu", 1, 1) for m in pipeline.models}
-        low = gamma_trace(15.0, 1.0, 3.0 if opts.quick else 6.0, rng)
-        warm = await replay(low[:20], server.url, "digits", bodies)
-        del warm  # first queries pay for lazy imports and connection set-up
-        lowres = await replay(low, server.url, "digits", bodies)
         # the server's replicas are pinned to this machine's cores (the bundled runtime's
         # placement): the estimate shares them the same way (on 2 cores, 3 replicas share)
         cores = EstimatorOptions(pinned_cores={"cpu": len(detect_cores())})
-        hop = hop_overhead_from(lowres, pipeline, base, profiles, base=cores)
-        _say(
-            f"      low-load P50 {lowres.percentile(50) * 1e3:.2f} ms -> per-hop overhead "
-            f"{hop * 1e3:.2f} ms"
+        lowres, hop = await _low_load_hop(
+            server.url, pipeline, profiles, base, cores, bodies, rng, opts.quick
         )
-
-        # 4. plan and apply
-        plan_trace = gamma_trace(r["rate_qps"], opts.cv, opts.planning_trace_s, rng)
-        t0 = time.perf_counter()
-        plan: Plan = plan_inferline(
-            pipeline,
-            profiles,
-            plan_trace,
-            slo_s,
-            catalog=DEFAULT_CATALOG,
-            options=PlannerOptions(estimator=replace(cores, hop_overhead_s=hop)),
-        )
-        save(plan, out / "plan.json")
-        save_trace(plan_trace, out / "planning_trace.txt")
-        _say(
-            f"[4/5] planned in {time.perf_counter() - t0:.1f} s for {r['rate_qps']:.0f} q/s: "
-            + ", ".join(
-                f"{m}: {c.replicas} x {c.hardware} batch<={c.max_batch_size}"
-                for m, c in plan.models.items()
-            )
-            + f"; cost ${plan.cost_per_hour:.3f}/h"
-        )
-        async with httpx.AsyncClient(timeout=300) as client:
-            resp = await client.put(f"{server.url}/admin/plan", json=plan.to_dict())
-            resp.raise_for_status()
-        note = resp.json().get("applied", {}).get("inventory")
-        if note:  # 2-core CI: the replica processes, the frontend and this client share them
-            _say(
-                f"      note: {note.split(': they share')[0]}: they share them; the plan "
-                f"and its estimate pin them as the runtime does (--pinned-cores cpu="
-                f"{cores.pinned_cores['cpu']})"
-            )
-
-        # 5. replay a fresh trace
-        fresh = gamma_trace(r["rate_qps"], opts.cv, r["duration_s"], rng)
-        save_trace(fresh, out / "replay_trace.txt")
-        labels: dict[int, int] = {}
-
-        def on_answer(i: int, status: int, body: bytes) -> None:
-            if status == 200:
-                try:
-                    labels[i] = int(json.loads(body)["output"]["label"])
-                except (ValueError, KeyError, TypeError):
-                    pass
-
-        measured = await replay(
-            fresh, server.url, "digits", bodies, slo_s=slo_s, on_answer=on_answer
-        )
-        async with httpx.AsyncClient(timeout=60) as client:
-            live_models = (await client.get(f"{server.url}/admin/models")).json()
-    sim = estimate(pipeline, plan, profiles, fresh, hop_overhead_s=hop, seed=opts.seed, base=cores)
-    m_p99 = measured.percentile(99)
-    e_p99 = sim.percentile(99)
+        # 4. plan and apply; 5. replay a fresh trace
+        plan = await _plan_and_apply(server.url, pipeline, profiles, hop, cores, rng, opts, out)
+        live = await _replay_fresh(server.url, bodies, slo_s, rng, opts, out)
+    sim = estimate(
+        pipeline, plan, profiles, live.trace, hop_overhead_s=hop, seed=opts.seed, base=cores
+    )
     calibrated = calibrated_estimate(
-        pipeline, plan, profiles, fresh, live_models, lowres, measured, base, cores, opts.seed
+        pipeline,
+        plan,
+        profiles,
+        live.trace,
+        live.models,
+        lowres,
+        live.measured,
+        base,
+        cores,
+        opts.seed,
     )
-    correct = [labels[i] == int(yt[i % len(yt)]) for i in labels]
-    report.update(
-        {
-            "pipeline": pipeline.to_dict(),
-            "plan": plan.to_dict(),
-            "hop_overhead_ms": hop * 1e3,
-            "measured": measured.summary(),
-            "estimated": {
-                "p50_ms": sim.percentile(50) * 1e3,
-                "p99_ms": e_p99 * 1e3,
-                "slo_miss_rate": sim.miss_rate(slo_s),
-            },
-            "p99_error": (e_p99 - m_p99) / m_p99 if m_p99 > 0 else float("nan"),
-            "calibrated": calibrated,
-            "accuracy": float(np.mean(correct)) if correct else float("nan"),
-            "cost_per_hour": plan.cost_per_hour,
-            "seconds": time.perf_counter() - t_start,
-        }
+    report.update(_results(pipeline, plan, hop, live, sim, calibrated, yt, slo_s, t_start))
+    return _finish_report(report, live.measured, sim, calibrated, slo_s, out)
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """What step 5's replay of a fresh trace brought back."""
+
+    trace: np.ndarray
+    measured: Any  # the replay's per-query results
+    labels: dict[int, int]  # query index -> the label the pipeline answered
+    models: Any  # the server's ``GET /admin/models`` after the replay
+
+
+def _write_deployment(slo_ms: float, out: Path) -> Deployment:
+    """Step 1: the demo pipeline's deployment, written where ``inferline serve`` reads it."""
+    from inferline.demo.pipeline import deployment_dict
+    from inferline.deploy import Deployment
+
+    dep_dict = deployment_dict(slo_ms=slo_ms)
+    dep = Deployment.from_dict(dep_dict)
+    (out / "deployment.json").write_text(json.dumps(dep_dict, indent=2) + "\n")
+    _say(
+        f"[1/5] deployment {dep.name!r}: models {[m.name for m in dep.models]}, SLO {slo_ms:.0f} ms"
     )
+    return dep
+
+
+async def _trace_and_profile(dep: Deployment, quick: bool, out: Path) -> tuple[Profiles, Pipeline]:
+    """Step 2: the pipeline's DAG and scale factors traced on sample queries, and every model
+    profiled on the bundled runtime; both written to ``out``."""
+    from inferline.deploy import profile_on_own_backend
+    from inferline.measure import ProfilerOptions, print_fits
+
+    popts = ProfilerOptions(
+        max_batch_size=8 if quick else 16,
+        warmup=2 if quick else 4,
+        min_samples=20 if quick else 40,
+        max_samples=40 if quick else 150,
+        max_seconds_per_point=0.8 if quick else 2.0,
+        contention=not quick,
+        wake_samples=8 if quick else 20,
+    )
+    t0 = time.perf_counter()
+    result, pipeline = await profile_on_own_backend(dep, popts, samples=_samples(120))
+    profiles = result.profiles
+    save(profiles, out / "profiles.json")
+    save(pipeline, out / "pipeline.json")
+    _say(
+        f"[2/5] traced pipeline: edges {list(pipeline.edges)}, scale factors "
+        f"{ {m: round(s, 3) for m, s in pipeline.scale_factors.items()} }; profiled in "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
+    print_fits(result)
+    return profiles, pipeline
+
+
+async def _low_load_hop(
+    url: str,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    base: dict[str, ModelConfig],
+    cores: EstimatorOptions,
+    bodies: Any,
+    rng: np.random.Generator,
+    quick: bool,
+) -> tuple[Any, float]:
+    """Step 3: the live system's per-hop overhead, fitted to a low-load replay on one replica
+    per model; returns that replay and the overhead, s."""
+    from inferline.measure import hop_overhead_from, replay
+
+    low = gamma_trace(15.0, 1.0, 3.0 if quick else 6.0, rng)
+    warm = await replay(low[:20], url, "digits", bodies)
+    del warm  # first queries pay for lazy imports and connection set-up
+    lowres = await replay(low, url, "digits", bodies)
+    hop = hop_overhead_from(lowres, pipeline, base, profiles, base=cores)
+    _say(
+        f"      low-load P50 {lowres.percentile(50) * 1e3:.2f} ms -> per-hop overhead "
+        f"{hop * 1e3:.2f} ms"
+    )
+    return lowres, hop
+
+
+async def _plan_and_apply(
+    url: str,
+    pipeline: Pipeline,
+    profiles: Profiles,
+    hop: float,
+    cores: EstimatorOptions,
+    rng: np.random.Generator,
+    opts: DemoOptions,
+    out: Path,
+) -> Plan:
+    """Step 4: plan for a sample trace with the measured overhead and apply the plan to the
+    running server (``PUT /admin/plan``, what ``inferline deploy PLAN --url`` does)."""
+    import httpx
+
+    r = opts.resolved()
+    plan_trace = gamma_trace(r["rate_qps"], opts.cv, opts.planning_trace_s, rng)
+    t0 = time.perf_counter()
+    plan: Plan = plan_inferline(
+        pipeline,
+        profiles,
+        plan_trace,
+        r["slo_ms"] / 1e3,
+        catalog=DEFAULT_CATALOG,
+        options=PlannerOptions(estimator=replace(cores, hop_overhead_s=hop)),
+    )
+    save(plan, out / "plan.json")
+    save_trace(plan_trace, out / "planning_trace.txt")
+    _say(
+        f"[4/5] planned in {time.perf_counter() - t0:.1f} s for {r['rate_qps']:.0f} q/s: "
+        + ", ".join(
+            f"{m}: {c.replicas} x {c.hardware} batch<={c.max_batch_size}"
+            for m, c in plan.models.items()
+        )
+        + f"; cost ${plan.cost_per_hour:.3f}/h"
+    )
+    async with httpx.AsyncClient(timeout=300) as client:
+        resp = await client.put(f"{url}/admin/plan", json=plan.to_dict())
+        resp.raise_for_status()
+    note = resp.json().get("applied", {}).get("inventory")
+    if note:  # 2-core CI: the replica processes, the frontend and this client share them
+        _say(
+            f"      note: {note.split(': they share')[0]}: they share them; the plan "
+            f"and its estimate pin them as the runtime does (--pinned-cores cpu="
+            f"{cores.pinned_cores['cpu']})"
+        )
+    return plan
+
+
+async def _replay_fresh(
+    url: str,
+    bodies: Any,
+    slo_s: float,
+    rng: np.random.Generator,
+    opts: DemoOptions,
+    out: Path,
+) -> _Replay:
+    """Step 5: replay a fresh trace (same rate and burstiness, the next draws of ``rng``) on
+    the planned server, keeping the answered labels and the server's own service times."""
+    import httpx
+
+    from inferline.measure import replay
+
+    r = opts.resolved()
+    fresh = gamma_trace(r["rate_qps"], opts.cv, r["duration_s"], rng)
+    save_trace(fresh, out / "replay_trace.txt")
+    labels: dict[int, int] = {}
+
+    def on_answer(i: int, status: int, body: bytes) -> None:
+        if status == 200:
+            try:
+                labels[i] = int(json.loads(body)["output"]["label"])
+            except (ValueError, KeyError, TypeError):
+                pass
+
+    measured = await replay(fresh, url, "digits", bodies, slo_s=slo_s, on_answer=on_answer)
+    async with httpx.AsyncClient(timeout=60) as client:
+        live_models = (await client.get(f"{url}/admin/models")).json()
+    return _Replay(fresh, measured, labels, live_models)
+
+
+def _results(
+    pipeline: Pipeline,
+    plan: Plan,
+    hop: float,
+    live: _Replay,
+    sim: Any,
+    calibrated: dict[str, Any],
+    yt: Any,
+    slo_s: float,
+    t_start: float,
+) -> dict[str, Any]:
+    """The report's findings: the measured replay against the estimate, cost and accuracy."""
+    m_p99 = live.measured.percentile(99)
+    e_p99 = sim.percentile(99)
+    correct = [live.labels[i] == int(yt[i % len(yt)]) for i in live.labels]
+    return {
+        "pipeline": pipeline.to_dict(),
+        "plan": plan.to_dict(),
+        "hop_overhead_ms": hop * 1e3,
+        "measured": live.measured.summary(),
+        "estimated": {
+            "p50_ms": sim.percentile(50) * 1e3,
+            "p99_ms": e_p99 * 1e3,
+            "slo_miss_rate": sim.miss_rate(slo_s),
+        },
+        "p99_error": (e_p99 - m_p99) / m_p99 if m_p99 > 0 else float("nan"),
+        "calibrated": calibrated,
+        "accuracy": float(np.mean(correct)) if correct else float("nan"),
+        "cost_per_hour": plan.cost_per_hour,
+        "seconds": time.perf_counter() - t_start,
+    }
+
+
+def _finish_report(
+    report: dict[str, Any],
+    measured: Any,
+    sim: Any,
+    calibrated: dict[str, Any],
+    slo_s: float,
+    out: Path,
+) -> dict[str, Any]:
+    """Judge the run, print the comparison, and write the latency CDF plot and report.json."""
     ms = report["measured"]
     report["ok"] = ms["answered"] == ms["queries"] and ms["ok"] > 0
     _say(f"[5/5] replayed {ms['queries']} queries at {ms['offered_qps']:.0f} q/s")

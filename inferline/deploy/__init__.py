@@ -14,6 +14,14 @@ from inferline.deploy._attach import (
     serve_attachment,
     start_attachment_service,
 )
+from inferline.deploy._build import (
+    Loops,
+    build_service,
+    new_service,
+    open_backend,
+    plugin_host,
+    profile_on_own_backend,
+)
 from inferline.deploy._drift import DriftEvent, DriftMonitor, drift_monitor
 from inferline.deploy._drift_policy import (
     DRIFT_MODES,
@@ -32,7 +40,8 @@ from inferline.deploy._format import (
     load_deployment,
 )
 from inferline.deploy._planned import drain, planned_models
-from inferline.deploy._serve import serve
+from inferline.deploy._serve import serve, serve_deployment
+from inferline.deploy._settings import ServeSettings
 from inferline.deploy._start import DeploymentTarget, start_service
 from inferline.deploy._switching import LiveSwitcher, SwitchEvent
 from inferline.deploy._switching_serve import load_switching
@@ -56,22 +65,30 @@ __all__ = [
     "DriftState",
     "LiveSwitcher",
     "LiveTuner",
+    "Loops",
     "QueueSpec",
+    "ServeSettings",
     "SwitchEvent",
     "apply_attachment_plan",
     "apply_deployment_plan",
     "apply_plan",
     "attach",
+    "build_service",
     "dag_pipeline",
     "drain",
     "drift_monitor",
     "import_object",
     "load_deployment",
     "load_switching",
+    "new_service",
+    "open_backend",
     "plan_attachment",
     "planned_models",
+    "plugin_host",
+    "profile_on_own_backend",
     "serve",
     "serve_attachment",
+    "serve_deployment",
     "start_attachment_service",
     "start_service",
 ]

@@ -60,81 +60,17 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
     # without a plan the service runs the deployment's defaults (one CPU replica, batch 1)
     olds = configs_for(dep, svc.plan)
     done: dict[str, str] = {}
-    routes = stage_routes(plan)
-    stages = set(plan.models) | set(svc.plan.models if svc.plan is not None else {})
-
-    def active(name: str) -> int:
-        """Replicas serving now: a live tuner may have moved the service off the old plan."""
-        try:
-            return len(svc.backend.replicas(name))
-        except InferlineError:
-            return olds[name].replicas
-
-    # hardware the backend does not have is refused before anything changes (applying it
-    # would remove the model's replicas and fail to start new ones)
-    inventory = svc.backend.inventory()
-    for name, cfg in configs.items():
-        if name in planned and cfg.hardware not in inventory:
-            raise ValidationError(
-                f"models.{name}.hardware",
-                f"hardware this backend has ({', '.join(sorted(inventory))})",
-                cfg.hardware,
-            )
+    _check_hardware(svc, configs, planned)
     # models that shrink do so last: after the others have grown and the stages moved
-    leaving = {n for n, c in configs.items() if n in planned and c.replicas < active(n)}
-
-    # a backend that can change a model's batch size and hardware in place (Triton: one
-    # reload with the new model configuration) does so; before, only the replica count
-    # reached Triton, and a larger planned batch was split into several requests
-    reconfigure = getattr(svc.backend, "reconfigure", None)
-
-    async def one(name: str, cfg: ModelConfig) -> None:
-        old = olds[name]
-        try:
-            if reconfigure is not None:
-                await reconfigure(name, cfg)
-                done[name] = f"{cfg.replicas} replicas" + (
-                    f" on {cfg.hardware}" if old.hardware != cfg.hardware else ""
-                )
-            elif old.hardware != cfg.hardware:
-                await svc.backend.remove(name)
-                try:
-                    await svc.backend.deploy(dep.model(name), cfg)
-                except InferlineError:
-                    # back on the old hardware, so that the model keeps serving
-                    await svc.backend.deploy(dep.model(name), old)
-                    raise
-                done[name] = f"redeployed on {cfg.hardware}"
-            else:
-                await svc.backend.scale(name, cfg.replicas)
-                done[name] = f"{cfg.replicas} replicas"
-            svc.dispatcher.set_batching(name, _policy(svc, dep, name, cfg))
-            done[name] += f", max batch {cfg.max_batch_size}"
-            if name not in dep.batching and cfg.batch_wait_ms > 0:
-                done[name] += f", batch wait {cfg.batch_wait_ms:g} ms"
-            if svc.plugins is not None:
-                svc.plugins.notify_config(
-                    name, old, cfg, backend=dep.backend, reason="plan applied"
-                )
-        except InferlineError as e:
-            done[name] = f"failed: {e}"
-            log.error("applying plan to %r failed: %s", name, e)
-
+    leaving = {n for n, c in configs.items() if n in planned and c.replicas < _active(svc, n, olds)}
     for name, cfg in configs.items():
         if name in planned and name not in leaving:
-            await one(name, cfg)
-    for stage in stages:
-        target = routes.get(stage, stage)
-        if svc.dispatcher.resolve(stage) != target:
-            if target != stage and done.get(target, "").startswith("failed"):
-                done[stage] = f"still served by {svc.dispatcher.resolve(stage)}"
-                continue
-            svc.dispatcher.route(stage, target if target != stage else None)
-            done[stage] = f"served by {target}"
+            done[name] = await _move_model(svc, dep, name, olds[name], cfg)
+    _move_stages(svc, plan, done)
     for name in sorted(leaving):
         if configs[name].replicas == 0:  # nothing would serve what it still has queued
             await drain(svc.dispatcher, name)
-        await one(name, configs[name])
+        done[name] = await _move_model(svc, dep, name, olds[name], configs[name])
     note = oversubscription(dep, svc.backend, configs)
     if note is not None:
         done["inventory"] = note
@@ -146,13 +82,93 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
         if failed
         else plan
     )
-    if svc.tuner is not None:
-        if plan.tuner is not None:
-            svc.tuner.replan(plan)
-            if not svc.tuner.running:
-                svc.tuner.start()
-            done["tuner"] = "follows the new plan"
-        elif svc.tuner.running:
-            await svc.tuner.stop()
-            done["tuner"] = "stopped: the new plan has no tuner inputs"
+    await _tuner_follows(svc, plan, done)
     return done
+
+
+def _active(svc: Service, name: str, olds: dict[str, ModelConfig]) -> int:
+    """Replicas serving now: a live tuner may have moved the service off the old plan."""
+    try:
+        return len(svc.backend.replicas(name))
+    except InferlineError:
+        return olds[name].replicas
+
+
+def _check_hardware(svc: Service, configs: dict[str, ModelConfig], planned: set[str]) -> None:
+    """Hardware the backend does not have is refused before anything changes (applying it
+    would remove the model's replicas and fail to start new ones)."""
+    inventory = svc.backend.inventory()
+    for name, cfg in configs.items():
+        if name in planned and cfg.hardware not in inventory:
+            raise ValidationError(
+                f"models.{name}.hardware",
+                f"hardware this backend has ({', '.join(sorted(inventory))})",
+                cfg.hardware,
+            )
+
+
+async def _move_model(
+    svc: Service, dep: Deployment, name: str, old: ModelConfig, cfg: ModelConfig
+) -> str:
+    """One model to ``cfg``; what was done, or ``failed: ...``. A backend that can change a
+    model's batch size and hardware in place (Triton: one reload with the new model
+    configuration) does so; before, only the replica count reached Triton, and a larger
+    planned batch was split into several requests."""
+    assert svc.dispatcher is not None
+    reconfigure = getattr(svc.backend, "reconfigure", None)
+    try:
+        if reconfigure is not None:
+            await reconfigure(name, cfg)
+            what = f"{cfg.replicas} replicas" + (
+                f" on {cfg.hardware}" if old.hardware != cfg.hardware else ""
+            )
+        elif old.hardware != cfg.hardware:
+            await svc.backend.remove(name)
+            try:
+                await svc.backend.deploy(dep.model(name), cfg)
+            except InferlineError:
+                # back on the old hardware, so that the model keeps serving
+                await svc.backend.deploy(dep.model(name), old)
+                raise
+            what = f"redeployed on {cfg.hardware}"
+        else:
+            await svc.backend.scale(name, cfg.replicas)
+            what = f"{cfg.replicas} replicas"
+        svc.dispatcher.set_batching(name, _policy(svc, dep, name, cfg))
+        what += f", max batch {cfg.max_batch_size}"
+        if name not in dep.batching and cfg.batch_wait_ms > 0:
+            what += f", batch wait {cfg.batch_wait_ms:g} ms"
+        if svc.plugins is not None:
+            svc.plugins.notify_config(name, old, cfg, backend=dep.backend, reason="plan applied")
+    except InferlineError as e:
+        log.error("applying plan to %r failed: %s", name, e)
+        return f"failed: {e}"
+    return what
+
+
+def _move_stages(svc: Service, plan: Plan, done: dict[str, str]) -> None:
+    """Each stage routed to the variant the plan names, unless that variant failed to move."""
+    assert svc.dispatcher is not None
+    routes = stage_routes(plan)
+    stages = set(plan.models) | set(svc.plan.models if svc.plan is not None else {})
+    for stage in stages:
+        target = routes.get(stage, stage)
+        if svc.dispatcher.resolve(stage) != target:
+            if target != stage and done.get(target, "").startswith("failed"):
+                done[stage] = f"still served by {svc.dispatcher.resolve(stage)}"
+                continue
+            svc.dispatcher.route(stage, target if target != stage else None)
+            done[stage] = f"served by {target}"
+
+
+async def _tuner_follows(svc: Service, plan: Plan, done: dict[str, str]) -> None:
+    if svc.tuner is None:
+        return
+    if plan.tuner is not None:
+        svc.tuner.replan(plan)
+        if not svc.tuner.running:
+            svc.tuner.start()
+        done["tuner"] = "follows the new plan"
+    elif svc.tuner.running:
+        await svc.tuner.stop()
+        done["tuner"] = "stopped: the new plan has no tuner inputs"

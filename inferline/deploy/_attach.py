@@ -42,11 +42,10 @@ from inferline.deploy._batching import planned_policy
 from inferline.deploy._planned import (
     check_stages_served,
 )
-from inferline.server import App, Service
+from inferline.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S, App, Service
 from inferline.server.frontdoors import (
     DEFAULT_MAX_ROWS,
     FrontDoor,
-    FrontDoorGrpc,
     Signature,
     TensorInfo,
     check_max_rows,
@@ -192,11 +191,10 @@ async def attach(
 ) -> Attachment:
     """Connect to the server at ``url`` (any backend whose adapter offers ``discover()`` and
     ``adopt()``), discover its models and adopt the ready ones (or just ``models``)."""
-    if host is None:
-        from inferline.adapters import PluginHost
+    from inferline.deploy._build import open_backend, plugin_host
 
-        host = PluginHost.default()
-    backend = host.backend_for(url, **options)
+    host = host if host is not None else plugin_host()
+    backend = open_backend(host, url, **options)
     if not callable(getattr(backend, "discover", None)) or not callable(
         getattr(backend, "adopt", None)
     ):
@@ -422,13 +420,16 @@ async def start_attachment_service(
     """The interposed queue over the attached models (one puller per live replica), the
     plan applied, and an app running the pipeline; plus the front door for protocol routes.
     ``max_rows``: the most rows one request may carry, on every door and the app's route."""
-    from inferline.queueing import Dispatcher, FixedBatching
+    from inferline.deploy._build import new_service
+    from inferline.queueing import FixedBatching
 
     check_max_rows(max_rows)  # before anything starts
 
     if pipeline is not None:  # before anything starts
         check_pipeline_io(pipeline, att.signatures)
-    d = Dispatcher()
+    svc = new_service(att.backend, att.host, att.models, plan_target=AttachmentTarget(att))
+    d = svc.dispatcher
+    assert d is not None
     for name, cfg in att.models.items():
         b = (
             plan.models[name].max_batch_size
@@ -437,14 +438,6 @@ async def start_attachment_service(
         )
         d.add_model(name, batching=FixedBatching(b), max_queue=max_queue)
     d.attach(att.backend)
-    svc = Service(
-        dispatcher=d,
-        backend=att.backend,
-        models=list(att.models),
-        plugins=att.host,
-        plan_target=AttachmentTarget(att),
-    )
-    svc.metrics.watch(d)
     sigs = dict(att.signatures)
     try:
         if plan is not None:
@@ -478,10 +471,10 @@ async def serve_attachment(
     port: int = 8000,
     grpc_port: int | None = 0,
     token: str | None = None,
-    max_body_bytes: int = 1 << 20,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
-    read_timeout_s: float = 30.0,
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     allowed_hosts: Sequence[str] | None = None,
     restore_on_exit: bool = False,
     restored: Callable[[], None] | None = None,
@@ -492,45 +485,42 @@ async def serve_attachment(
     A backend that can put the operator's settings back (``restore_operator_settings``) gets
     ``POST /admin/detach``: restore, then stop. ``restore_on_exit``: restore too when serving
     stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done."""
-    from inferline.server import bind_socket, create_app, serve_app
+    from inferline.deploy._serve import bind, run_http, start_grpc
+    from inferline.deploy._settings import ServeSettings
     from inferline.server.frontdoors import make_kserve_router, make_tfserving_router
 
-    stop = stop if stop is not None else asyncio.Event()
-    restorer = _Restorer(svc.backend, stop, restored)
-    sock = bind_socket(host, port)
-    bound = sock.getsockname()[1]
-    g = None
-    if grpc_port is not None:
-        g = FrontDoorGrpc(
-            door, host=host, port=grpc_port, token=token, max_message_bytes=max_body_bytes
-        )
-        await g.start()
-    app = create_app(
-        svc,
+    settings = ServeSettings(
+        host=host,
+        port=port,
         token=token,
         max_body_bytes=max_body_bytes,
-        routers=[restorer.admin_router, make_kserve_router(door), make_tfserving_router(door)],
-        allowed_hosts=allowed_hosts,
+        allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
+        grpc_port=grpc_port,
+        read_timeout_s=read_timeout_s,
+        tuner=None,
     )
+    stop = stop if stop is not None else asyncio.Event()
+    restorer = _Restorer(svc.backend, stop, restored)
+    sock = bind(settings)
     shown = host if ":" not in host else f"[{host}]"
+    try:
+        g = await start_grpc(door, settings)
+    except BaseException:
+        sock.close()
+        raise
     info = {
-        "url": f"http://{shown}:{bound}",
+        "url": f"http://{shown}:{sock.getsockname()[1]}",
         "grpc": None if g is None else f"{shown}:{g.port}",
         "grpc_services": [] if g is None else g.services,
         "apps": sorted(svc.apps),
         "models": sorted(svc.models),
     }
+    routers = [restorer.admin_router, make_kserve_router(door), make_tfserving_router(door)]
     try:
-        await serve_app(
-            app,
-            sock,
-            ready=None if ready is None else lambda: ready(info),
-            stop=stop,
-            read_timeout_s=read_timeout_s,
+        await run_http(
+            svc, sock, settings, routers, g, None if ready is None else lambda: ready(info), stop
         )
     finally:
-        if g is not None:
-            await g.stop()
         if restore_on_exit:
             await restorer.restore()
 

@@ -427,8 +427,15 @@ class _TunerMetrics:
     at scrape time."""
 
     def __init__(self, live: LiveTuner, registry: Any) -> None:
+        self._series(registry)
+        for m, n in live.replicas.items():
+            self._target.labels(m).set(n)
+        for m, b in live.tuner.state.batch.items():
+            self._batch.labels(m).set(b)
+        registry.register(_envelope_collector(live))
+
+    def _series(self, registry: Any) -> None:
         from prometheus_client import Counter, Gauge, Info
-        from prometheus_client.registry import Collector
 
         self._decisions = Counter(
             "inferline_tuner_decisions",
@@ -473,40 +480,6 @@ class _TunerMetrics:
             ["model"],
             registry=registry,
         )
-        for m, n in live.replicas.items():
-            self._target.labels(m).set(n)
-        for m, b in live.tuner.state.batch.items():
-            self._batch.labels(m).set(b)
-
-        class _Envelope(Collector):
-            def collect(self) -> Iterator[Any]:
-                from prometheus_client.core import GaugeMetricFamily
-
-                cur = GaugeMetricFamily(
-                    "inferline_tuner_envelope_arrivals",
-                    "Arrivals in the last window of each size (current traffic envelope)",
-                    labels=["window_s"],
-                )
-                plan = GaugeMetricFamily(
-                    "inferline_tuner_planned_arrivals",
-                    "Most arrivals in a window of each size in the planning trace",
-                    labels=["window_s"],
-                )
-                env = live.tuner.envelope
-                now = live._clock()
-                counts = env.counts_at(now)
-                # arrivals recorded since the last tick are not in the envelope yet
-                pending = np.asarray(live._arrivals, dtype=np.float64)
-                planned: Mapping[float, int] = dict(live.policy.inputs.envelope)
-                for w, n in zip(env.windows, counts, strict=True):
-                    n += int(np.count_nonzero(pending > now - w))
-                    cur.add_metric([f"{w:g}"], float(n))
-                    if w in planned:
-                        plan.add_metric([f"{w:g}"], float(planned[w]))
-                yield cur
-                yield plan
-
-        registry.register(_Envelope())
 
     def decided(self, d: TunerDecision) -> None:
         self._decisions.labels(d.action).inc()
@@ -531,3 +504,38 @@ class _TunerMetrics:
 
     def applied(self, ok: bool) -> None:
         self._applied.labels("ok" if ok else "error").inc()
+
+
+def _envelope_collector(live: LiveTuner) -> Any:
+    """The current traffic envelope and the planning trace's, read at scrape time."""
+    from prometheus_client.registry import Collector
+
+    class _Envelope(Collector):
+        def collect(self) -> Iterator[Any]:
+            from prometheus_client.core import GaugeMetricFamily
+
+            cur = GaugeMetricFamily(
+                "inferline_tuner_envelope_arrivals",
+                "Arrivals in the last window of each size (current traffic envelope)",
+                labels=["window_s"],
+            )
+            plan = GaugeMetricFamily(
+                "inferline_tuner_planned_arrivals",
+                "Most arrivals in a window of each size in the planning trace",
+                labels=["window_s"],
+            )
+            env = live.tuner.envelope
+            now = live._clock()
+            counts = env.counts_at(now)
+            # arrivals recorded since the last tick are not in the envelope yet
+            pending = np.asarray(live._arrivals, dtype=np.float64)
+            planned: Mapping[float, int] = dict(live.policy.inputs.envelope)
+            for w, n in zip(env.windows, counts, strict=True):
+                n += int(np.count_nonzero(pending > now - w))
+                cur.add_metric([f"{w:g}"], float(n))
+                if w in planned:
+                    plan.add_metric([f"{w:g}"], float(planned[w]))
+            yield cur
+            yield plan
+
+    return _Envelope()

@@ -38,8 +38,10 @@ from inferline.core import (
     error_body,
     status_for,
 )
-from inferline.server._guard import INTERNAL_ERROR, Guard, json_exempt, too_large
+from inferline.server._guard import Guard, json_exempt
 from inferline.server._predict import handle_predict
+from inferline.server._predict_route import PredictRoute
+from inferline.server._replies import INTERNAL_ERROR, too_large
 from inferline.server._service import Service
 
 __all__ = [
@@ -320,11 +322,13 @@ def create_app(
     app.include_router(AppRoutes(service).router())
     for r in routers:
         app.include_router(r if isinstance(r, APIRouter) else r(service))
+    # add_middleware puts the last one outermost: the guard checks every request, then the
+    # predict route answers the data path before FastAPI's routing.
+    app.add_middleware(PredictRoute, service=service, max_body_bytes=max_body_bytes)
     app.add_middleware(
         Guard,
         token=token,
         max_body_bytes=max_body_bytes,
-        service=service,
         allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
     )
     _finish_openapi(app, token_required=bool(token))

@@ -1,4 +1,4 @@
-"""The predict route's work, without FastAPI: parse a body (one ``json.loads``, no pydantic on the hot path), check inputs, run them through the ``Service``, render the answer. The ASGI guard and the documented FastAPI route both call ``handle_predict``."""
+"""The predict route's work, without FastAPI: parse a body (one ``json.loads``, no pydantic on the hot path), check inputs, run them through the ``Service``, render the answer. The ASGI-level ``PredictRoute`` and the documented FastAPI route both call ``handle_predict``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import math
 from typing import Any
 
 from inferline.core import InferlineError, ValidationError, decode_json, error_body, status_for
-from inferline.server._service import Prediction, Service, json_default
+from inferline.server._decode import brief
+from inferline.server._outcomes import Prediction, json_default
+from inferline.server._service import Service
 
 __all__ = ["MAX_SLO_MS", "handle_predict"]
 
@@ -57,7 +59,7 @@ def _parse_request(
         return app, [x], slo_s, False
     batch = body["input_batch"]
     if not isinstance(batch, list) or not batch:
-        raise ValidationError("input_batch", "a non-empty JSON array of inputs", _brief(batch))
+        raise ValidationError("input_batch", "a non-empty JSON array of inputs", brief(batch))
     if len(batch) > app.max_batch_inputs:
         raise ValidationError(
             "input_batch", f"at most {app.max_batch_inputs} inputs", f"{len(batch)} inputs"
@@ -67,11 +69,6 @@ def _parse_request(
         for i, x in enumerate(batch)
     ]
     return app, inputs, slo_s, True
-
-
-def _brief(v: Any) -> Any:
-    r = repr(v)
-    return v if len(r) <= 60 else r[:57] + "..."
 
 
 def _dumps(body: Any) -> bytes:

@@ -52,7 +52,8 @@ from inferline.selection import (
     make_policy,
     open_store,
 )
-from inferline.server._service import App, DefaultAnswer
+from inferline.server._apps import App
+from inferline.server._outcomes import DefaultAnswer
 
 __all__ = [
     "EnsemblePipeline",
@@ -220,17 +221,17 @@ def make_selection_app(
     dispatcher: Any,
     slo_s: float,
     *,
+    host: Any,
     known_models: Any = None,
     cache: Any = None,
-    host: Any = None,
     **app_kw: Any,
 ) -> Any:
     """An ``App`` that runs ``spec``'s policy over its models through ``dispatcher``; its
     ``SelectionService`` is registered in ``selection_services(service)`` under ``name``.
-    ``app_kw`` go to ``App`` (``default_output``, ``input_spec``, ...); the app's default output
-    is also what a low-confidence answer falls back to."""
-    from inferline.adapters import PluginHost
-
+    ``host``: the plugin host whose registry resolves the policy (the caller's, passed in so
+    that third-party policies resolve the same everywhere). ``app_kw`` go to ``App``
+    (``default_output``, ``input_spec``, ...); the app's default output is also what a
+    low-confidence answer falls back to."""
     if known_models is not None:
         unknown = sorted(set(spec.models) - set(known_models))
         if unknown:
@@ -239,7 +240,6 @@ def make_selection_app(
                 f"models of the deployment {sorted(known_models)!r}",
                 unknown,
             )
-    host = host if host is not None else PluginHost.default()
     policy = build_policy(name, spec, host)
     sel = SelectionService(
         name,

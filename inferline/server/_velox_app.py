@@ -85,7 +85,7 @@ class VeloxModelSpec:
             no_extra_keys(feats, {"model", "output", "timeout_ms", "input"}, f"{where}.features")
             as_str(feats["model"], f"{where}.features.model")
             if "input" in feats:
-                from inferline.server._service import InputSpec
+                from inferline.server._decode import InputSpec
 
                 InputSpec.from_dict(feats["input"], f"{where}.features.input")
             if "timeout_ms" in feats:
@@ -225,7 +225,7 @@ def _split_model(service: Any, m: VeloxModelSpec) -> Any:
     assert m.dim is not None  # validated in from_dict
     spec_in = None
     if "input" in m.features:
-        from inferline.server._service import InputSpec
+        from inferline.server._decode import InputSpec
 
         spec_in = InputSpec.from_dict(m.features["input"])
     feature_model = m.features["model"]

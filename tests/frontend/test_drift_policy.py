@@ -218,12 +218,13 @@ def test_the_runner_measures_estimates_exports_and_acts_on_a_gap():
 def test_start_service_leaves_the_loop_off_without_profiles(caplog):
     import logging
 
-    from inferline.deploy._start import _drift_monitor
+    from inferline.deploy import Loops
+    from inferline.deploy._build import _drift_monitor
 
     with caplog.at_level(logging.INFO):
-        assert _drift_monitor(DriftConfig(), None, None, None, _Clock()) is None
+        assert _drift_monitor(Loops(drift=DriftConfig()), None, _Clock()) is None
     assert "drift loop off: it needs a plan, profiles, a pipeline" in caplog.text
-    assert _drift_monitor(DriftConfig(mode="off"), None, None, None, _Clock()) is None
+    assert _drift_monitor(Loops(drift=DriftConfig(mode="off")), None, _Clock()) is None
 
 
 def _scrape(svc) -> str:

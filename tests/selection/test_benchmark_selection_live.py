@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import selection as bench
-from inferline.selection.digits import digits_data
+from benchmarks._digits import digits_data
 
 MODELS = ("nb", "logreg")
 

@@ -4,20 +4,25 @@ and a real arrival trace, seeded, with stated tolerances."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from inferline.core import Profiles, load_csv_trace, mean_rate, peak_rate, rescale_to_rate
-from inferline.selection import SwitchingConfig, Variant, build_switching_table
-from inferline.selection.digits import digits_data, distort, fit_classifier
-from inferline.selection.experiments import (
+# the repo root, for benchmarks._digits and benchmarks._selection_experiments
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks._digits import SOURCE, digits_data, distort, fit_classifier
+from benchmarks._selection_experiments import (
+    _serve_shared,
     confidence_table,
     model_failure,
     personalized,
     switching_replay,
 )
+from inferline.core import Profiles, load_csv_trace, mean_rate, peak_rate, rescale_to_rate
+from inferline.selection import SwitchingConfig, Variant, build_switching_table
 
 TRACE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces"
 FIVE = ("nb", "tree", "logreg", "forest", "svc")
@@ -76,7 +81,6 @@ def test_per_user_exp4_beats_a_global_policy():
 
 def test_shared_queue_replay_exact_trace():
     from inferline.selection import SwitchOption
-    from inferline.selection.experiments import _serve_shared
 
     prof = Profiles.from_latencies({"a": {"cpu": {1: 0.1}}, "b": {"cpu": {1: 0.01}}})
     a, b = SwitchOption("a", 1, 1), SwitchOption("b", 1, 1)
@@ -134,7 +138,7 @@ def test_combining_at_the_deadline_keeps_p99_under_the_slo_with_a_real_straggler
     from inferline.queueing import Dispatcher, FixedBatching
     from inferline.selection import Exp4, SelectionService
 
-    src = "inferline.selection.digits:digits_classifier"
+    src = SOURCE
     specs = [
         ModelSpec("knn", src, {"kind": "knn", "tail_s": 0.040, "delay_s": 0.002}),
         ModelSpec("logreg", src, {"kind": "logreg"}),

@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for benchmarks._digits
+
+from benchmarks._digits import SOURCE as SRC
+from benchmarks._digits import digits_data
 from inferline.core import ValidationError
 from inferline.deploy import Deployment, start_service
 from inferline.selection import SQLiteStore
-from inferline.selection.digits import digits_data
 from inferline.server import create_app, make_selection_router
 from inferline.server._selection_app import SelectionAppSpec, selection_services
-
-SRC = "inferline.selection.digits:digits_classifier"
 
 
 def _deployment(store: str) -> dict:

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for benchmarks._digits
+
+from benchmarks._digits import SOURCE as SRC
+from benchmarks._digits import digits_data
 from inferline.adapters.local import LocalBackend
 from inferline.core import ModelSpec, Profiles, ValidationError
 from inferline.deploy._switching import LiveSwitcher, process_nice, set_nice
@@ -20,9 +26,7 @@ from inferline.selection import (
     Variant,
     build_switching_table,
 )
-from inferline.selection.digits import digits_data
 
-SRC = "inferline.selection.digits:digits_classifier"
 # big: an RBF SVM plus 30 ms per batch (an expensive model); small: naive Bayes plus 2 ms
 SPECS = {
     "big": ModelSpec("big", SRC, {"kind": "svc", "delay_s": 0.030}),

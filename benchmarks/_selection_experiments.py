@@ -1,6 +1,6 @@
 """Evaluation harness of the selection layer: the experiments of ``benchmarks/selection.py``
 as pure, seeded functions over model predictions, so the tests can check the same claims on
-small inputs.
+small inputs (``tests/selection/test_experiments.py``).
 
 The predictions come from wherever the caller got them (the benchmark: real digits classifiers
 served by the bundled runtime); here they are arrays ``preds[model][i]`` = label predicted for
@@ -25,11 +25,24 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core.errors import ValidationError
-
-from ._bandits import Exp3, Exp4
-from ._policy import combine_votes
-from ._switching import RateEstimator, SwitchingConfig, SwitchingController, SwitchingTable
+from inferline.core import (
+    DEFAULT_CATALOG,
+    Hardware,
+    HardwareCatalog,
+    ModelConfig,
+    Pipeline,
+    ValidationError,
+)
+from inferline.core import simulate as core_simulate
+from inferline.selection import (
+    Exp3,
+    Exp4,
+    RateEstimator,
+    SwitchingConfig,
+    SwitchingController,
+    SwitchingTable,
+    combine_votes,
+)
 
 __all__ = [
     "FailureResult",
@@ -40,6 +53,7 @@ __all__ = [
 ]
 
 Preds = Mapping[str, np.ndarray]
+Decisions = list[tuple[float, Any]]  # (time, SwitchOption active from then on)
 
 
 @dataclass(frozen=True)
@@ -217,50 +231,89 @@ def switching_replay(
     ``queue="per-variant"``: each query stays with the variant active at its arrival (the live
     ``LiveSwitcher``'s behaviour); each variant's queue is simulated with inferline's estimator,
     the active variant with the option's replicas and the others with ``warm_replicas``."""
-    from inferline.core import DEFAULT_CATALOG, Hardware, HardwareCatalog, ModelConfig, Pipeline
-    from inferline.core import simulate as core_simulate
-
-    sim = simulate or core_simulate
     trace = np.asarray(trace, dtype=float)
     if trace.size < 2:
         raise ValidationError("trace", "at least two arrivals", trace.size)
-    cpu = DEFAULT_CATALOG["cpu"].cost_per_hour
-    catalog = DEFAULT_CATALOG.merged(
-        HardwareCatalog({o.hardware: Hardware("cpu", cpu * o.threads) for o in table.options})
-    )
-    D = config.deadline_s
+    est = _Estimate(simulate or core_simulate, profiles, _thread_catalog(table), config.deadline_s)
+    if queue not in ("shared", "per-variant"):
+        raise ValidationError("queue", "'shared' or 'per-variant'", queue)
+    fixed = _fixed_options(trace, table, est, queue)
+    decisions = _controller_decisions(trace, table, config, interval_s)
+    if queue == "shared":
+        ok, by = _serve_shared(
+            trace, decisions, profiles, est.deadline_s, warm_replicas, activation_s
+        )
+        controller = _shared_summary(trace, table, decisions, ok, by)
+    else:
+        controller = _per_variant_summary(trace, table, config, decisions, est, warm_replicas)
+    return {
+        "controller": controller,
+        "fixed": fixed,
+        "decisions": [(tt, o.to_dict()) for tt, o in decisions],
+    }
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """Which queries of one variant's queue meet the deadline, by inferline's estimator."""
+
+    sim: Callable[..., Any]
+    profiles: Any
+    catalog: HardwareCatalog
+    deadline_s: float
 
     def met(
-        variant: str, arr: np.ndarray, cfg: ModelConfig, schedule: Sequence[Any] = ()
+        self, variant: str, arr: np.ndarray, cfg: ModelConfig, schedule: Sequence[Any] = ()
     ) -> np.ndarray:
         if arr.size == 0:
             return np.zeros(0, bool)
         pipe = Pipeline(variant, (variant,))
-        res = sim(pipe, {variant: cfg}, profiles, arr, catalog=catalog, schedule=schedule)
-        return np.asarray(res.latencies_s) <= D + 1e-12
+        res = self.sim(
+            pipe, {variant: cfg}, self.profiles, arr, catalog=self.catalog, schedule=schedule
+        )
+        return np.asarray(res.latencies_s) <= self.deadline_s + 1e-12
 
-    if queue not in ("shared", "per-variant"):
-        raise ValidationError("queue", "'shared' or 'per-variant'", queue)
+
+def _thread_catalog(table: SwitchingTable) -> HardwareCatalog:
+    """The default catalog plus one CPU kind per option's thread count (priced per thread)."""
+    cpu = DEFAULT_CATALOG["cpu"].cost_per_hour
+    return DEFAULT_CATALOG.merged(
+        HardwareCatalog({o.hardware: Hardware("cpu", cpu * o.threads) for o in table.options})
+    )
+
+
+def _fixed_options(
+    trace: np.ndarray, table: SwitchingTable, est: _Estimate, queue: str
+) -> dict[str, dict[str, Any]]:
+    """Each option of ``table`` serving the whole trace alone."""
     fixed = {}
     for o in table.options:
         if queue == "shared":
-            ok, _ = _serve_shared(trace, [(float(trace[0]), o)], profiles, D, 0, 0.0)
+            ok, _ = _serve_shared(
+                trace, [(float(trace[0]), o)], est.profiles, est.deadline_s, 0, 0.0
+            )
         else:
-            ok = met(o.variant, trace, ModelConfig(o.hardware, o.max_batch_size, o.replicas))
+            ok = est.met(o.variant, trace, ModelConfig(o.hardware, o.max_batch_size, o.replicas))
         fixed[f"{o.variant} R{o.replicas}xT{o.threads}"] = {
             "option": o,
             "meet": float(ok.mean()),
             "effective_accuracy": float(table.accuracy[o.variant] * ok.mean()),
         }
-    # the controller: decisions every interval, routing by arrival time
+    return fixed
+
+
+def _controller_decisions(
+    trace: np.ndarray, table: SwitchingTable, config: SwitchingConfig, interval_s: float
+) -> Decisions:
+    """The controller deciding every ``interval_s`` from the arrivals so far; one entry per
+    change of option (the first at the first arrival)."""
     ctl = SwitchingController(table, config)
     est = RateEstimator(config.rate_window)
     t0, t_end = float(trace[0]), float(trace[-1])
-    decisions = []
     j = 0
     t = t0
     active = ctl.decide(t0, est).option
-    decisions.append((t0, active))
+    decisions: Decisions = [(t0, active)]
     while t < t_end:
         t += interval_s
         k = int(np.searchsorted(trace, t, side="right"))
@@ -271,20 +324,31 @@ def switching_replay(
         if d.option != active:
             active = d.option
             decisions.append((t, active))
-    if queue == "shared":
-        ok, by = _serve_shared(trace, decisions, profiles, D, warm_replicas, activation_s)
-        acc_of = np.array([table.accuracy.get(v, 0.0) for v in by])
-        used_s = {v: int(np.sum(by == v)) for v in sorted({o.variant for _, o in decisions})}
-        return {
-            "controller": {
-                "effective_accuracy": float(np.sum(acc_of * ok) / trace.size),
-                "meet": float(ok.mean()),
-                "switches": len(decisions) - 1,
-                "queries_per_variant": used_s,
-            },
-            "fixed": fixed,
-            "decisions": [(tt, o.to_dict()) for tt, o in decisions],
-        }
+    return decisions
+
+
+def _shared_summary(
+    trace: np.ndarray, table: SwitchingTable, decisions: Decisions, ok: np.ndarray, by: np.ndarray
+) -> dict[str, Any]:
+    acc_of = np.array([table.accuracy.get(v, 0.0) for v in by])
+    used = {v: int(np.sum(by == v)) for v in sorted({o.variant for _, o in decisions})}
+    return {
+        "effective_accuracy": float(np.sum(acc_of * ok) / trace.size),
+        "meet": float(ok.mean()),
+        "switches": len(decisions) - 1,
+        "queries_per_variant": used,
+    }
+
+
+def _per_variant_summary(
+    trace: np.ndarray,
+    table: SwitchingTable,
+    config: SwitchingConfig,
+    decisions: Decisions,
+    est: _Estimate,
+    warm_replicas: int,
+) -> dict[str, Any]:
+    """Each query queued at the option active at its arrival; each queue in the estimator."""
     times = np.array([d[0] for d in decisions])
     which = np.searchsorted(times, trace, side="right") - 1
     total_eff = 0.0
@@ -307,19 +371,15 @@ def switching_replay(
         # the count in effect at this queue's first arrival, then the later changes
         start = max(i for i, s in enumerate(sched) if s[0] <= arr[0])
         cfg = ModelConfig(hw, config.max_batch_size, sched[start][2])
-        ok = met(v, arr, cfg, schedule=sched[start + 1 :])
+        ok = est.met(v, arr, cfg, schedule=sched[start + 1 :])
         met_all += int(ok.sum())
         total_eff += table.accuracy[v] * float(ok.sum())
     n = trace.size
     return {
-        "controller": {
-            "effective_accuracy": total_eff / n,
-            "meet": met_all / n,
-            "switches": len(decisions) - 1,
-            "queries_per_variant": used,
-        },
-        "fixed": fixed,
-        "decisions": [(tt, o.to_dict()) for tt, o in decisions],
+        "effective_accuracy": total_eff / n,
+        "meet": met_all / n,
+        "switches": len(decisions) - 1,
+        "queries_per_variant": used,
     }
 
 

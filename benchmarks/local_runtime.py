@@ -1,6 +1,6 @@
 """Measures the bundled runtime: activation delay, RPC round trip, failure detection.
 
-    .venv/bin/python -m inferline.adapters.local.bench [--quick]
+    .venv/bin/python benchmarks/local_runtime.py [--quick | --smoke]
 
 Prints one table. Round trips are client-side (``predict_batch`` on the handle, through gRPC to
 the replica process and back), with the replica's own service time alongside, so the
@@ -20,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from inferline.adapters.local import LocalBackend
 from inferline.core import ModelConfig, ModelSpec, ReplicaError
-
-from ._backend import LocalBackend
 
 EX = "inferline.adapters.local.examples"
 
@@ -46,7 +45,6 @@ async def _round_trip(b: LocalBackend, inputs: list[Any], n: int) -> tuple[list[
     (r,) = b.replicas("noop")
     for _ in range(min(20, n)):  # warm up the channel
         await r.predict_batch(inputs)
-    before = await b.stats("noop")
     lat = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -54,7 +52,6 @@ async def _round_trip(b: LocalBackend, inputs: list[Any], n: int) -> tuple[list[
         lat.append(time.perf_counter() - t0)
     after = await b.stats("noop")
     svc = after["replicas"][0]["service_mean_s"] or 0.0
-    _ = before
     return lat, svc
 
 
@@ -77,10 +74,10 @@ async def _failure(b: LocalBackend) -> tuple[float, float]:
     return detect, back
 
 
-async def main_async(quick: bool) -> list[tuple[str, str]]:
+async def main_async(quick: bool, smoke: bool = False) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
-    n_act = 2 if quick else 5
-    n_rt = 200 if quick else 2000
+    n_act = 1 if smoke else 2 if quick else 5
+    n_rt = 40 if smoke else 200 if quick else 2000
     b = LocalBackend(oversubscribe=True)
     try:
         act = await _activation(b, f"{EX}:noop", {}, n_act)
@@ -120,8 +117,9 @@ async def main_async(quick: bool) -> list[tuple[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer samples")
+    ap.add_argument("--smoke", action="store_true", help="fewest samples (seconds)")
     args = ap.parse_args(argv)
-    rows = asyncio.run(main_async(args.quick))
+    rows = asyncio.run(main_async(args.quick, args.smoke))
     width = max(len(k) for k, _ in rows)
     print(
         f"bundled runtime (local://), {len(os.sched_getaffinity(0))} cores, python {sys.version.split()[0]}"
@@ -129,9 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'measure':<{width}}  value")
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    print(
-        f"reproduce: .venv/bin/python -m inferline.adapters.local.bench{' --quick' if args.quick else ''}"
-    )
+    flag = " --smoke" if args.smoke else " --quick" if args.quick else ""
+    print(f"reproduce: .venv/bin/python benchmarks/local_runtime.py{flag}")
     return 0
 
 

@@ -1,11 +1,16 @@
 """A family of real classifiers trained at run time on scikit-learn's digits (1,797 labelled 8x8
-images that ship with scikit-learn), for selection tests, benchmarks and demos.
+images that ship with scikit-learn), for the selection benchmarks and their tests.
 
 ``digits_classifier(kind=...)`` is a model-container factory for the bundled runtime
-(``ModelSpec("nb", source="inferline.selection.digits:digits_classifier", params={"kind":
-"nb"})``): the container trains in ``load()`` inside its replica process with a fixed seed, so
-every replica holds the same model and nothing is unpickled. Inputs are 64 raw pixel values
-(0..16), one vector per query; outputs are class labels (ints).
+(``ModelSpec("nb", source=SOURCE, params={"kind": "nb"})``): the container trains in ``load()``
+inside its replica process with a fixed seed, so every replica holds the same model and nothing
+is unpickled. Inputs are 64 raw pixel values (0..16), one vector per query; outputs are class
+labels (ints).
+
+Replica processes import it as ``benchmarks._digits`` (``SOURCE``): they run ``python -m``, which
+puts the working directory on ``sys.path``, so run the benchmarks and the tests from the
+checkout's root (as ``make test`` and the benchmarks' docstrings do). It lives here, not in
+``selection/``, because the product never serves it: it is a test and benchmark model.
 
 Kinds (accuracy on the seeded 70/30 split): ``nb`` Gaussian naive Bayes (~0.85), ``tree``
 decision tree (~0.84), ``logreg`` logistic regression (~0.97), ``mlp`` (~0.98), ``forest``
@@ -33,10 +38,11 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core.errors import ValidationError
+from inferline.core import ValidationError
 
 __all__ = [
     "KINDS",
+    "SOURCE",
     "DigitsClassifier",
     "digits_classifier",
     "digits_data",
@@ -47,6 +53,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 KINDS = ("nb", "tree", "logreg", "mlp", "forest", "knn", "svc")
+SOURCE = "benchmarks._digits:digits_classifier"
 
 
 def digits_data(
@@ -215,7 +222,7 @@ def digits_classifier(
     tail_s: float = 0.0,
     train_distort: str | None = None,
 ) -> DigitsClassifier:
-    """Factory for ``ModelSpec.source`` (``inferline.selection.digits:digits_classifier``)."""
+    """Factory for ``ModelSpec.source`` (``SOURCE``)."""
     return DigitsClassifier(
         kind, seed, features, delay_s, per_item_s, split_seed, trees, n_jobs, tail_s, train_distort
     )
