@@ -76,14 +76,47 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
         done["inventory"] = note
         log.warning("%s", note)
     failed = {n for n, what in done.items() if n in configs and what.startswith("failed")}
-    # what is in force: a model the plan could not move keeps its old configuration
-    svc.plan = (
-        plan.with_models({n: (olds[n] if n in failed else c) for n, c in plan.models.items()})
-        if failed
-        else plan
-    )
+    svc.plan = _in_force(plan, olds, failed, _left_out(svc, dep, plan, planned, olds, done))
     await _tuner_follows(svc, plan, done)
     return done
+
+
+def _left_out(
+    svc: Service,
+    dep: Deployment,
+    plan: Plan,
+    planned: dict[str, ModelConfig],
+    olds: dict[str, ModelConfig],
+    done: dict[str, str],
+) -> dict[str, ModelConfig]:
+    """The served models a plan does not name (``"models": {}`` included) keep their
+    configuration, and the answer says so; before, the plan was recorded as if they had none
+    and ``GET /admin/plan`` no longer matched what runs."""
+    stages = set(plan.models)
+    kept = {}
+    for spec in dep.models:
+        if spec.name in planned or spec.name in stages:
+            continue
+        cfg = olds[spec.name]
+        replicas = _active(svc, spec.name, olds)
+        kept[spec.name] = ModelConfig(
+            cfg.hardware, cfg.max_batch_size, replicas, batch_wait_ms=cfg.batch_wait_ms
+        )
+        done[spec.name] = (
+            f"kept: not in the plan ({replicas} replicas, max batch {cfg.max_batch_size})"
+        )
+    return kept
+
+
+def _in_force(
+    plan: Plan, olds: dict[str, ModelConfig], failed: set[str], kept: dict[str, ModelConfig]
+) -> Plan:
+    """What ``GET /admin/plan`` shows: the plan, where a model it could not move keeps its old
+    configuration, plus the models it left out as they run."""
+    if not failed and not kept:
+        return plan
+    models = {n: (olds[n] if n in failed else c) for n, c in plan.models.items()}
+    return plan.with_models({**models, **kept})
 
 
 def _active(svc: Service, name: str, olds: dict[str, ModelConfig]) -> int:

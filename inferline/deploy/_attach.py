@@ -361,12 +361,19 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
     batch sizes in the queue. Hardware changes are not made (the server's placement is the
     operator's); each change is reported to the plugins' observers."""
     check_stages_served(plan)
+    unknown = sorted(set(plan.models) - set(att.models))
+    if unknown:  # before anything changes: silently skipped before
+        raise ValidationError("plan.models", f"attached models {sorted(att.models)}", unknown)
     done: dict[str, str] = {}
-    in_force = dict(plan.models)
+    # an attached model the plan leaves out keeps its configuration, and the answer says so
+    in_force = {**att.models, **plan.models}
+    for name, cfg in att.models.items():
+        if name not in plan.models:
+            done[name] = (
+                f"kept: not in the plan ({cfg.replicas} replicas, max batch {cfg.max_batch_size})"
+            )
     reconfigure = getattr(att.backend, "reconfigure", None)
     for name, cfg in plan.models.items():
-        if name not in att.models:
-            continue
         old = att.models[name]
         notes = []
         if cfg.hardware != old.hardware:
