@@ -72,6 +72,7 @@ from ._variants import (
     stage_profiles,
 )
 from ._wire import (
+    cast_exact,
     decode_error,
     decode_value,
     dumps_value,
@@ -232,6 +233,7 @@ __all__ = [
     "as_mapping",
     "as_str",
     "capacity_factor",
+    "cast_exact",
     "check_format",
     "coarse_grained_configs",
     "compress",

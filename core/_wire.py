@@ -24,6 +24,12 @@ Three forms, all produced and read by pure functions here:
   and everything else as plain JSON.
 
 Every malformed input raises ``ValidationError`` naming the offending field.
+
+``cast_exact`` is the one cast of an array to a declared dtype that every door and the
+native route apply: it refuses, naming the field, every value the cast would change (an
+integer out of range or negative for an unsigned type, a float with a fraction, NaN or inf
+for an integer type, a finite float that overflows to inf, a bool type given other than
+0/1). Floats round to the nearest value of a float type: that is the precision it declares.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from .errors import (
 
 __all__ = [
     "KINDS",
+    "cast_exact",
     "decode_error",
     "decode_value",
     "dumps_value",
@@ -119,6 +126,58 @@ def _little_endian(a: np.ndarray) -> np.ndarray:
         a = a.astype(a.dtype.newbyteorder("<"))
     # Not ascontiguousarray: it turns a 0-d array into a 1-d one.
     return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+# ---------------------------------------------------------------- checked casts
+
+
+def _span(a: np.ndarray) -> str:
+    lo, hi = a.min().item(), a.max().item()
+    return f"{lo}" if lo == hi else f"values from {lo} to {hi}"
+
+
+def cast_exact(a: np.ndarray, dtype: Any, field: str) -> np.ndarray:
+    """``a`` as ``dtype``, or ``ValidationError(field, ...)`` when a value would change
+    (see the module docstring); ``a`` itself when it already has that dtype. numpy's
+    ``astype`` wraps: int8 of ``[1000, 200, -129]`` is ``[-24, -56, 127]``."""
+    dt = np.dtype(dtype)
+    if a.dtype == dt:
+        return a
+    src, dst = a.dtype.kind, dt.kind
+    if src not in "biuf" or dst not in "biuf":
+        if src == dst or (src in "SU" and dst in "SU"):
+            return a.astype(dt)
+        raise ValidationError(field, f"values of {dt.name}", f"values of {a.dtype.name}")
+    if a.size == 0 or src == "b":
+        return a.astype(dt)
+    if dst == "f":
+        return _to_float(a, dt, field)
+    if src == "f":
+        bad = ~np.isfinite(a)
+        if bad.any():
+            raise ValidationError(field, f"whole numbers that fit {dt.name}", "NaN or inf")
+        if (a != np.trunc(a)).any():
+            raise ValidationError(field, f"whole numbers for {dt.name}", "numbers with a fraction")
+    if dst == "b":
+        lo, hi = 0, 1
+    else:
+        info = np.iinfo(dt)
+        lo, hi = int(info.min), int(info.max)
+    # Python scalars compare exactly (a float64 2**63 is not <= int64's max)
+    if a.min().item() < lo or a.max().item() > hi:
+        want = "0 or 1" if dst == "b" else f"integers in [{lo}, {hi}]"
+        raise ValidationError(field, f"{want} ({dt.name})", _span(a))
+    return a.astype(dt)
+
+
+def _to_float(a: np.ndarray, dt: np.dtype, field: str) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        out = a.astype(dt)
+    grew = np.isinf(out) & ~np.isinf(a) if a.dtype.kind == "f" else np.isinf(out)
+    if grew.any():
+        big = float(np.finfo(dt).max)
+        raise ValidationError(field, f"numbers within +-{big:g} ({dt.name})", _span(a))
+    return out
 
 
 # ---------------------------------------------------------------- errors as values
@@ -434,13 +493,7 @@ def _array_from_json(j: dict[str, Any], field: str) -> np.ndarray:
             raise ValidationError(f"{field}.shape", "a list of non-negative integers", None)
         shape = _parse_shape(j["shape"], f"{field}.shape")
         return _array_from_bytes(_b64(j["b64"], f"{field}.b64"), dt, shape, False, field)
-    data = j["data"]
-    try:
-        a = np.array(data, dtype=dt)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise ValidationError(f"{field}.data", f"a nested list of {dt.name}", str(e)) from None
-    if a.dtype.kind == "O":
-        raise ValidationError(f"{field}.data", "a rectangular nested list", "ragged")
+    a = _nested_list(j["data"], dt, f"{field}.data")
     if "shape" in j:
         shape = _parse_shape(j["shape"], f"{field}.shape")
         if a.shape != shape:
@@ -448,3 +501,21 @@ def _array_from_json(j: dict[str, Any], field: str) -> np.ndarray:
                 f"{field}.shape", f"the shape of data {list(a.shape)}", list(shape)
             )
     return a
+
+
+def _nested_list(data: Any, dt: np.dtype, field: str) -> np.ndarray:
+    """A nested list as ``dt``: numbers read as themselves, then cast exactly (numpy's own
+    ``np.array(data, dtype)`` truncates 2.7 to 2 for an int and makes 1e300 inf for float32)."""
+    try:
+        a = np.array(data)
+        if a.dtype.kind == "O" or dt.kind in "SU":
+            # ragged (refused below), integers beyond int64 (numpy checks their range when
+            # given the dtype) or strings
+            a = np.array(data, dtype=dt)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValidationError(field, f"a nested list of {dt.name}", str(e)) from None
+    if a.dtype.kind == "O":
+        raise ValidationError(field, "a rectangular nested list", "ragged")
+    if a.dtype.kind in "SU" and dt.kind not in "SU":
+        raise ValidationError(field, f"a nested list of {dt.name}", "strings")
+    return cast_exact(a, dt, field)

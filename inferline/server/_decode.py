@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core import ValidationError, value_from_json
+from inferline.core import ValidationError, cast_exact, value_from_json
 
 __all__ = ["InputSpec", "brief", "decode_input"]
 
@@ -84,7 +84,7 @@ class InputSpec:
         kind = np.dtype(self.dtype).kind
         if arr.dtype.kind not in "biuf" or (kind in "iu" and arr.dtype.kind == "f"):
             raise ValidationError(field, self.describe(), f"an array of {arr.dtype}")
-        return arr.astype(self.dtype, copy=False)
+        return cast_exact(arr, self.dtype, field)  # astype would wrap 1000 into int8
 
     def _from_list(self, value: Any, field: str, non_numbers: bool) -> np.ndarray:
         kind = np.dtype(self.dtype).kind

@@ -22,8 +22,15 @@ frontend's bearer-token and body-size guard. The gRPC server checks the same tok
 
 A served name's tensors are described by a ``Signature`` (names, dtypes, per-query shapes);
 ``inferline attach`` passes the ones it discovered so the names match the original server.
-Without one, an app's ``InputSpec`` gives the input, and outputs are named ``output`` (or by
-the keys of a dict output).
+Without one, an app's ``InputSpec`` gives the input (values are cast to its dtype by
+``inferline.core.cast_exact``: one that would change is a 400 naming the field), and the
+outputs declared are the ones the app really returns: traced the first time a door describes
+it (``FrontDoor.describe``), from ``samples`` or zeros of its ``InputSpec``, else learned from
+its first answer; named ``output``, or by the keys of a dict output.
+
+One rule for ``None`` on all four doors (``_outputs``): an output field that is ``None`` in
+every row is left out of the response and of the declared outputs; ``None`` in some rows
+only is refused.
 """
 
 from inferline.server.frontdoors._door import (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -11,10 +12,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from inferline.core import NotFoundError, ValidationError
+from inferline.core import NotFoundError, ValidationError, cast_exact
 from inferline.server._service import Service
+from inferline.server.frontdoors._outputs import columns, per_query, stack_column
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 __all__ = [
     "CONFIG_TYPE_OF",
@@ -158,10 +161,13 @@ def dtype_name(a: np.ndarray) -> str:
 
 def check_shape(shape: Sequence[Any], field: str, max_rows: int | None) -> int:
     """A declared tensor shape, before anything is allocated for it: sizes are integers >= 0
-    and the batch dimension holds at most ``max_rows`` rows. Returns the element count (a
-    Python int: a huge shape cannot wrap around as an int64 product would)."""
+    and the batch dimension holds at least one row and at most ``max_rows``. Returns the
+    element count (a Python int: a huge shape cannot wrap around as an int64 product
+    would)."""
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
         raise ValidationError(field, "a list of sizes (integers >= 0)", list(shape))
+    if shape and shape[0] == 0:  # no query to run: before, an internal "need at least one array"
+        raise ValidationError(field, "at least one row in the batch dimension", list(shape))
     if max_rows is not None and shape and shape[0] > max_rows:
         raise ValidationError(
             field, f"at most {max_rows} rows in the batch dimension", f"{shape[0]} rows"
@@ -188,7 +194,11 @@ def check_max_rows(max_rows: Any) -> int:
 class FrontDoor:
     """Runs protocol requests through a ``Service``: names are apps (pipelines) or models of
     its dispatcher; one query per row. ``max_rows``: the most rows one request may carry,
-    on every protocol and transport (the native predict route's default)."""
+    on every protocol and transport (the native predict route's default).
+
+    Without a declared ``Signature`` a name's outputs are the ones it answers: traced the
+    first time a door describes it (metadata, config) by running ``samples[name]`` through
+    it, or zeros of the app's ``InputSpec``; else learned from its first answer."""
 
     def __init__(
         self,
@@ -197,13 +207,20 @@ class FrontDoor:
         *,
         model_slo_s: float = 1.0,
         max_rows: int = DEFAULT_MAX_ROWS,
+        samples: Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         check_max_rows(max_rows)
         self.service = service
         self.signatures = dict(signatures or {})
         self.model_slo_s = model_slo_s
         self.max_rows = max_rows
+        self.samples = {k: list(v) for k, v in (samples or {}).items()}
         self.stats: dict[str, NameStats] = {}
+        # outputs of undeclared names, traced or seen; names traced once (a failed trace is
+        # not retried on every metadata request)
+        self._outputs: dict[str, tuple[TensorInfo, ...]] = {}
+        self._traced: set[str] = set()
+        self._trace_lock = asyncio.Lock()
 
     def names(self) -> list[str]:
         d = self.service.dispatcher
@@ -229,19 +246,56 @@ class FrontDoor:
             raise NotFoundError("model", name, self.names())
 
     def signature(self, name: str) -> Signature:
+        """The declared signature, else what is known now: the app's ``InputSpec`` and the
+        outputs traced or seen (``output`` before either; :meth:`describe` traces)."""
         self.check(name)
         if name in self.signatures:
             return self.signatures[name]
+        outputs = self._outputs.get(name, (TensorInfo("output", "float32", (-1,)),))
         app = self.service.apps.get(name)
         if app is not None and app.input_spec is not None:
             shape = tuple(-1 if s is None else int(s) for s in (app.input_spec.shape or ()))
-            return Signature(
-                (TensorInfo("input", app.input_spec.dtype, shape),),
-                (TensorInfo("output", "float32", (-1,)),),
-            )
-        return Signature(
-            (TensorInfo("input", "float32", (-1,)),), (TensorInfo("output", "float32", (-1,)),)
-        )
+            return Signature((TensorInfo("input", app.input_spec.dtype, shape),), outputs)
+        return Signature((TensorInfo("input", "float32", (-1,)),), outputs)
+
+    async def describe(self, name: str) -> Signature:
+        """The signature metadata and config routes declare: an undeclared name's outputs
+        traced first (once), so they are the ones it really returns."""
+        self.check(name)
+        if name not in self.signatures and name not in self._outputs:
+            async with self._trace_lock:
+                if name not in self._outputs and name not in self._traced:
+                    self._traced.add(name)
+                    await self._trace(name)
+        return self.signature(name)
+
+    async def _trace(self, name: str) -> None:
+        xs = self._trace_inputs(name)
+        if not xs:
+            return
+        try:
+            outs = await self._run(name, xs)
+            found = per_query(outs, "output")
+        except Exception as e:  # an app's own code may raise anything: declare it later
+            log.warning("front door: tracing the outputs of %r failed: %s", name, e)
+            return
+        self._outputs[name] = tuple(TensorInfo(k, dt, sh) for k, (dt, sh) in found.items())
+
+    def _trace_inputs(self, name: str) -> list[Any]:
+        """``samples[name]``, else zeros of the app's ``InputSpec`` (sizes left free: 1 and 2,
+        so the outputs' sizes that follow them are declared -1); [] for a dispatcher model."""
+        if name in self.samples:
+            return list(self.samples[name])
+        app = self.service.apps.get(name)
+        if app is None or app.input_spec is None:
+            return []
+        spec = app.input_spec
+        if spec.shape is None:
+            return [np.zeros(1, spec.dtype)]
+        sizes = [1, 2] if None in spec.shape else [1]
+        return [
+            np.zeros(tuple(n if s is None else s for s in spec.shape), spec.dtype) for n in sizes
+        ]
 
     def max_batch_size(self, name: str) -> int:
         """The rows one request to ``name`` may carry (> 0: every tensor has a batch
@@ -250,11 +304,11 @@ class FrontDoor:
         cap = app.max_batch_inputs if app is not None else self.max_rows
         return max(1, min(self.max_rows, int(cap)))
 
-    def model_config(self, name: str) -> dict[str, Any]:
+    async def model_config(self, name: str) -> dict[str, Any]:
         """Triton's model-configuration extension (``GET /v2/models/{m}/config``), with the
         fields load generators such as perf_analyzer read: ``max_batch_size`` > 0 and
         per-query ``dims`` (-1: any size)."""
-        sig = self.signature(name)
+        sig = await self.describe(name)
 
         def tensor(t: TensorInfo) -> dict[str, Any]:
             return {
@@ -332,12 +386,20 @@ class FrontDoor:
             want = list(tensors)  # no declared signature: take the one input by any name
         if set(tensors) != set(want):
             raise ValidationError("inputs", f"the tensors {want}", sorted(tensors))
+        app = self.service.apps.get(name)
+        if name not in self.signatures and app is not None and app.input_spec is not None:
+            # to the app's dtype here, refusing what would change: astype wrapped INT64 1000
+            # to an int8 -24
+            dt = app.input_spec.dtype
+            tensors = {k: cast_exact(a, dt, f"inputs.{k}") for k, a in tensors.items()}
         sizes = {int(a.shape[0]) if a.ndim else -1 for a in tensors.values()}
         if len(sizes) != 1 or -1 in sizes:
             raise ValidationError(
                 "inputs", "tensors with one batch dimension of the same size", sorted(sizes)
             )
         (n,) = sizes
+        if n == 0:
+            raise ValidationError("inputs", "at least one row in the batch dimension", "0 rows")
         if n > self.max_rows:
             raise ValidationError(
                 "inputs", f"at most {self.max_rows} rows in the batch dimension", f"{n} rows"
@@ -384,36 +446,27 @@ class FrontDoor:
     def stack(
         self, name: str, outs: Sequence[Any], wanted: Sequence[str] = ()
     ) -> dict[str, np.ndarray]:
-        """Per-query outputs as named batched tensors."""
+        """Per-query outputs as named batched tensors (``_outputs`` says the rule for None);
+        an undeclared name's outputs are learned from its first answer."""
         sig = self.signature(name)
-        names = [t.name for t in sig.outputs] or ["output"]
-        declared = {t.name: tuple(t.shape) for t in sig.outputs} if name in self.signatures else {}
-        first = outs[0] if outs else None
-        if isinstance(first, Mapping):
-            cols = {str(k): [o[k] for o in outs] for k in first}
-        else:
-            cols = {names[0] if len(names) == 1 else "output": list(outs)}
+        declared = name in self.signatures
+        names = [t.name for t in sig.outputs]
+        cols = columns(outs, names[0] if declared and len(names) == 1 else "output")
+        shapes = {t.name: tuple(t.shape) for t in sig.outputs} if declared else {}
         result = {}
         for k, vals in cols.items():
             if wanted and k not in wanted:
                 continue
-            try:
-                result[k] = arr = np.stack([np.asarray(v) for v in vals])
-            except ValueError as e:
-                raise ValidationError(
-                    f"outputs.{k}", "outputs of one shape across the batch", str(e)
-                ) from None
-            # the declared shape: a model's [1] output reaches pipelines as a scalar (a
-            # label), but a client of the model's route expects the model's [n, 1]
-            want = declared.get(k)
-            if (
-                want is not None
-                and all(d >= 0 for d in want)
-                and arr.shape[1:] != want
-                and math.prod(arr.shape[1:]) == math.prod(want)
-            ):
-                result[k] = arr.reshape((arr.shape[0], *want))
+            arr = stack_column(k, vals, shapes.get(k))
+            if arr is not None:
+                result[k] = arr
+        if not declared and name not in self._outputs and not wanted:
+            # one answer shows names and dtypes, not which sizes vary: those read -1
+            self._outputs[name] = tuple(
+                TensorInfo(k, dtype_name(a), (-1,) * (a.ndim - 1)) for k, a in result.items()
+            )
         missing = [w for w in wanted if w not in result]
         if missing:
-            raise ValidationError("outputs", f"names among {sorted(cols)}", missing)
+            have = sorted(k for k, v in cols.items() if any(x is not None for x in v))
+            raise ValidationError("outputs", f"names among {have}", missing)
         return result

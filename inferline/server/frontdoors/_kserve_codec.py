@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core import ValidationError
+from inferline.core import ValidationError, cast_exact
 from inferline.server._http import decode_json
 from inferline.server.frontdoors._door import (
     DEFAULT_MAX_ROWS,
@@ -81,7 +81,7 @@ def tensor_from_kserve(
         vals = np.asarray(t["data"])
         _check_count(vals.size, n, shape, field)
         _check_json_values(vals, dt, f"{field}.data")
-        return vals.astype(KSERVE_DTYPES[dt]).reshape(shape)
+        return cast_exact(vals, KSERVE_DTYPES[dt], f"{field}.data").reshape(shape)
     except (TypeError, ValueError, OverflowError) as e:
         if isinstance(e, ValidationError):
             raise

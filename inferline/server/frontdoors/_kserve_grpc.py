@@ -63,7 +63,7 @@ class KServeHandlers:
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         await self.auth.require(context)
         try:
-            sig = self.door.signature(request.name)
+            sig = await self.door.describe(request.name)
         except InferlineError as e:
             await grpc_fail(context, e)
         return self.pb.ModelMetadataResponse(
@@ -78,7 +78,7 @@ class KServeHandlers:
         """Triton's model-configuration extension (what perf_analyzer reads first)."""
         await self.auth.require(context)
         try:
-            cfg = self.door.model_config(request.name)
+            cfg = await self.door.model_config(request.name)
         except InferlineError as e:
             await grpc_fail(context, e)
         from tritonclient.grpc import model_config_pb2 as mc

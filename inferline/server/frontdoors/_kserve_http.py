@@ -167,7 +167,7 @@ class KServeRoutes:
 
     async def model_metadata(self, model: str, version: str = "1") -> Response:
         try:
-            sig = self.door.signature(model)
+            sig = await self.door.describe(model)
         except InferlineError as e:
             return _kserve_error(e)
 
@@ -189,7 +189,7 @@ class KServeRoutes:
 
     async def model_config(self, model: str, version: str = "1") -> Response:
         try:
-            body = self.door.model_config(model)
+            body = await self.door.model_config(model)
         except InferlineError as e:
             return _kserve_error(e, not_found=400)
         return Response(json.dumps(body), media_type="application/json")

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from inferline.adapters.tfserving import from_tensor_proto, to_tensor_proto
-from inferline.core import InferlineError, ValidationError
+from inferline.core import InferlineError, ValidationError, cast_exact
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, check_shape, decode_off_loop
 from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
 
@@ -28,6 +28,8 @@ _DT_ENUMS = {
 
 # bytes per element of TF's DataType enums (DT_STRING: at least one)
 _ITEMSIZE = {1: 4, 2: 8, 3: 4, 4: 1, 5: 2, 6: 1, 7: 1, 9: 8, 10: 1, 17: 2, 19: 2, 22: 4, 23: 8}
+# the TF dtypes narrower than the int32s of ``int_val`` that carries them
+_INT_VAL_DTYPES = {4: "uint8", 5: "int16", 6: "int8", 17: "uint16"}
 _VALUE_FIELDS = (
     "float_val",
     "double_val",
@@ -58,6 +60,10 @@ def check_tensor_proto(tp: Any, field: str, max_rows: int, max_bytes: int) -> No
                 f"{len(tp.tensor_content)} bytes",
             )
         return
+    narrow = _INT_VAL_DTYPES.get(int(tp.dtype))
+    if narrow is not None and tp.int_val:
+        # int_val holds int32s; the decoder's astype would wrap 1000 to an int8 -24
+        cast_exact(np.asarray(tp.int_val, np.int64), narrow, f"{field}.int_val")
     count = sum(len(getattr(tp, f)) for f in _VALUE_FIELDS)
     if count == n or (count == 1 and n * size <= max_bytes):
         return
@@ -112,7 +118,7 @@ class PredictionHandlers:
         await self.auth.require(context)
         name = request.model_spec.name
         try:
-            sig = self.door.signature(name)
+            sig = await self.door.describe(name)
         except InferlineError as e:
             await grpc_fail(context, e)
         sig_map = self.st.get_model_metadata_pb2.SignatureDefMap()

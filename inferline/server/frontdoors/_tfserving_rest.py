@@ -10,7 +10,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from inferline.core import InferlineError, ValidationError
+from inferline.core import InferlineError, ValidationError, cast_exact
 from inferline.server._http import decode_json, status_for
 from inferline.server._service import Service
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, TensorInfo, decode_off_loop
@@ -215,7 +215,7 @@ class TFServingRoutes:
     async def get(self, path: str) -> Response:
         name, what = parse_path(path)
         try:
-            sig = self.door.signature(name)
+            sig = await self.door.describe(name)
             servable(name, path)
         except (InferlineError, TFServingError) as e:
             return _tf_error(e)
@@ -285,9 +285,12 @@ class TFServingRoutes:
             if dt == "object":
                 return np.array(_unb64(v), dtype=object)
             try:
-                return np.asarray(v, dtype=dt)
+                a = np.asarray(v)
             except (TypeError, ValueError) as e:
                 raise ValidationError(f"inputs.{k}", f"values of {dt}", str(e)) from None
+            if a.dtype.kind == "O":
+                raise ValidationError(f"inputs.{k}", f"a rectangular list of {dt}", "ragged")
+            return cast_exact(a, dt, f"inputs.{k}")  # 1e300 is no float32
 
         if ("instances" in body) == ("inputs" in body):
             raise ValidationError("body", "exactly one of 'instances' or 'inputs'", sorted(body))
@@ -338,17 +341,16 @@ class TFServingRoutes:
             servable(name, path)
             raw = await request.body()
             tensors, row_format = await decode_off_loop(len(raw), self._decode, name, raw)
-            outs = self.door.stack(
-                name, await self.door.run(name, self.door.queries(name, tensors))
-            )
+            queries = self.door.queries(name, tensors)
+            outs = self.door.stack(name, await self.door.run(name, queries))
         except (InferlineError, TFServingError) as e:
             return _tf_error(e)
+        n = len(queries)  # every output may be left out (None): rows are still rows
         if row_format:
             if len(outs) == 1:
                 (a,) = outs.values()
                 res: Any = {"predictions": _tf_json(a)}
             else:
-                n = next(iter(outs.values())).shape[0]
                 res = {
                     "predictions": [
                         {
