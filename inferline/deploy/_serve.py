@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from inferline.server.frontdoors import (
 __all__ = ["bind", "run_http", "serve", "serve_deployment", "start_grpc"]
 
 Ready = Callable[[dict[str, Any]], None]
+log = logging.getLogger(__name__)
 
 
 async def serve(
@@ -161,12 +163,25 @@ async def _routers(
     if not dep.front_doors:
         return routers, None
     slo_s = plan.slo_s if plan is not None else 1.0
-    door = FrontDoor(svc, model_slo_s=slo_s, max_rows=max_rows)
+    door = FrontDoor(svc, model_slo_s=slo_s, max_rows=max_rows, samples=_door_samples(dep))
     if "kserve" in dep.front_doors:
         routers.append(make_kserve_router(door))
     if "tfserving" in dep.front_doors:
         routers.append(make_tfserving_router(door))
     return routers, door
+
+
+def _door_samples(dep: Deployment) -> dict[str, list[Any]] | None:
+    """A few of the deployment's sample queries per app: the door traces the outputs it
+    declares with them (else with zeros of the app's input spec)."""
+    if not dep.sample_inputs:
+        return None
+    try:
+        xs = list(dep.load_sample_inputs())[:2]
+    except Exception as e:  # the door can still trace with zeros
+        log.warning("front door: the deployment's sample_inputs failed (%s); tracing with zeros", e)
+        return None
+    return {a.name: xs for a in dep.apps} if xs else None
 
 
 def bind(settings: ServeSettings) -> socket.socket:
