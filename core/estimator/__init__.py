@@ -5,7 +5,11 @@ queries at once, all arrivals and completions of an instant applied before any r
 a batch, fan-out to visited children, joins on the last visited parent, seeded conditional
 visits. Optional: per-hop overhead, delayed batching, replica activation delay, replica-count
 schedules and a controller (tuner) called every ``interval_s`` of simulated time, which may
-also switch a stage to another model variant (:class:`StageSwitch`).
+also switch a stage to another model variant (:class:`StageSwitch`). Per model, the serving
+system's own batcher may replace the estimator's batching (``EstimatorOptions.server_batchers``:
+:class:`TritonBatcher`, Triton's dynamic batcher with its queue timeout, whose rejections are
+``SimResult.rejected``; :class:`TFServingBatcher`, TF Serving's batch scheduler with padding
+to allowed sizes, whose refusals are ``SimResult.refused``).
 
 Where things are:
 
@@ -15,11 +19,14 @@ Where things are:
 * ``_options.py``: :class:`EstimatorOptions`; ``_results.py``: :class:`SimResult`;
   ``_control.py``: the controller interface (:class:`Controller`, :class:`SystemState`,
   :class:`StageSwitch`);
+* ``_batchers.py``: :class:`TritonBatcher`, :class:`TFServingBatcher` (their rules) and
+  :func:`batcher_from_dict`;
 * ``_prepare.py``: inputs checked and laid out as the kernel's arrays; ``_state.py``: the
   kernel's state (created, grown, read back); ``_draws.py``: the seeded visit and
   service-spread draws.
 """
 
+from ._batchers import ServerBatcher, TFServingBatcher, TritonBatcher, batcher_from_dict
 from ._control import Controller, StageSwitch, SystemState
 from ._draws import SPREAD_Z_CLIP, draw_visits, spread_floor, spread_params
 from ._options import MAX_SHARERS_PER_UNIT, EstimatorOptions
@@ -32,9 +39,13 @@ __all__ = [
     "Controller",
     "EstimatorOptions",
     "ModelSimStats",
+    "ServerBatcher",
     "SimResult",
     "StageSwitch",
     "SystemState",
+    "TFServingBatcher",
+    "TritonBatcher",
+    "batcher_from_dict",
     "draw_visits",
     "simulate",
     "simulate_plan",

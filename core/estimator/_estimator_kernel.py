@@ -58,6 +58,11 @@ I_NSLOTS = 5  # replica slots in use
 I_ND = 6  # dirty models this instant
 F_NOW = 0
 F_HOP = 1
+# server batcher kinds and what befell a dropped query
+SB_TRITON = 1
+SB_TF = 2
+DROP_REJECTED = 1  # Triton: its queue time reached the queue policy's timeout
+DROP_REFUSED = 2  # TF Serving: the batch queue was full
 
 INF = np.inf
 
@@ -78,7 +83,7 @@ class KState(NamedTuple):
     spr_mu: np.ndarray  # f8[R, B+1] log of the drawn service time's median (service spread)
     spr_sig: np.ndarray  # f8[R, B+1] its log-sd; 0: the batch takes ``table`` (no draw)
     zs: np.ndarray  # f8[N*M] standard normal per visit (one element when no row draws)
-    waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy)
+    waitv: np.ndarray  # f8[M] batch-wait timeout (0 = greedy; -1: a server batcher's FIFO)
     pool_cap: np.ndarray  # f8[P] units each pool has
     rem: np.ndarray  # i4[N*M] visited parents not yet finished
     left: np.ndarray  # i4[N] visits not yet finished
@@ -124,6 +129,19 @@ class KState(NamedTuple):
     rep_units: np.ndarray  # f8[S] units (cores) the replica takes from its pool while busy
     rep_ppos: np.ndarray  # i8[S] a busy pooled replica's index in its pool's list
     rep_t0: np.ndarray  # f8[S] start of the batch in flight (a pooled batch's occupancy)
+    # the servers' own batchers (``_batchers.py``); a model with one keeps its queue as a FIFO
+    # in ``fifo`` (query indices; entries of one instant in index order) instead of the heap
+    sbk: np.ndarray  # i8[M] its kind: 0 none, SB_TRITON, SB_TF
+    sb_max: np.ndarray  # i8[M] the batcher's max batch size
+    sb_size: np.ndarray  # i8[M, B+1] Triton: largest preferred size <= n (0: none); TF: padded n
+    sb_wait: np.ndarray  # f8[M] Triton max queue delay; TF batch timeout (s)
+    sb_tmo: np.ndarray  # f8[M] Triton queue timeout (s; 0: none)
+    sb_lim: np.ndarray  # i8[M] batches at once (TF batch threads; Triton: no limit)
+    sb_enq: np.ndarray  # i8[M] TF max enqueued batches
+    sb_acc: np.ndarray  # i8[M] TF: end of the accepted entries in ``fifo`` (later: this instant's)
+    sb_open: np.ndarray  # f8[M] TF: when the open batch's first request joined it
+    sb_fly: np.ndarray  # i8[M] batches in flight
+    drop: np.ndarray  # u1[N] DROP_REJECTED | DROP_REFUSED (one element: no server batcher)
     ist: np.ndarray  # i8 scalars (I_*)
     fst: np.ndarray  # f8 scalars (F_*)
 
@@ -198,6 +216,9 @@ def _enqueue(qheap, qlen, enq, fifo, ftail, waitv, dirty, dlist, ist, N, M, i, m
     if waitv[m] > 0.0:  # c: the visit's call number (a stale entry of an earlier call is skipped)
         fifo[m * (fifo.shape[0] // M) + ftail[m]] = i * 256 + c
         ftail[m] += 1
+    elif waitv[m] < 0.0:  # a server batcher's FIFO (the heap above is left unread)
+        fifo[m * (fifo.shape[0] // M) + ftail[m]] = i
+        ftail[m] += 1
     _mark(dirty, dlist, ist, m)
 
 
@@ -216,7 +237,8 @@ def run(S: KState, t_stop: float) -> float:
         S.hq_t, S.ev_t, S.ev_k, S.ev_a, S.rep_m, S.rep_row, S.rep_st, S.rep_b, S.rep_batch,
         S.rep_next, S.rep_fin, S.rep_stop, S.rep_end, S.idle_head, S.cur_row, S.inflight,
         S.nbatch, S.busy, S.dirty, S.dlist, S.pool_dem, S.pool_n, S.pool_list, S.pool_next,
-        S.rep_pool, S.rep_units, S.rep_ppos, S.rep_t0, S.ist, S.fst, t_stop,
+        S.rep_pool, S.rep_units, S.rep_ppos, S.rep_t0, S.sbk, S.sb_max, S.sb_size, S.sb_wait, S.sb_tmo,
+        S.sb_lim, S.sb_enq, S.sb_acc, S.sb_open, S.sb_fly, S.drop, S.ist, S.fst, t_stop,
     )  # fmt: skip
 
 
@@ -230,7 +252,8 @@ def _loop(  # type: ignore[no-untyped-def]
     hq_t, ev_t, ev_k, ev_a, rep_m, rep_row, rep_st, rep_b, rep_batch,
     rep_next, rep_fin, rep_stop, rep_end, idle_head, cur_row, inflight,
     nbatch, busy, dirty, dlist, pool_dem, pool_n, pool_list, pool_next,
-    rep_pool, rep_units, rep_ppos, rep_t0, ist, fst, t_stop,
+    rep_pool, rep_units, rep_ppos, rep_t0, sbk, sb_max, sb_size, sb_wait, sb_tmo,
+    sb_lim, sb_enq, sb_acc, sb_open, sb_fly, drop, ist, fst, t_stop,
 ):  # fmt: skip
     N = arr.shape[0]
     M = is_root.shape[0]
@@ -372,6 +395,9 @@ def _loop(  # type: ignore[no-untyped-def]
                                         0,
                                     )
                 rep_b[s] = 0
+                if sbk[m] != 0:  # a batch thread is free (a retiring replica's too)
+                    sb_fly[m] -= 1
+                    _mark(dirty, dlist, ist, m)
                 if rep_st[s] == RETIRING:
                     rep_st[s] = REMOVED
                     rep_end[s] = t
@@ -417,6 +443,16 @@ def _loop(  # type: ignore[no-untyped-def]
         for d in range(ist[I_ND]):
             m = dlist[d]
             dirty[m] = 0
+            if sbk[m] != 0:
+                _sb_dispatch(
+                    m, t, M, sbk, sb_max, sb_size, sb_wait, sb_tmo, sb_lim, sb_enq, sb_acc,
+                    sb_open, sb_fly, drop, fifo, fhead, ftail, qlen, enq, qd, wake_at, ev_t, ev_k,
+                    ev_a, ist, idle_head, rep_next, rep_st, rep_b, rep_batch, rep_row, rep_fin,
+                    rep_pool, rep_units, rep_t0, rep_ppos, table, spr_mu, spr_sig, zs, wake_g,
+                    wake_x, wake_n, pool_cap, pool_dem, pool_n, pool_list, pool_next, busy,
+                    nbatch, inflight,
+                )  # fmt: skip
+                continue
             base = m * N
             w = waitv[m]
             while idle_head[m] >= 0 and qlen[m] > 0:
@@ -490,6 +526,148 @@ def _loop(  # type: ignore[no-untyped-def]
                 nbatch[m] += 1
                 inflight[m] += b
         ist[I_ND] = 0
+
+
+@njit(cache=True, inline="always")
+def _sb_order(enq, fifo, fhead, ftail, M, m, t):  # type: ignore[no-untyped-def]
+    """Put the entries model ``m``'s FIFO got at instant ``t`` (its tail) in index order:
+    the order both sides agree on, whatever order the instant's events came in. Done here,
+    not when enqueueing, because any extra work there slows every simulation."""
+    fb = m * (fifo.shape[0] // M)
+    lo = ftail[m]
+    while lo > fhead[m] and enq[fifo[fb + lo - 1] * M + m] == t:
+        lo -= 1
+    for k in range(lo + 1, ftail[m]):  # insertion sort: the instant's entries are few
+        x = fifo[fb + k]
+        p = k
+        while p > lo and fifo[fb + p - 1] > x:
+            fifo[fb + p] = fifo[fb + p - 1]
+            p -= 1
+        fifo[fb + p] = x
+
+
+@njit(cache=True, inline="always")
+def _sb_drop(drop, ist, i, why):  # type: ignore[no-untyped-def]
+    """Query ``i`` was rejected or refused: it never finishes (its first drop ends it)."""
+    if drop[i] == 0:
+        ist[I_INSYS] -= 1
+    drop[i] |= why
+
+
+@njit(cache=True)
+def _tf_accept(sb_max, sb_enq, sb_acc, sb_open, drop, fifo, fhead, ftail, qlen, ist, M, m, t):  # type: ignore[no-untyped-def]
+    """TF Serving: this instant's requests join the open batch in order; one that does not
+    fit starts a new batch, or is refused when ``max_enqueued_batches`` are held."""
+    fb = m * (fifo.shape[0] // M)
+    B = sb_max[m]
+    w = sb_acc[m]
+    held = w - fhead[m]  # accepted requests waiting: full batches, then the open one
+    for r in range(sb_acc[m], ftail[m]):
+        i = fifo[fb + r]
+        if held % B == 0:  # the open batch is empty or full
+            if held > 0 and held // B >= sb_enq[m]:
+                _sb_drop(drop, ist, i, DROP_REFUSED)
+                qlen[m] -= 1
+                continue
+            sb_open[m] = t  # its first request
+        fifo[fb + w] = i
+        w += 1
+        held += 1
+    sb_acc[m] = w
+    ftail[m] = w
+
+
+@njit(cache=True)
+def _sb_dispatch(  # type: ignore[no-untyped-def]
+    m, t, M, sbk, sb_max, sb_size, sb_wait, sb_tmo, sb_lim, sb_enq, sb_acc,
+    sb_open, sb_fly, drop, fifo, fhead, ftail, qlen, enq, qd, wake_at, ev_t, ev_k,
+    ev_a, ist, idle_head, rep_next, rep_st, rep_b, rep_batch, rep_row, rep_fin,
+    rep_pool, rep_units, rep_t0, rep_ppos, table, spr_mu, spr_sig, zs, wake_g,
+    wake_x, wake_n, pool_cap, pool_dem, pool_n, pool_list, pool_next, busy,
+    nbatch, inflight,
+):  # fmt: skip
+    """Model ``m``'s server batcher at instant ``t`` (rules in ``_batchers.py``): batches
+    from the head of its FIFO to idle replicas, or a wake-up when the batcher waits."""
+    fb = m * (fifo.shape[0] // M)
+    tf = sbk[m] == SB_TF
+    _sb_order(enq, fifo, fhead, ftail, M, m, t)
+    if tf:
+        _tf_accept(sb_max, sb_enq, sb_acc, sb_open, drop, fifo, fhead, ftail, qlen, ist, M, m, t)
+    B = sb_max[m]
+    w = sb_wait[m]
+    while idle_head[m] >= 0 and qlen[m] > 0 and sb_fly[m] < sb_lim[m]:
+        h = fhead[m]
+        if tf:
+            n = qlen[m]
+            if n >= B:  # a closed batch, or the open one full
+                b = B
+            else:  # the open batch alone: schedulable once its first request waited w
+                due = sb_open[m] + w
+                if t < due:
+                    if wake_at[m] == INF:
+                        wake_at[m] = due
+                        _ev_push(ev_t, ev_k, ev_a, ist, due, WAKE, m)
+                    return
+                b = n
+            cost = sb_size[m, b]  # padded to an allowed size
+        else:
+            tmo = sb_tmo[m]
+            if tmo > 0.0:  # expired requests are a prefix (one timeout, FIFO order)
+                while qlen[m] > 0 and t >= enq[fifo[fb + h] * M + m] + tmo:
+                    _sb_drop(drop, ist, fifo[fb + h], DROP_REJECTED)
+                    h += 1
+                    qlen[m] -= 1
+                fhead[m] = h
+                if qlen[m] == 0:
+                    return
+            n = qlen[m]
+            cap = B if n > B else n
+            best = sb_size[m, cap]
+            due = enq[fifo[fb + h] * M + m] + w
+            late = w > 0.0 and t >= due
+            if best > 0 and not late:
+                b = best
+            elif w == 0.0 or late:
+                b = cap
+            else:
+                if wake_at[m] == INF:
+                    wake_at[m] = due
+                    _ev_push(ev_t, ev_k, ev_a, ist, due, WAKE, m)
+                return
+            cost = b
+        s = idle_head[m]
+        idle_head[m] = rep_next[s]
+        rep_st[s] = BUSY
+        rep_b[s] = b
+        for k in range(b):
+            i = fifo[fb + h + k]
+            rep_batch[s, k] = i
+            qd[i * M + m] = t - enq[i * M + m]
+        fhead[m] = h + b
+        qlen[m] -= b
+        sb_fly[m] += 1
+        r = rep_row[s]
+        sg = spr_sig[r, cost]
+        if sg > 0.0:  # drawn with the normal of the batch's first visit
+            lat = np.exp(spr_mu[r, cost] + sg * zs[rep_batch[s, 0] * M + m])
+        else:
+            lat = table[r, cost]
+        if wake_n[r] > 0:
+            lat += _wake_extra(wake_g, wake_x, wake_n[r], r, t - rep_fin[s])
+        p = rep_pool[s]
+        if p >= 0:
+            _pool_join(
+                pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_ppos, rep_fin,
+                p, s, rep_units[s], t, lat,
+            )  # fmt: skip
+            rep_t0[s] = t
+        else:
+            done = t + lat
+            rep_fin[s] = done
+            _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
+            busy[m] += lat
+        nbatch[m] += 1
+        inflight[m] += b
 
 
 @njit(cache=True, inline="always")

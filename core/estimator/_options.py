@@ -8,6 +8,7 @@ from typing import Any
 
 from .._validate import as_float, as_int, as_mapping, as_str, no_extra_keys
 from ..errors import ValidationError
+from ._batchers import ServerBatcher, TFServingBatcher, TritonBatcher, batcher_from_dict
 
 __all__ = ["MAX_SHARERS_PER_UNIT", "EstimatorOptions"]
 
@@ -41,6 +42,10 @@ class EstimatorOptions:
     the bundled runtime places them: the replicas on one core share it. A pinned replica is
     modelled on one core (threads beyond the first are not). Hardware named in neither gives
     each replica units of its own (the paper's cloud, the default).
+    ``server_batchers``: model -> the serving system's own batcher for it
+    (:class:`TritonBatcher`, :class:`TFServingBatcher`; rules in ``_batchers.py``): that
+    model is batched by the server's rules and may reject or refuse queries
+    (``SimResult.rejected``, ``SimResult.refused``). Models not named keep the estimator's.
     """
 
     hop_overhead_s: float = 0.0
@@ -52,6 +57,7 @@ class EstimatorOptions:
     shared_units: Mapping[str, float] = field(default_factory=dict)
     replica_units: Mapping[str, float] = field(default_factory=dict)
     pinned_cores: Mapping[str, int] = field(default_factory=dict)
+    server_batchers: Mapping[str, ServerBatcher] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         as_float(self.hop_overhead_s, "hop_overhead_s", nonneg=True)
@@ -77,9 +83,16 @@ class EstimatorOptions:
                 raise ValidationError(
                     f"pinned_cores.{hw}", "hardware not also in shared_units", pinned[hw]
                 )
+        batchers = {}
+        for k, b in as_mapping(self.server_batchers, "server_batchers").items():
+            where = f"server_batchers.{as_str(k, 'server_batchers')}"
+            if not isinstance(b, TritonBatcher | TFServingBatcher):
+                raise ValidationError(where, "a TritonBatcher or TFServingBatcher", b)
+            batchers[k] = b.check(f"{where}.")
+        object.__setattr__(self, "server_batchers", batchers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "hop_overhead_s": self.hop_overhead_s,
             "batch_wait_s": dict(self.batch_wait_s),
             "activation_delay_s": self.activation_delay_s,
@@ -90,6 +103,9 @@ class EstimatorOptions:
             "replica_units": dict(self.replica_units),
             "pinned_cores": dict(self.pinned_cores),
         }
+        if self.server_batchers:  # only when set: documents from before stay as they were
+            out["server_batchers"] = {k: b.to_dict() for k, b in self.server_batchers.items()}
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> EstimatorOptions:
@@ -106,9 +122,14 @@ class EstimatorOptions:
                 "shared_units",
                 "replica_units",
                 "pinned_cores",
+                "server_batchers",
             },
             "",
         )
+        batchers = {
+            k: batcher_from_dict(v, f"server_batchers.{k}")
+            for k, v in as_mapping(m.get("server_batchers", {}), "server_batchers").items()
+        }
         return cls(
             hop_overhead_s=as_float(m.get("hop_overhead_s", 0.0), "hop_overhead_s", nonneg=True),
             batch_wait_s={
@@ -124,6 +145,7 @@ class EstimatorOptions:
             shared_units=m.get("shared_units", {}),
             replica_units=m.get("replica_units", {}),
             pinned_cores=m.get("pinned_cores", {}),
+            server_batchers=batchers,
         )
 
 

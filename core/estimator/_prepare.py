@@ -18,6 +18,8 @@ from .._pipeline import Pipeline
 from .._plan import ModelConfig
 from .._profiles import Profiles
 from ..errors import ValidationError
+from . import _estimator_kernel as K
+from ._batchers import TFServingBatcher, TritonBatcher
 from ._draws import CACHE_LOCK, spread_params
 from ._options import EstimatorOptions
 
@@ -63,6 +65,14 @@ class Prep:
     ch_ptr: np.ndarray
     ch_idx: np.ndarray
     is_root: np.ndarray
+    # the servers' own batchers by model (KState fields of the same names)
+    sbk: np.ndarray
+    sb_max: np.ndarray
+    sb_size: np.ndarray
+    sb_wait: np.ndarray
+    sb_tmo: np.ndarray
+    sb_lim: np.ndarray
+    sb_enq: np.ndarray
 
 
 def prepare(
@@ -111,12 +121,16 @@ def prepare(
     waitv = np.array(
         [configs[m].batch_wait_s or float(options.batch_wait_s.get(m, 0.0)) for m in order]
     )
+    for j, m in enumerate(order):
+        if m in options.server_batchers:
+            waitv[j] = -1.0  # the kernel's mark of a server batcher's FIFO queue
     ch_ptr = np.zeros(M + 1, dtype=np.int64)
     kids: list[int] = []
     for j, m in enumerate(order):
         kids.extend(pos[c] for c in pipeline.children[m])
         ch_ptr[j + 1] = len(kids)
     is_root = np.array([not pipeline.parents[m] for m in order], dtype=np.uint8)
+    _check_variant_sizes(order, options, rows, row_of)
     return Prep(
         order,
         rmaxb,
@@ -134,7 +148,60 @@ def prepare(
         ch_ptr,
         np.array(kids, np.int64),
         is_root,
+        *_server_batchers(order, options, B),
     )
+
+
+def _check_variant_sizes(
+    order: tuple[str, ...],
+    options: EstimatorOptions,
+    rows: Mapping[tuple[str, str], int],
+    row_of: Sequence[tuple[str, int, int]],
+) -> None:
+    """A server-batched stage's variants must be profiled up to the batcher's batch size."""
+    M = len(order)
+    for (stage, v), r in rows.items():
+        b = options.server_batchers.get(stage)
+        if b is not None and row_of[r - M][2] < b.max_batch_size:
+            raise ValidationError(
+                f"variants.{stage}",
+                f"models profiled up to the server batcher's max_batch_size {b.max_batch_size}",
+                v,
+            )
+
+
+def _server_batchers(
+    order: tuple[str, ...], options: EstimatorOptions, B: int
+) -> tuple[np.ndarray, ...]:
+    """The ``Prep`` fields ``sbk`` to ``sb_enq``; all zero (and ``sb_size`` one column) where
+    no model has a server batcher."""
+    M = len(order)
+    sbk = np.zeros(M, dtype=np.int64)
+    sb_max = np.zeros(M, dtype=np.int64)
+    sb_size = np.zeros((M, B + 1 if options.server_batchers else 1), dtype=np.int64)
+    sb_wait = np.zeros(M)
+    sb_tmo = np.zeros(M)
+    sb_lim = np.full(M, np.iinfo(np.int64).max, dtype=np.int64)  # Triton: replicas only
+    sb_enq = np.zeros(M, dtype=np.int64)
+    for j, m in enumerate(order):
+        b = options.server_batchers.get(m)
+        if b is None:
+            continue
+        sb_max[j] = b.max_batch_size
+        if isinstance(b, TritonBatcher):
+            sbk[j] = K.SB_TRITON
+            for p in b.preferred:  # increasing: the largest preferred size <= n wins
+                sb_size[j, p:] = p
+            sb_wait[j] = b.max_queue_delay_microseconds / 1e6
+            sb_tmo[j] = b.default_timeout_microseconds / 1e6
+        else:
+            assert isinstance(b, TFServingBatcher)
+            sbk[j] = K.SB_TF
+            sb_size[j, : b.max_batch_size + 1] = [b.padded(n) for n in range(b.max_batch_size + 1)]
+            sb_wait[j] = b.batch_timeout_micros / 1e6
+            sb_lim[j] = b.num_batch_threads
+            sb_enq[j] = b.max_enqueued_batches
+    return sbk, sb_max, sb_size, sb_wait, sb_tmo, sb_lim, sb_enq
 
 
 def _stages(
@@ -151,11 +218,12 @@ def _stages(
     for k in configs:
         if k not in pos:
             raise ValidationError("configs", f"model names from {list(pipeline.models)!r}", k)
-    for k in options.batch_wait_s:
-        if k not in pos:
-            raise ValidationError(
-                "options.batch_wait_s", f"model names from {list(pipeline.models)!r}", k
-            )
+    for name in ("batch_wait_s", "server_batchers"):
+        for k in getattr(options, name):
+            if k not in pos:
+                raise ValidationError(
+                    f"options.{name}", f"model names from {list(pipeline.models)!r}", k
+                )
     M = len(order)
     maxb = np.zeros(M, dtype=np.int64)
     replicas = np.zeros(M, dtype=np.int64)
@@ -182,10 +250,35 @@ def _stages(
                 f"at most the largest profiled batch size {largest} on {c.hardware!r}",
                 c.max_batch_size,
             )
-        maxb[j] = c.max_batch_size
+        maxb[j] = _server_max(m, c, options, largest)
         replicas[j] = c.replicas
         price[j] = catalog.cost(c.hardware)
     return maxb, replicas, price
+
+
+def _server_max(m: str, c: ModelConfig, options: EstimatorOptions, largest: int) -> int:
+    """The model's max batch size: its server batcher's if it has one (checked against the
+    profile; no batch wait of the estimator's beside it), else the configuration's."""
+    b = options.server_batchers.get(m)
+    if b is None:
+        return c.max_batch_size
+    if b.max_batch_size > largest:
+        raise ValidationError(
+            f"options.server_batchers.{m}.max_batch_size",
+            f"at most the largest profiled batch size {largest} on {c.hardware!r}",
+            b.max_batch_size,
+        )
+    if c.batch_wait_ms > 0:
+        raise ValidationError(
+            f"configs.{m}.batch_wait_ms", "0 for a model with a server batcher", c.batch_wait_ms
+        )
+    if options.batch_wait_s.get(m, 0.0) > 0:
+        raise ValidationError(
+            f"options.batch_wait_s.{m}",
+            "0 for a model with a server batcher",
+            options.batch_wait_s[m],
+        )
+    return b.max_batch_size
 
 
 def _variant_rows(

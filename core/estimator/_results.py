@@ -64,7 +64,10 @@ class SimResult:
     change. ``cost_per_hour``: replica cost integrated from request to removal, averaged over
     the trace span (first to last arrival). ``variant_switches``: ``(time_s, stage, variant)``
     for every :class:`StageSwitch` a controller made (at the decision; the variant serves
-    from the activation delay later).
+    from the activation delay later). ``rejected`` / ``refused``: per query, whether a server
+    batcher (``EstimatorOptions.server_batchers``) rejected it (Triton's queue timeout) or
+    refused it (TF Serving's full batch queue); such a query never finishes (latency inf).
+    All false without server batchers.
     """
 
     arrivals_s: np.ndarray
@@ -73,6 +76,13 @@ class SimResult:
     cost_per_hour: float
     replica_timeline: tuple[tuple[float, str, int], ...] = ()
     variant_switches: tuple[tuple[float, str, str], ...] = ()
+    rejected: np.ndarray | None = None  # None: none (all false)
+    refused: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rejected", "refused"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(self.latencies_s.shape[0], dtype=bool))
 
     def percentile(self, p: float = 99.0) -> float:
         if self.latencies_s.size == 0:
@@ -85,10 +95,17 @@ class SimResult:
         return float(np.count_nonzero(self.latencies_s > slo_s) / self.latencies_s.size)
 
     def summary(self, slo_s: float, percentile: float = 99.0) -> dict[str, Any]:
-        return {
+        """The figures as JSON; ``rejected_queries`` and ``refused_queries`` only where a
+        server batcher dropped some (summaries without server batchers stay as they were)."""
+        out: dict[str, Any] = {
             _pct_key(percentile): self.percentile(percentile),
             "slo_miss_rate": self.miss_rate(slo_s),
             "cost_per_hour": self.cost_per_hour,
             "queries": int(self.latencies_s.size),
             "models": {k: v.to_dict() for k, v in self.models.items()},
         }
+        assert self.rejected is not None and self.refused is not None
+        if self.rejected.any() or self.refused.any():
+            out["rejected_queries"] = int(np.count_nonzero(self.rejected))
+            out["refused_queries"] = int(np.count_nonzero(self.refused))
+        return out

@@ -302,7 +302,16 @@ def _result(
         cost_per_hour=cost,
         replica_timeline=_timeline(rm, act, stop, p, t0),
         variant_switches=switches,
+        rejected=_dropped(S, N, K.DROP_REJECTED),
+        refused=_dropped(S, N, K.DROP_REFUSED),
     )
+
+
+def _dropped(S: K.KState, N: int, why: int) -> np.ndarray:
+    """Per query, whether a server batcher dropped it for ``why``."""
+    if S.drop.shape[0] != N:  # no server batcher: none
+        return np.zeros(N, dtype=bool)
+    return (S.drop & why) != 0
 
 
 def _timeline(

@@ -27,7 +27,8 @@ def new_state(
     B = int(p.table.shape[1] - 1)  # a controller may raise batch sizes up to the table's
     NM = N * M
     visf = np.ascontiguousarray(vis).reshape(-1)
-    use_wait = bool(np.any(p.waitv > 0))
+    server = bool(np.any(p.sbk != 0))
+    use_wait = bool(np.any(p.waitv > 0)) or server  # a server batcher's queue is a FIFO
     # repeated calls (``Pipeline.visits``): a visit may enter its queue (and the hop FIFO)
     # more than once; each model's batch-wait FIFO then holds up to ``kmax * N`` entries
     kmax = int(visf.max()) if NM else 1
@@ -87,7 +88,26 @@ def new_state(
         ist=ist,
         fst=fst,
         **_replica_slots(p.replicas, cap, B),
+        **_server_state(p, N, server),
     )
+
+
+def _server_state(p: Prep, N: int, server: bool) -> dict[str, np.ndarray]:
+    """The server batchers' fields of ``KState`` (``sbk`` to ``drop``)."""
+    M = len(p.order)
+    return {
+        "sbk": p.sbk,
+        "sb_max": p.sb_max,
+        "sb_size": p.sb_size,
+        "sb_wait": p.sb_wait,
+        "sb_tmo": p.sb_tmo,
+        "sb_lim": p.sb_lim,
+        "sb_enq": p.sb_enq,
+        "sb_acc": np.zeros(M, dtype=np.int64),
+        "sb_open": np.zeros(M),
+        "sb_fly": np.zeros(M, dtype=np.int64),
+        "drop": np.zeros(N if server else 1, dtype=np.uint8),  # per query where any
+    }
 
 
 def _replica_slots(replicas: np.ndarray, cap: int, B: int) -> dict[str, np.ndarray]:
