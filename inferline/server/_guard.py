@@ -37,12 +37,12 @@ def host_name(value: str) -> str:
 
 
 def json_exempt(path: str) -> bool:
-    """Routes whose protocol sets the body's type: the native predict route (any JSON body
-    is read as JSON, so curl's default works), KServe v2 (binary tensors travel as
-    application/octet-stream) and TF Serving REST. Every other mutating route needs JSON."""
-    return path.startswith(("/v2/", "/v1/models/")) or (
-        path.startswith("/apps/") and path.endswith("/predict") and path.count("/") == 3
-    )
+    """Routes whose protocol sets the body's type: KServe v2 (binary tensors travel as
+    application/octet-stream) and TF Serving REST (its clients, curl among them, send any).
+    Every other mutating route needs JSON, the native predict route too: a browser on another
+    origin may POST text/plain or a form without a preflight, so without a token any page
+    could spend the replicas' time (``curl -H 'Content-Type: application/json'``)."""
+    return path.startswith(("/v2/", "/v1/models/"))
 
 
 def _is_json(ctype: bytes | None) -> bool:

@@ -122,7 +122,9 @@ def test_body_limit_413_with_and_without_length(client):
         for i in range(0, len(big), 100):
             yield big[i : i + 100]
 
-    r = client.post("/apps/dbl/predict", content=chunks())
+    r = client.post(
+        "/apps/dbl/predict", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413
     assert client.get("/healthz").status_code == 200
 

@@ -57,6 +57,9 @@ def _plan(**replicas: tuple[str, int]) -> dict[str, Any]:
     return Plan("p", 0.1, {m: ModelConfig(hw, 1, n) for m, (hw, n) in replicas.items()}).to_dict()
 
 
+_JSON = {"content-type": "application/json"}
+
+
 def _raw(port: int, head: str) -> bytes:
     """One request as raw bytes; what comes back before the server closes or 3 s pass."""
     with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
@@ -185,8 +188,13 @@ def test_mutating_routes_need_json_but_protocol_routes_keep_their_types() -> Non
             "/admin/plan", content=body, headers={"content-type": "application/json; charset=utf-8"}
         )
         assert r.status_code == 200, r.text
-        # the native predict route reads JSON whatever the client labels it (curl -d)
-        r = c.post("/apps/echo/predict", content=b'{"input": 1}', headers={"content-type": "x"})
+        # the native predict route takes JSON only: a cross-origin page may POST text/plain
+        # or a form without a preflight (and, without a token, spend the replicas' time)
+        for ctype in ("text/plain", "application/x-www-form-urlencoded", "x", None):
+            headers = {"content-type": ctype} if ctype else {}
+            r = c.post("/apps/echo/predict", content=b'{"input": 1}', headers=headers)
+            assert r.status_code == 415, (ctype, r.text)
+        r = c.post("/apps/echo/predict", content=b'{"input": 1}', headers=_JSON)
         assert r.status_code == 200 and r.json()["output"] == 1, r.text
         # KServe binary tensors and TF Serving bodies are not refused by the guard
         for path in ("/v2/models/echo/infer", "/v1/models/echo:predict"):
