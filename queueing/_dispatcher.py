@@ -39,10 +39,14 @@ from inferline.core.errors import (
 )
 from inferline.core.protocols import Backend, ReplicaHandle
 
+from ._admission import AdmissionConfig, PredictedLate
+from ._batch_latency import BatchLatency
 from ._batching import BatchingPolicy, FixedBatching
 from ._expiry import DEFAULT_EXPIRE_GRACE_S, _check_grace, _Expiry
+from ._gate import check_arrival
 from ._instant import Handoff, _Instant
 from ._mqueue import ModelQueue, QueuedQuery, closed_error, compact, deliver, wake
+from ._priority import check_priority
 from ._puller import Listener, _PullerPool
 from ._stats import ArrivalEvent, ModelStats, RecentService
 
@@ -110,13 +114,20 @@ class Dispatcher:
         expire_late: bool = False,
         max_retries: int = 1,
         expire_grace_s: float | None = None,
+        admission: AdmissionConfig | None = None,
+        profile: Callable[[int], float] | None = None,
     ) -> None:
         """Create ``model``'s queue. ``max_queue`` bounds the queries accepted and not yet
         answered (queued plus in flight), so retried queries never overflow it.
 
         ``expire_late``: a query still queued at its deadline plus ``expire_grace_s``
         (default: the dispatcher's, 50 ms) is answered then with ``DeadlineExceededError``,
-        by a timer (``_expiry``), and a replica never takes a query whose deadline passed."""
+        by a timer (``_expiry``), and a replica never takes a query whose deadline passed.
+
+        ``admission`` (mode ``"predicted"``): a query predicted to finish after its deadline
+        is refused at once, and a queued one that a batch cut finds late is dropped, both
+        with ``PredictedLate`` (``_admission``). Batch latencies come from the live timings,
+        else ``profile(batch_size)`` (seconds) or the batching policy's ``latency_fn``."""
         if not isinstance(model, str) or not model:
             raise ValidationError("model", "a non-empty str", model)
         if model in self._queues:
@@ -129,6 +140,7 @@ class Dispatcher:
         policy = batching if batching is not None else FixedBatching(1)
         self._check_policy(policy)
         q = ModelQueue(model, policy, max_queue, bool(expire_late), max_retries, grace)
+        self._set_admission(q, admission, profile)
         self._queues[model] = q
         handles = self._known.pop(model, None)
         if handles is None:
@@ -140,6 +152,24 @@ class Dispatcher:
                 break
         if handles:
             self._sync(q, handles)
+
+    @staticmethod
+    def _set_admission(
+        q: ModelQueue, admission: AdmissionConfig | None, profile: Callable[[int], float] | None
+    ) -> None:
+        if admission is not None and not isinstance(admission, AdmissionConfig):
+            raise ValidationError("admission", "an AdmissionConfig", admission)
+        if admission is None or not admission.enabled:
+            q.admission = q.latency = None
+            return
+        if profile is None:  # Rafiki's policy carries its profiled c(b)
+            profile = getattr(q.policy, "latency_fn", None)
+        q.admission = admission
+        q.latency = BatchLatency(admission.window, admission.min_samples, profile)
+
+    def admission(self, model: str) -> AdmissionConfig:
+        """The model queue's admission settings (mode ``"off"`` when none)."""
+        return self._queue(model).admission or AdmissionConfig()
 
     def set_batching(self, model: str, batching: BatchingPolicy) -> None:
         """Replace a model's policy (e.g. a new plan's max batch size); applies to the next
@@ -259,6 +289,7 @@ class Dispatcher:
         arrival: float | None,
         query_id: int | None = None,
         handoff: Handoff | None = None,
+        priority: int = 0,
     ) -> asyncio.Future[Any]:
         if self._pool.closed:
             raise closed_error(q.name)
@@ -276,24 +307,24 @@ class Dispatcher:
             if self._listeners:
                 self._pool.emit(ArrivalEvent(q.name, now, False, len(q.heap)))
             raise OverloadedError(q.name, q.max_queue)
-        fut = loop.create_future()
         self._seq += 1
         seq = self._seq
-        # QueuedQuery's fields in order, built without the NamedTuple's Python-level
-        # ``__new__`` (half the record's cost on this path)
+        klass = 0
+        if priority:
+            klass = -check_priority(priority)
+            q.mixed = True
+        if arrival is None:
+            arrival = now
+        rank = seq if query_id is None else query_id
+        predicted = math.inf
+        if q.admission is not None:  # raises PredictedLate before anything is queued
+            predicted = self._admit(q, (klass, deadline, arrival, rank, seq), now)
+        fut = loop.create_future()
+        # QueuedQuery's fields in order, built without the record's Python-level ``__new__``
+        # (half the record's cost on this path)
         entry: QueuedQuery = _new_tuple(
             QueuedQuery,
-            (
-                deadline,
-                now if arrival is None else arrival,
-                seq if query_id is None else query_id,
-                seq,
-                x,
-                fut,
-                now,
-                handoff,
-                0,
-            ),
+            (klass, deadline, arrival, rank, seq, x, fut, now, handoff, predicted, 0),
         )
         heapq.heappush(q.heap, entry)
         q.submitted += 1
@@ -306,6 +337,17 @@ class Dispatcher:
             self._pool.emit(ArrivalEvent(q.name, now, True, len(q.heap)))
         return fut
 
+    def _admit(self, q: ModelQueue, key: tuple[int, float, float, int, int], now: float) -> float:
+        """The predicted completion of the query whose order key is ``key`` (``inf``: not
+        predicted), or ``PredictedLate``."""
+        assert q.admission is not None and q.latency is not None
+        try:
+            return check_arrival(q, q.admission, q.latency, key, now)
+        except InferlineError:
+            if self._listeners:
+                self._pool.emit(ArrivalEvent(q.name, now, False, len(q.heap)))
+            raise
+
     async def submit(
         self,
         model: str,
@@ -314,15 +356,18 @@ class Dispatcher:
         deadline: float,
         arrival: float | None = None,
         query_id: int | None = None,
+        priority: int = 0,
     ) -> Any:
         """Queue ``x`` for ``model`` and return its output (or raise its error).
 
         ``deadline`` orders the queue (clock time); ``arrival`` (default now) breaks deadline
         ties, then ``query_id`` (pipeline queries numbered in arrival order; default: order of
         submission), so queries that arrived together keep their order at every model as in
-        the estimator. Raises ``OverloadedError`` at once when the queue is full, ``NotFoundError`` for
-        an unknown model. Cancelling the caller removes the query (it is skipped)."""
-        return await self.submit_nowait(model, x, deadline, arrival, query_id)
+        the estimator. ``priority`` (``_priority``): a higher class is served first. Raises
+        ``OverloadedError`` at once when the queue is full (``PredictedLate``, one, when
+        admission predicts it late), ``NotFoundError`` for an unknown model. Cancelling the
+        caller removes the query (it is skipped)."""
+        return await self.submit_nowait(model, x, deadline, arrival, query_id, None, priority)
 
     def submit_nowait(
         self,
@@ -332,6 +377,7 @@ class Dispatcher:
         arrival: float | None = None,
         query_id: int | None = None,
         handoff: Handoff | None = None,
+        priority: int = 0,
     ) -> asyncio.Future[Any]:
         """``submit`` without awaiting: queue ``x`` at once and return the future of its
         output. Raises what ``submit`` raises at once (``OverloadedError``,
@@ -344,7 +390,7 @@ class Dispatcher:
         q = self._queues.get(self._routes.get(model, model))
         if q is None:
             raise NotFoundError("model", model, list(self._queues))
-        return self._enqueue(q, x, deadline, arrival, query_id, handoff)
+        return self._enqueue(q, x, deadline, arrival, query_id, handoff, priority)
 
     def open_handoff(self) -> Handoff:
         """A new, open hand-off for one pipeline query (``_instant``): while it is open and
@@ -366,8 +412,20 @@ class Dispatcher:
         ):
             q.rejected += len(xs)
             raise OverloadedError(q.name, q.max_queue)
-        futs = [self._enqueue(q, x, deadline, arrival) for x in xs]
+        futs = [self._enqueue_or_refusal(q, x, deadline, arrival) for x in xs]
         return list(await asyncio.gather(*futs, return_exceptions=True))
+
+    def _enqueue_or_refusal(
+        self, q: ModelQueue, x: Any, deadline: float, arrival: float | None
+    ) -> asyncio.Future[Any]:
+        """``_enqueue``, with admission's refusal as the input's own answer (the others of a
+        ``submit_many`` stay queued)."""
+        try:
+            return self._enqueue(q, x, deadline, arrival)
+        except PredictedLate as e:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_exception(e)
+            return fut
 
     # -- observing ----------------------------------------------------------------------
     def queued(self, model: str) -> int:
@@ -391,6 +449,8 @@ class Dispatcher:
             expired=q.expired,
             cancelled=q.cancelled,
             retried=q.retried,
+            refused_late=q.refused_late,
+            dropped_late=q.dropped_late,
             batches=q.batches,
             failed_batches=q.failed_batches,
             batch_sizes=dict(q.batch_sizes),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from inferline.core.errors import ValidationError
 
 from ._dispatcher import Dispatcher
+from ._priority import current_priority
 
 if TYPE_CHECKING:
     from ._cache import PredictionCache
@@ -35,7 +36,7 @@ class PipelineContext:
     ``calls`` counts the model calls made so far (the frontend reports it).
     """
 
-    __slots__ = ("_call", "_handoff", "arrival", "calls", "deadline", "query_id")
+    __slots__ = ("_call", "_handoff", "arrival", "calls", "deadline", "priority", "query_id")
 
     def __init__(
         self,
@@ -43,8 +44,10 @@ class PipelineContext:
         arrival: float,
         deadline: float,
         call: Callable[[str, Any, PipelineContext], Awaitable[Any]],
+        priority: int = 0,
     ) -> None:
         self.query_id = query_id
+        self.priority = priority  # its class in every model's queue (``_priority``)
         self.arrival = arrival
         self.deadline = deadline
         self.calls = 0
@@ -130,7 +133,7 @@ class PipelineRunner:
 
     async def _plain_call(self, model: str, x: Any, ctx: PipelineContext) -> Any:
         return await self.dispatcher.submit_nowait(
-            model, x, ctx.deadline, ctx.arrival, ctx.query_id, ctx._handoff
+            model, x, ctx.deadline, ctx.arrival, ctx.query_id, ctx._handoff, ctx.priority
         )
 
     async def _cached_call(self, model: str, x: Any, ctx: PipelineContext) -> Any:
@@ -154,7 +157,8 @@ class PipelineRunner:
         if not math.isfinite(t):
             raise ValidationError("arrival", "a finite clock time", arrival)
         slo = self.slo_s if slo_s is None else float(slo_s)
-        return PipelineContext(next(self._ids), t, t + slo, self._call)
+        # the request's priority (``priority_scope`` around the app's handler), read once
+        return PipelineContext(next(self._ids), t, t + slo, self._call, current_priority())
 
     async def run(self, x: Any, *, arrival: float | None = None, slo_s: float | None = None) -> Any:
         """The pipeline's output for ``x``; ``arrival`` defaults to now, ``slo_s`` to the

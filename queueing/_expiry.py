@@ -13,6 +13,11 @@ for a deadline no later than any queued query's. Entries answered elsewhere (a c
 left cancels its future) stay in the heap until a puller or the timer reaches them; a timer
 armed for one fires once, drops it and re-arms for the next head.
 
+With priority classes (``_priority``) the head is the first of the highest class, not always
+the earliest deadline: once a queue has seen a class other than 0 (``mixed``), arming takes
+the earliest deadline over the heap and a firing timer sweeps the whole heap (O(n); the
+default, single-class queue keeps reading the head).
+
 Pullers keep expiring, when they cut a batch, the queries whose deadline has already passed:
 those could only be answered late, and a replica is better spent on the others.
 """
@@ -76,7 +81,12 @@ class _Expiry:
         while heap and heap[0].fut.done():  # answered elsewhere: must not hold the timer
             heapq.heappop(heap)
             q.cancelled += 1
-        deadline = heap[0].deadline if heap else math.inf
+        if not heap:
+            deadline = math.inf
+        elif q.mixed:
+            deadline = min(e.deadline for e in heap if not e.fut.done())
+        else:
+            deadline = heap[0].deadline
         if deadline == q.expiry_deadline and (q.expiry_timer is not None or not heap):
             return
         self.disarm(q)
@@ -102,6 +112,8 @@ class _Expiry:
         limit = max(now - q.expire_grace_s, q.expiry_deadline)
         q.expiry_deadline = math.inf
         heap = q.heap
+        if q.mixed:
+            self._sweep(q, limit, now)
         while heap:
             head = heap[0]
             if head.fut.done():
@@ -113,3 +125,18 @@ class _Expiry:
             else:
                 break
         self.arm(q)
+
+    def _sweep(self, q: ModelQueue, limit: float, now: float) -> None:
+        """Expire every queued query due by ``limit``, wherever it sits in the heap."""
+        heap = q.heap
+        keep = []
+        for e in heap:
+            if e.fut.done():
+                q.cancelled += 1
+            elif e.deadline <= limit:
+                self.expire(q, e, now)
+            else:
+                keep.append(e)
+        if len(keep) < len(heap):
+            heapq.heapify(keep)
+            heap[:] = keep  # in place: pullers hold this list

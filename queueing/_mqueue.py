@@ -16,6 +16,8 @@ from inferline.core.protocols import ReplicaHandle
 from ._batching import BatchingPolicy
 
 if TYPE_CHECKING:
+    from ._admission import AdmissionConfig
+    from ._batch_latency import BatchLatency
     from ._instant import Handoff
 
 __all__: list[str] = []  # private to the package
@@ -23,15 +25,8 @@ __all__: list[str] = []  # private to the package
 RECENT_BATCHES = 1024  # service times kept for ModelStats' recent quantiles
 
 
-class QueuedQuery(NamedTuple):
-    """One query in a model's heap.
-
-    A NamedTuple, not a dataclass: it is built and read once per query on the hot path, and
-    the heap orders entries by plain tuple comparison (C speed). Fields compare in order:
-    ``deadline``, then ``arrival``, then ``rank``, then ``seq``; ``seq`` is unique, so the
-    comparison never reaches the payload. Keep the order of the first four fields.
-    """
-
+class _QueuedFields(NamedTuple):
+    klass: int  # -priority (``_priority``): a higher priority sorts first
     deadline: float
     arrival: float
     # the caller's query id, else ``seq``: same-arrival ties keep query order
@@ -42,7 +37,43 @@ class QueuedQuery(NamedTuple):
     enqueued: float  # clock time it entered the queue (queue delay, batching policy)
     # the calling query's hand-off (None outside a PipelineRunner)
     handoff: Handoff | None
+    # admission's predicted completion (clock time; inf: not predicted)
+    predicted: float
     retries: int  # times put back after a failed batch (``max_retries``)
+
+
+class QueuedQuery(_QueuedFields):
+    """One query in a model's heap.
+
+    A NamedTuple, not a dataclass: it is built and read once per query on the hot path, and
+    the heap orders entries by plain tuple comparison (C speed). Fields compare in order:
+    ``klass`` (priority class), then ``deadline``, ``arrival``, ``rank``, ``seq``; ``seq`` is
+    unique, so the comparison never reaches the payload. Keep the order of the first five
+    fields. With every query in class 0 the first comparison is one identity check (small
+    ints are shared), so the default path pays next to nothing for priorities.
+
+    The constructor takes the class last (optional), as records were built before classes;
+    the dispatcher builds records with ``tuple.__new__`` in field order.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        deadline: float,
+        arrival: float,
+        rank: int,
+        seq: int,
+        x: Any,
+        fut: asyncio.Future[Any],
+        enqueued: float,
+        handoff: Handoff | None,
+        retries: int = 0,
+        klass: int = 0,
+        predicted: float = math.inf,
+    ) -> QueuedQuery:
+        fields = (klass, deadline, arrival, rank, seq, x, fut, enqueued, handoff, predicted)
+        return tuple.__new__(cls, (*fields, retries))
 
     def retried(self) -> QueuedQuery:
         """This query put back after a failed batch: the same place in the order, one more
@@ -51,7 +82,16 @@ class QueuedQuery(NamedTuple):
 
 
 class Puller:
-    __slots__ = ("batch", "handle", "idle_since", "stopping", "task", "timer", "waiter")
+    __slots__ = (
+        "batch",
+        "busy_until",
+        "handle",
+        "idle_since",
+        "stopping",
+        "task",
+        "timer",
+        "waiter",
+    )
 
     def __init__(self, handle: ReplicaHandle, now: float = -math.inf) -> None:
         self.handle = handle
@@ -61,14 +101,18 @@ class Puller:
         self.timer: asyncio.TimerHandle | None = None
         self.stopping = False
         self.batch: list[QueuedQuery] | None = None
+        # predicted end of its batch in flight (admission's replica free time; -inf: free)
+        self.busy_until = -math.inf
 
 
 class ModelQueue:
     __slots__ = (
+        "admission",
         "batch_sizes",
         "batches",
         "cancelled",
         "completed",
+        "dropped_late",
         "expire_grace_s",
         "expire_late",
         "expired",
@@ -81,8 +125,10 @@ class ModelQueue:
         "idle",
         "in_flight",
         "in_flight_batches",
+        "latency",
         "max_queue",
         "max_retries",
+        "mixed",
         "name",
         "needs_start",
         "policy",
@@ -90,6 +136,7 @@ class ModelQueue:
         "queue_delay_max",
         "queue_delay_sum",
         "recent_service",
+        "refused_late",
         "rejected",
         "retried",
         "service_max",
@@ -134,6 +181,14 @@ class ModelQueue:
         # with the profile (a sum and a max say nothing about the tail)
         # (batch size, service s) so the quantiles can also be read per batch size
         self.recent_service: deque[tuple[int, float]] = deque(maxlen=RECENT_BATCHES)
+        # admission by predicted completion (``_admission``): None when off, so the hot
+        # path tests one attribute; ``latency`` is its batch-latency learner
+        self.admission: AdmissionConfig | None = None
+        self.latency: BatchLatency | None = None
+        self.refused_late = self.dropped_late = 0
+        # a query of a class other than 0 was ever queued: the head is then not always the
+        # earliest deadline, and expiry scans (``_expiry``)
+        self.mixed = False
 
 
 def closed_error(model: str) -> BackendError:

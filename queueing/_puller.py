@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,9 @@ from inferline.core.errors import (
 )
 from inferline.core.protocols import ReplicaHandle
 
+from ._admission import PredictedLate, late_at_dispatch
 from ._expiry import _Expiry
+from ._gate import busy_until, dispatch_latency, prediction_errors
 from ._instant import _Instant
 from ._mqueue import ModelQueue, Puller, QueuedQuery, closed_error, deliver, wake
 from ._stats import ArrivalEvent, BatchEvent
@@ -161,6 +164,8 @@ class _PullerPool:
                     await self._idle_wait(q, p, d.wait_until, loop)
                     continue
                 batch: list[QueuedQuery] = []
+                if q.admission is not None:
+                    batch = self._cut_admitted(q, d.take, now)
                 while heap and len(batch) < d.take:
                     item = pop(heap)
                     if item.fut.done():
@@ -185,6 +190,32 @@ class _PullerPool:
                         q.failed += 1
                 p.batch = None
 
+    def _cut_admitted(self, q: ModelQueue, take: int, now: float) -> list[QueuedQuery]:
+        """A batch of up to ``take`` under Clockwork's dispatch rule: a query whose deadline
+        is earlier than now plus this batch's predicted execution time is dropped with
+        ``PredictedLate`` (run, it could only be late; the replica goes to the others)."""
+        config = q.admission
+        assert config is not None
+        heap = q.heap
+        lat = dispatch_latency(q, take)
+        batch: list[QueuedQuery] = []
+        while heap and len(batch) < take:
+            item = heapq.heappop(heap)
+            if item.fut.done():
+                q.cancelled += 1
+            elif q.expire_late and item.deadline < now:
+                self.expiry.expire(q, item, now)
+            elif lat is not None and late_at_dispatch(config, now, item.deadline, lat):
+                q.dropped_late += 1
+                q.failed += 1
+                late = now + lat - item.deadline
+                item.fut.set_exception(PredictedLate(q.name, "dispatch", late, late))
+                deliver(item)
+                self.instant.activity += 1
+            else:
+                batch.append(item)
+        return batch
+
     # -- running batches ----------------------------------------------------------------
     async def _run_batch(self, q: ModelQueue, p: Puller, batch: list[QueuedQuery]) -> None:
         n = len(batch)
@@ -193,6 +224,8 @@ class _PullerPool:
         q.in_flight_batches += 1
         clock = self.clock
         t0 = clock()
+        if q.latency is not None:  # admission predicts with this replica's free time
+            p.busy_until = busy_until(q, t0, n)
         error: BaseException | None = None
         outs: Any = None
         try:
@@ -211,6 +244,7 @@ class _PullerPool:
             error = BackendError(f"replica {p.handle.id}", f"{type(e).__name__}: {e}")
         t1 = clock()
         p.idle_since = t1
+        p.busy_until = -math.inf
         p.batch = None
         q.in_flight -= n
         q.in_flight_batches -= 1
@@ -223,44 +257,59 @@ class _PullerPool:
             )
         delays: list[float] = []
         if error is None:
-            q.batches += 1
-            q.batch_sizes[n] = q.batch_sizes.get(n, 0) + 1
-            q.service_sum += service
-            q.recent_service.append((n, service))
-            if service > q.service_max:
-                q.service_max = service
-            for item, out in zip(batch, outs, strict=True):
-                delay = t0 - item.enqueued
-                delays.append(delay)
-                q.queue_delay_sum += delay
-                if delay > q.queue_delay_max:
-                    q.queue_delay_max = delay
-                fut = item.fut
-                if fut.done():
-                    q.cancelled += 1
-                    continue
-                if isinstance(out, Exception):
-                    fut.set_exception(out)
-                    q.failed += 1
-                else:
-                    fut.set_result(out)
-                    q.completed += 1
-                h = item.handoff  # ``deliver``, inline on the hot path
-                if h is not None:
-                    h.delivered()
-            q.policy = q.policy.observe(n, service)
+            delays = self._answer_batch(q, batch, outs, t0, service)
         else:
             q.failed_batches += 1
             self._fail_or_retry(q, batch, error)
         self.instant.activity += 1  # a completion: its hand-offs belong to this instant
         if self.listeners:
-            self.emit(BatchEvent(q.name, p.handle.id, n, t0, service, tuple(delays), error is None))
+            errs = prediction_errors(batch, t1) if q.admission and error is None else ()
+            self.emit(
+                BatchEvent(q.name, p.handle.id, n, t0, service, tuple(delays), error is None, errs)
+            )
         if isinstance(error, ReplicaError):
             if not p.handle.alive:
                 log.info("replica %s of %r is down; its puller exits", p.handle.id, q.name)
                 p.stopping = True
             elif self.cooldown_s > 0:
                 await asyncio.sleep(self.cooldown_s)
+
+    @staticmethod
+    def _answer_batch(
+        q: ModelQueue, batch: list[QueuedQuery], outs: Any, t0: float, service: float
+    ) -> list[float]:
+        """Answer a batch that ran (one output per query) and count it; its queue delays."""
+        n = len(batch)
+        q.batches += 1
+        q.batch_sizes[n] = q.batch_sizes.get(n, 0) + 1
+        q.service_sum += service
+        q.recent_service.append((n, service))
+        if q.latency is not None:
+            q.latency.observe(n, service)
+        if service > q.service_max:
+            q.service_max = service
+        delays: list[float] = []
+        for item, out in zip(batch, outs, strict=True):
+            delay = t0 - item.enqueued
+            delays.append(delay)
+            q.queue_delay_sum += delay
+            if delay > q.queue_delay_max:
+                q.queue_delay_max = delay
+            fut = item.fut
+            if fut.done():
+                q.cancelled += 1
+                continue
+            if isinstance(out, Exception):
+                fut.set_exception(out)
+                q.failed += 1
+            else:
+                fut.set_result(out)
+                q.completed += 1
+            h = item.handoff  # ``deliver``, inline on the hot path
+            if h is not None:
+                h.delivered()
+        q.policy = q.policy.observe(n, service)
+        return delays
 
     def _fail_or_retry(self, q: ModelQueue, batch: list[QueuedQuery], error: BaseException) -> None:
         retry = isinstance(error, ReplicaError) and not self.closed

@@ -29,6 +29,8 @@ class BatchEvent:
     service_s: float
     queue_delays_s: tuple[float, ...]
     ok: bool
+    # admission's predicted minus actual completion of the batch's predicted queries
+    prediction_errors_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,9 @@ class ModelStats:
     service_s_p50_recent: float = 0.0
     service_s_p99_recent: float = 0.0
     service_recent_by_batch: dict[int, RecentService] = field(default_factory=dict)
+    # admission by predicted completion: refused at arrival, dropped when a batch was cut
+    refused_late: int = 0
+    dropped_late: int = 0
 
     @property
     def pending(self) -> int:

@@ -209,6 +209,7 @@ def _add_queues(svc: Service, dep: Deployment, configs: dict[str, Any], plan: Pl
             expire_late=dep.queue.expire_late,
             expire_grace_s=dep.queue.expire_grace_s,
             max_retries=dep.queue.max_retries,
+            admission=dep.queue.admission_config(),
         )
     for stage, model in stage_routes(plan).items():
         dispatcher.route(stage, model)
@@ -225,6 +226,8 @@ def _add_apps(svc: Service, dep: Deployment, apps: Sequence[str] | None, host: A
             "respond_by_slo": a.respond_by_slo,
             "description": a.description,
         }
+        if a.on_predicted_late != "refuse":  # a predicted-late refusal answers the default
+            kw["on_predicted_late"] = a.on_predicted_late
         if a.has_default:
             kw["default_output"] = a.default_output
         if a.selection is not None:

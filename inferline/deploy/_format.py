@@ -8,7 +8,8 @@ A deployment says what to serve and where; a plan (``inferline.plan/1``) says ho
      "apps": {"digits": {"pipeline": "inferline.demo.pipeline:digits", "slo_ms": 50,
                          "default_output": null, "input": {"dtype": "float32", "shape": [64]}}},
      "sample_inputs": "inferline.demo.pipeline:sample_inputs",
-     "queue": {"max_queue": 1000, "expire_late": false, "max_retries": 1},
+     "queue": {"max_queue": 1000, "expire_late": false, "max_retries": 1,
+               "admission": "off"},
      "routers": [],
      "front_doors": ["kserve", "tfserving"],
      "velox": {"store": "velox.sqlite", "models": [...]}}
@@ -22,6 +23,11 @@ inferline's own, ``kserve`` (KServe v2, what tritonclient and perf_analyzer spea
 ``tfserving`` (TF Serving's REST and gRPC APIs): ``inferline serve`` mounts their HTTP routes on
 its port and, with ``--grpc-port``, their gRPC services; ``velox`` (optional) serves
 personalized models on the deployment's models (see ``inferline.server._velox_app``).
+
+``queue.admission``: ``"predicted"`` refuses at once a query predicted to finish after its
+deadline and drops, when a batch is cut, a queued one that would (docs/deadlines.md); an app's
+``on_predicted_late`` says whether such a query gets a 429 (``"refuse"``) or its default output
+(``"default"``).
 """
 
 from __future__ import annotations
@@ -48,8 +54,8 @@ from inferline.core import (
     req,
 )
 from inferline.deploy._batching import BatchingSpec, planned_policy
-from inferline.queueing import BatchingPolicy
-from inferline.server import InputSpec
+from inferline.queueing import ADMISSION_MODES, AdmissionConfig, BatchingPolicy
+from inferline.server import ON_PREDICTED_LATE, InputSpec, check_on_predicted_late
 
 __all__ = [
     "DEPLOYMENT_FORMAT",
@@ -83,6 +89,11 @@ class AppSpec:
     description: str = ""
     # A selection policy over several models (``inferline.server._selection_app``); no pipeline then.
     selection: Any = None
+    # What a query the queue refuses as predicted late gets: "refuse" (429) or "default".
+    on_predicted_late: str = "refuse"
+
+    def __post_init__(self) -> None:
+        check_on_predicted_late(self.on_predicted_late, self.has_default, self.name)
 
     @property
     def has_default(self) -> bool:
@@ -104,6 +115,8 @@ class AppSpec:
             d["respond_by_slo"] = True
         if self.description:
             d["description"] = self.description
+        if self.on_predicted_late != "refuse":
+            d["on_predicted_late"] = self.on_predicted_late
         return d
 
     @classmethod
@@ -120,6 +133,7 @@ class AppSpec:
                 "respond_by_slo",
                 "description",
                 "selection",
+                "on_predicted_late",
             },
             where,
         )
@@ -142,6 +156,11 @@ class AppSpec:
             input=InputSpec.from_dict(m["input"], f"{where}.input") if m.get("input") else None,
             respond_by_slo=bool(m.get("respond_by_slo", False)),
             description=str(m.get("description", "")),
+            on_predicted_late=_one_of(
+                m.get("on_predicted_late", "refuse"),
+                ON_PREDICTED_LATE,
+                f"{where}.on_predicted_late",
+            ),
         )
 
     def pipeline_fn(self) -> Callable[..., Any]:
@@ -157,6 +176,9 @@ class AppSpec:
 # cap a hung replica would hold a caller for seconds past its deadline, what expiry prevents.
 DEFAULT_EXPIRE_GRACE_MS = 50.0
 MAX_EXPIRE_GRACE_MS = 10_000.0
+# ``queue.admission_buffer_ms``: Clockwork's buffer between the internal and the client's deadline
+DEFAULT_ADMISSION_BUFFER_MS = 2.0
+MAX_ADMISSION_BUFFER_MS = 1_000.0
 
 
 @dataclass(frozen=True)
@@ -166,17 +188,31 @@ class QueueSpec:
     ``expire_late``: a query still queued at its deadline plus ``expire_grace_ms`` is
     answered then (the app's default output with its explanation, or a 504) by a timer, not
     when a replica frees up (``queueing/_expiry.py``). ``expire_grace_ms``: that grace,
-    0 to 10000 ms, 50 by default."""
+    0 to 10000 ms, 50 by default.
+
+    ``admission``: ``"off"`` (the default) or ``"predicted"``: admission by predicted
+    completion and Clockwork's dispatch rule (``inferline.queueing``'s ``AdmissionConfig``,
+    docs/deadlines.md). ``admission_buffer_ms``: Clockwork's buffer, subtracted from each
+    deadline (0 to 1000 ms, 2 by default)."""
 
     max_queue: int = 1000
     expire_late: bool = False
     max_retries: int = 1
     cache_entries: int = 0
     expire_grace_ms: float = DEFAULT_EXPIRE_GRACE_MS
+    admission: str = "off"
+    admission_buffer_ms: float = DEFAULT_ADMISSION_BUFFER_MS
 
     def __post_init__(self) -> None:
         g = _grace_ms(self.expire_grace_ms, "queue.expire_grace_ms")
         object.__setattr__(self, "expire_grace_ms", g)
+        _one_of(self.admission, ADMISSION_MODES, "queue.admission")
+        b = _ms_in(self.admission_buffer_ms, MAX_ADMISSION_BUFFER_MS, "queue.admission_buffer_ms")
+        object.__setattr__(self, "admission_buffer_ms", b)
+
+    def admission_config(self) -> AdmissionConfig:
+        """The queues' admission settings (``Dispatcher.add_model``'s ``admission``)."""
+        return AdmissionConfig(self.admission, self.admission_buffer_ms / 1e3)
 
     @property
     def expire_grace_s(self) -> float:
@@ -189,12 +225,22 @@ class QueueSpec:
             "expire_grace_ms": self.expire_grace_ms,
             "max_retries": self.max_retries,
             "cache_entries": self.cache_entries,
+            "admission": self.admission,
+            "admission_buffer_ms": self.admission_buffer_ms,
         }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "queue") -> QueueSpec:
         m = as_mapping(d, where)
-        keys = {"max_queue", "expire_late", "expire_grace_ms", "max_retries", "cache_entries"}
+        keys = {
+            "max_queue",
+            "expire_late",
+            "expire_grace_ms",
+            "max_retries",
+            "cache_entries",
+            "admission",
+            "admission_buffer_ms",
+        }
         no_extra_keys(m, keys, where)
         return cls(
             max_queue=as_int(m.get("max_queue", 1000), f"{where}.max_queue", minimum=1),
@@ -204,17 +250,34 @@ class QueueSpec:
             expire_grace_ms=_grace_ms(
                 m.get("expire_grace_ms", DEFAULT_EXPIRE_GRACE_MS), f"{where}.expire_grace_ms"
             ),
+            admission=_one_of(m.get("admission", "off"), ADMISSION_MODES, f"{where}.admission"),
+            admission_buffer_ms=_ms_in(
+                m.get("admission_buffer_ms", DEFAULT_ADMISSION_BUFFER_MS),
+                MAX_ADMISSION_BUFFER_MS,
+                f"{where}.admission_buffer_ms",
+            ),
         )
 
 
 def _grace_ms(value: Any, field_: str) -> float:
     """A grace in milliseconds, 0 to ``MAX_EXPIRE_GRACE_MS``, or an error naming the field."""
-    expected = f"a number of milliseconds from 0 to {MAX_EXPIRE_GRACE_MS:g}"
+    return _ms_in(value, MAX_EXPIRE_GRACE_MS, field_)
+
+
+def _ms_in(value: Any, top: float, field_: str) -> float:
+    """Milliseconds from 0 to ``top``, or an error naming the field."""
+    expected = f"a number of milliseconds from 0 to {top:g}"
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValidationError(field_, expected, value)
-    if not 0.0 <= float(value) <= MAX_EXPIRE_GRACE_MS:  # NaN fails this too
+    if not 0.0 <= float(value) <= top:  # NaN fails this too
         raise ValidationError(field_, expected, value)
     return float(value)
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], field_: str) -> str:
+    if value not in allowed:
+        raise ValidationError(field_, f"one of {list(allowed)}", value)
+    return str(value)
 
 
 @dataclass(frozen=True)

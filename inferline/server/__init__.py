@@ -6,6 +6,7 @@ routers (admin, selection, Velox), the protocol front doors (KServe v2, TF Servi
 """
 
 from inferline.server._admin import AdminRoutes, make_admin_router
+from inferline.server._apps import ON_PREDICTED_LATE, check_on_predicted_late
 from inferline.server._http import DEFAULT_MAX_BODY_BYTES, AppRoutes, RouterSource, create_app
 from inferline.server._metrics import ServiceMetrics
 from inferline.server._predict import handle_predict
@@ -41,6 +42,7 @@ from inferline.server.frontdoors import (
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_READ_TIMEOUT_S",
+    "ON_PREDICTED_LATE",
     "AdminRoutes",
     "App",
     "AppRoutes",
@@ -60,6 +62,7 @@ __all__ = [
     "VeloxSpec",
     "bind_socket",
     "build_policy",
+    "check_on_predicted_late",
     "create_app",
     "handle_predict",
     "json_default",

@@ -9,7 +9,7 @@ from typing import Any
 from inferline.core import NotFoundError, ValidationError
 from inferline.server._decode import InputSpec
 
-__all__ = ["App", "AppRegistry", "Handler"]
+__all__ = ["ON_PREDICTED_LATE", "App", "AppRegistry", "Handler", "check_on_predicted_late"]
 
 Handler = Callable[[Any, float], Awaitable[Any]]
 
@@ -23,6 +23,10 @@ class App:
     ``respond_by_slo``: answer with the default output as soon as the SLO has passed (Clipper's
     behaviour), instead of waiting for the late prediction. Benchmarks leave it off so they
     measure the real latency. ``max_wait_s`` bounds any query even then.
+
+    ``on_predicted_late``: what a query refused by the queue's admission (``PredictedLate``:
+    predicted to finish after its deadline) gets: ``"refuse"`` (the default; HTTP 429 with
+    ``Retry-After``) or ``"default"`` (the default output, explained ``predicted_late``).
     """
 
     name: str
@@ -35,12 +39,14 @@ class App:
     max_batch_inputs: int = 256
     description: str = ""
     models: tuple[str, ...] = ()
+    on_predicted_late: str = "refuse"
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name:
             raise ValidationError("app name", "a non-empty name without '/'", self.name)
         if not self.slo_s > 0:
             raise ValidationError(f"apps.{self.name}.slo_s", "a number > 0", self.slo_s)
+        check_on_predicted_late(self.on_predicted_late, self.has_default, self.name)
 
     @property
     def has_default(self) -> bool:
@@ -66,6 +72,20 @@ class App:
             return await runner.run(x, slo_s=slo)
 
         return cls(name, handler, slo_s, **kw)
+
+
+ON_PREDICTED_LATE = ("refuse", "default")
+
+
+def check_on_predicted_late(value: object, has_default: bool, app: str) -> str:
+    """``on_predicted_late`` checked: one of ``ON_PREDICTED_LATE``; ``"default"`` only with a
+    default output. ``ValidationError`` names the field."""
+    field = f"apps.{app}.on_predicted_late"
+    if value not in ON_PREDICTED_LATE:
+        raise ValidationError(field, f"one of {list(ON_PREDICTED_LATE)}", value)
+    if value == "default" and not has_default:
+        raise ValidationError(field, "'refuse' for an app without a default_output", value)
+    return str(value)
 
 
 class AppRegistry:

@@ -39,7 +39,7 @@ from inferline.core import (
     status_for,
 )
 from inferline.server._guard import Guard, json_exempt
-from inferline.server._predict import handle_predict
+from inferline.server._predict import handle_predict, http_answer
 from inferline.server._predict_route import PredictRoute
 from inferline.server._replies import INTERNAL_ERROR, too_large
 from inferline.server._service import Service
@@ -76,9 +76,8 @@ def _json_response(status: int, body: Any, headers: dict[str, str] | None = None
 
 
 def _error_response(exc: BaseException) -> Response:
-    status = status_for(exc)
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return _json_response(status, error_body(exc), headers)
+    status, body, headers = http_answer(exc)  # 429 + Retry-After for a predicted-late refusal
+    return _json_response(status, body, headers)
 
 
 # ---------------------------------------------------------------- the ASGI guard
@@ -95,7 +94,15 @@ class PredictRequest(BaseModel):
         description="The query: JSON, or an array as {dtype, shape, b64} / {dtype, data}",
     )
     input_batch: list[Any] | None = Field(None, description="Several queries, answered in order")
-    latency_slo_ms: float | None = Field(None, gt=0, description="Override the app's SLO")
+    latency_slo_ms: float | None = Field(
+        None, gt=0, description="Shorten the app's SLO for this query (the app's is the cap)"
+    )
+    priority: int | None = Field(
+        None,
+        ge=-100,
+        le=100,
+        description="Priority class: higher is served first, EDF within a class (default 0)",
+    )
 
 
 class PredictResponse(BaseModel):
@@ -127,7 +134,7 @@ class ErrorResponse(BaseModel):
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 502, 503, 504)
+    s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 502, 503, 504)
 }
 _ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
 _JSON_ERROR = {"content": {_JSON: {"schema": _ERROR_REF}}}

@@ -19,7 +19,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-__all__ = ["LATENCY_BUCKETS_S", "Scraped", "ServiceMetrics"]
+__all__ = ["LATENCY_BUCKETS_S", "PREDICTION_ERROR_BUCKETS_S", "Scraped", "ServiceMetrics"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,25 @@ LATENCY_BUCKETS_S = (
     2.0,
     5.0,
     10.0,
+)
+
+# admission's predicted minus actual completion: negative when a query finished later than
+# predicted (the dangerous side), so the buckets are symmetric around 0
+PREDICTION_ERROR_BUCKETS_S = (
+    -0.05,
+    -0.02,
+    -0.01,
+    -0.005,
+    -0.002,
+    -0.001,
+    0.0,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
 )
 
 
@@ -179,6 +198,27 @@ class ServiceMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
+        self._refused = Counter(
+            "inferline_refused",
+            "Queries refused by the queue, by reason (predicted_late: at arrival; dropped_late: "
+            "when a batch was cut; queue_full: max_queue), answered with a refusal or a default",
+            ["app", "reason"],
+            registry=self.registry,
+        )
+        self._goodput = Counter(
+            "inferline_goodput",
+            "Predictions (not defaults) answered within the query's SLO",
+            ["app"],
+            registry=self.registry,
+        )
+        self._prediction_error = Histogram(
+            "inferline_admission_prediction_error_seconds",
+            "Admission's predicted minus actual completion of admitted queries",
+            ["model"],
+            buckets=PREDICTION_ERROR_BUCKETS_S,
+            registry=self.registry,
+        )
+        self._goodput_children: dict[str, Any] = {}
         self._batch_children: dict[str, tuple[Any, Any]] = {}
         self._children: dict[tuple[str, str], Any] = {}
         self._lat_children: dict[str, Any] = {}
@@ -209,11 +249,26 @@ class ServiceMetrics:
                     )
                 ch[0].observe(ev.size)
                 ch[1].observe(ev.service_s)
+                if ev.prediction_errors_s:
+                    h = self._prediction_error.labels(ev.model)
+                    for err in ev.prediction_errors_s:
+                        h.observe(err)
 
         dispatcher.add_listener(on_event)
 
     def defaults(self, app: str, reason: str) -> None:
         self._defaults.labels(app, reason).inc()
+
+    def refused(self, app: str, reason: str) -> None:
+        """A query the queue refused (``reason``: predicted_late, dropped_late, queue_full)."""
+        self._refused.labels(app, reason).inc()
+
+    def goodput(self, app: str) -> None:
+        """A prediction answered within its SLO."""
+        c = self._goodput_children.get(app)
+        if c is None:
+            c = self._goodput_children[app] = self._goodput.labels(app)
+        c.inc()
 
     def rejected(self, app: str, outcome: str) -> None:
         """A request refused before reaching the app (bad input, unknown app)."""

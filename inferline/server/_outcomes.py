@@ -5,7 +5,13 @@ a prediction; the app's default output with an explanation (deadline passed whil
 ``respond_by_slo`` is set, deadline expiry in the queue, a backend failure); or an explicit
 error (bad input, unknown app, overload, or a failure of an app without a default). Each is
 counted once in the service's metrics, under ``ok``, ``default``, ``overloaded``,
-``invalid`` or ``error``.
+``refused``, ``invalid`` or ``error``.
+
+A query the queue refused as predicted late (``PredictedLate``, admission by predicted
+completion) is an explicit refusal (``refused``: HTTP 429), or the app's default output with
+the explanation ``predicted_late`` where the app asks for it (``on_predicted_late``). Every
+refusal, a full queue's too, is also counted by reason (``inferline_refused_total``); every
+prediction answered within its SLO is goodput (``inferline_goodput_total``).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from inferline.core import (
     ValidationError,
     value_to_json,
 )
+from inferline.queueing import PredictedLate, priority_scope
 from inferline.server._apps import App
 
 __all__ = [
@@ -110,6 +117,10 @@ class OutcomeCounter(Protocol):
 
     def defaults(self, app: str, reason: str) -> None: ...
 
+    def refused(self, app: str, reason: str) -> None: ...
+
+    def goodput(self, app: str) -> None: ...
+
 
 class QueryRunner:
     """Runs one (already checked) input through an app's handler, bounded by its wait, and
@@ -121,7 +132,9 @@ class QueryRunner:
         self._clock = clock
         self._ids = ids
 
-    async def run(self, app: App, x: Any, slo_s: float | None = None) -> Prediction:
+    async def run(
+        self, app: App, x: Any, slo_s: float | None = None, priority: int = 0
+    ) -> Prediction:
         slo = app.slo_s if slo_s is None else slo_s
         qid = self._ids.new()
         t0 = self._clock()
@@ -129,10 +142,14 @@ class QueryRunner:
         try:
             # asyncio.timeout, not wait_for: no extra task per query on the hot path
             async with asyncio.timeout(wait):
-                out = await app.handler(x, slo)
+                if priority:
+                    with priority_scope(priority):  # the model calls carry its class
+                        out = await app.handler(x, slo)
+                else:
+                    out = await app.handler(x, slo)
         except BaseException as e:
             return self._failed(app, qid, t0, e, slo, wait)
-        return self._answered(app, qid, t0, out)
+        return self._answered(app, qid, t0, out, slo)
 
     def _failed(
         self, app: App, qid: str, t0: float, e: BaseException, slo: float, wait: float
@@ -147,7 +164,10 @@ class QueryRunner:
             err = DeadlineExceededError(app.name, elapsed - slo, f"app {app.name!r}: {why}")
             self._counter.observe(app.name, self._clock() - t0, "error")  # a 504, not a default
             raise err from None
+        if isinstance(e, PredictedLate):
+            return self._refused(app, qid, t0, e)
         if isinstance(e, OverloadedError):
+            self._counter.refused(app.name, "queue_full")
             self._raise(app, t0, e, "overloaded")
         if isinstance(e, ValidationError):
             self._raise(app, t0, e, "invalid")
@@ -158,9 +178,19 @@ class QueryRunner:
             return self._default(app, qid, t0, f"{type(e).__name__}: {e}", "error")
         self._raise(app, t0, e, "error")
 
-    def _answered(self, app: App, qid: str, t0: float, out: Any) -> Prediction:
+    def _refused(self, app: App, qid: str, t0: float, e: PredictedLate) -> Prediction:
+        """Refused as predicted late: the default output where the app asks for it, else
+        the refusal itself (a 429)."""
+        self._counter.refused(app.name, e.reason)
+        if app.on_predicted_late == "default":
+            return self._default(app, qid, t0, f"predicted_late: {e}", "predicted_late")
+        self._raise(app, t0, e, "refused")
+
+    def _answered(self, app: App, qid: str, t0: float, out: Any, slo: float) -> Prediction:
         """The handler returned ``out``: a prediction, a default of the pipeline's own, or an
         error value (a model answered this one input with an error)."""
+        if isinstance(out, PredictedLate):
+            return self._refused(app, qid, t0, out)
         if isinstance(out, OverloadedError | ValidationError):
             self._raise(app, t0, out, "error")
         if isinstance(out, DefaultAnswer):
@@ -174,6 +204,8 @@ class QueryRunner:
             return self._default(app, qid, t0, f"{type(out).__name__}: {out}", "error")
         lat = self._clock() - t0
         self._counter.observe(app.name, lat, "ok")
+        if lat <= slo:
+            self._counter.goodput(app.name)
         return Prediction(qid, out, False, None, lat)
 
     def _raise(self, app: App, t0: float, e: BaseException, outcome: str) -> NoReturn:

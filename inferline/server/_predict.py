@@ -1,4 +1,9 @@
-"""The predict route's work, without FastAPI: parse a body (one ``json.loads``, no pydantic on the hot path), check inputs, run them through the ``Service``, render the answer. The ASGI-level ``PredictRoute`` and the documented FastAPI route both call ``handle_predict``."""
+"""The predict route's work, without FastAPI: parse a body (one ``json.loads``, no pydantic on the hot path), check inputs, run them through the ``Service``, render the answer. The ASGI-level ``PredictRoute`` and the documented FastAPI route both call ``handle_predict``.
+
+A body may shorten the app's SLO (``latency_slo_ms``; the app's SLO is the default and the
+cap) and name a ``priority`` (an int, higher served first; ``inferline.queueing``'s
+``priority_scope``). A query the queue refuses as predicted late is a 429 with
+``Retry-After`` (``http_answer``)."""
 
 from __future__ import annotations
 
@@ -9,21 +14,50 @@ import math
 from typing import Any
 
 from inferline.core import InferlineError, ValidationError, decode_json, error_body, status_for
+from inferline.queueing import PredictedLate, check_priority
 from inferline.server._decode import brief
 from inferline.server._outcomes import Prediction, json_default
 from inferline.server._service import Service
 
-__all__ = ["MAX_SLO_MS", "handle_predict"]
+__all__ = ["MAX_SLO_MS", "handle_predict", "http_answer"]
 
 log = logging.getLogger(__name__)
 
 MAX_SLO_MS = 3_600_000.0
 
 
+_KEYS = {"input", "input_batch", "latency_slo_ms", "priority"}
+
+
+def http_answer(e: BaseException) -> tuple[int, dict[str, Any], dict[str, str] | None]:
+    """An error as the native route answers it: ``(status, body, extra headers)``. A query
+    refused as predicted late is a 429 whose ``Retry-After`` (whole seconds, as HTTP has
+    it) rounds its hint up; the body carries it in milliseconds too."""
+    body = error_body(e)
+    if isinstance(e, PredictedLate):
+        body["retry_after_ms"] = round(e.retry_after_s * 1e3, 3)
+        body["reason"] = e.reason
+        return 429, body, {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    status = status_for(e)
+    return status, body, {"Retry-After": "1"} if status == 503 else None
+
+
+def _slo_of(app: Any, body: dict[str, Any]) -> float:
+    """The query's SLO: the app's, or shorter when the body asks (the app's is the cap)."""
+    v = body.get("latency_slo_ms")
+    if v is None:
+        return float(app.slo_s)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValidationError("latency_slo_ms", f"a number in (0, {MAX_SLO_MS:.0f}]", v)
+    if not 0 < v <= MAX_SLO_MS:
+        raise ValidationError("latency_slo_ms", f"a number in (0, {MAX_SLO_MS:.0f}]", v)
+    return min(float(v) / 1e3, float(app.slo_s))
+
+
 def _parse_request(
     service: Service, app_name: str, raw: bytes
-) -> tuple[Any, list[Any], float, bool]:
-    """Returns ``(app, inputs, slo_s, is_batch)``."""
+) -> tuple[Any, list[Any], float, bool, int]:
+    """Returns ``(app, inputs, slo_s, is_batch, priority)``."""
     app = service.app(app_name)
     if not raw:
         raise ValidationError("body", 'a JSON object like {"input": ...}', "an empty body")
@@ -36,27 +70,21 @@ def _parse_request(
     # A scan of the bytes (fast) spares the walk for booleans and strings over every input
     # list: with no true/false and no quotes but the keys', the inputs hold only numbers.
     non_numbers = b"true" in raw or b"false" in raw or raw.count(b'"') > 2 * len(body)
-    extra = set(body) - {"input", "input_batch", "latency_slo_ms"}
+    extra = set(body) - _KEYS
     if extra:
-        raise ValidationError("body", "only keys input, input_batch, latency_slo_ms", sorted(extra))
-    slo_s = app.slo_s
-    if "latency_slo_ms" in body and body["latency_slo_ms"] is not None:
-        v = body["latency_slo_ms"]
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, int | float)
-            or not math.isfinite(v)
-            or not 0 < v <= MAX_SLO_MS
-        ):
-            raise ValidationError("latency_slo_ms", f"a number in (0, {MAX_SLO_MS:.0f}]", v)
-        slo_s = float(v) / 1e3
+        raise ValidationError(
+            "body", "only keys input, input_batch, latency_slo_ms, priority", sorted(extra)
+        )
+    slo_s = _slo_of(app, body)
+    priority = body.get("priority")
+    priority = 0 if priority is None else check_priority(priority)
     has_one = "input" in body
     has_batch = "input_batch" in body
     if has_one == has_batch:
         raise ValidationError("body", "exactly one of 'input' or 'input_batch'", sorted(body))
     if has_one:
         x = service.check_input(app, body["input"], "input", plain=plain, non_numbers=non_numbers)
-        return app, [x], slo_s, False
+        return app, [x], slo_s, False, priority
     batch = body["input_batch"]
     if not isinstance(batch, list) or not batch:
         raise ValidationError("input_batch", "a non-empty JSON array of inputs", brief(batch))
@@ -68,7 +96,7 @@ def _parse_request(
         service.check_input(app, x, f"input_batch[{i}]", plain=plain, non_numbers=non_numbers)
         for i, x in enumerate(batch)
     ]
-    return app, inputs, slo_s, True
+    return app, inputs, slo_s, True, priority
 
 
 def _dumps(body: Any) -> bytes:
@@ -95,15 +123,15 @@ async def handle_predict(
         return 503, _dumps({"detail": "server is shutting down", "error": "Unavailable"}), None
     try:
         try:
-            app_, inputs, slo_s, is_batch = _parse_request(service, app_name, raw)
+            app_, inputs, slo_s, is_batch, prio = _parse_request(service, app_name, raw)
         except InferlineError:
             service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
             raise
         if not is_batch:
-            pred = await service.predict(app_.name, inputs[0], slo_s)
+            pred = await service.predict(app_.name, inputs[0], slo_s, prio)
             return 200, _dumps_output(app_name, pred.to_body()), None
         results = await asyncio.gather(
-            *(service.predict(app_.name, x, slo_s) for x in inputs), return_exceptions=True
+            *(service.predict(app_.name, x, slo_s, prio) for x in inputs), return_exceptions=True
         )
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, InferlineError):
@@ -113,8 +141,8 @@ async def handle_predict(
         log.error("%s", e)
         return 500, _dumps({"detail": str(e), "error": "OutputError"}), None
     except InferlineError as e:
-        status = status_for(e)
-        return status, _dumps(error_body(e)), {"Retry-After": "1"} if status == 503 else None
+        status, body, headers = http_answer(e)
+        return status, _dumps(body), headers
     except Exception as e:  # a bug in a pipeline: answer it, log it, keep serving
         log.exception("app %r failed", app_name)
         return 500, _dumps({"detail": f"{type(e).__name__}: {e}", "error": "InternalError"}), None
@@ -123,4 +151,5 @@ async def handle_predict(
 def _batch_item(r: Prediction | BaseException) -> dict[str, Any]:
     if isinstance(r, Prediction):
         return r.to_body()
-    return {**error_body(r), "status": status_for(r)}
+    status, body, _ = http_answer(r)
+    return {**body, "status": status}

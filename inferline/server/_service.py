@@ -132,9 +132,12 @@ class Service:
         (``_decode.decode_input`` says what ``plain`` and ``non_numbers`` spare)."""
         return decode_input(app.input_spec, value, field, plain=plain, non_numbers=non_numbers)
 
-    async def predict(self, app_name: str, x: Any, slo_s: float | None = None) -> Prediction:
-        """Run one (already checked) input through an app. Raises only for explicit errors."""
-        return await self._queries.run(self.app(app_name), x, slo_s)
+    async def predict(
+        self, app_name: str, x: Any, slo_s: float | None = None, priority: int = 0
+    ) -> Prediction:
+        """Run one (already checked) input through an app. Raises only for explicit errors.
+        ``priority``: the query's class in every model queue (higher first)."""
+        return await self._queries.run(self.app(app_name), x, slo_s, priority)
 
     # -- health --------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:

@@ -34,6 +34,12 @@ class _Counter:
     def defaults(self, app: str, reason: str) -> None:
         self.reasons.append(reason)
 
+    def refused(self, app: str, reason: str) -> None:
+        self.reasons.append(f"refused: {reason}")
+
+    def goodput(self, app: str) -> None:
+        pass
+
 
 def _run(handler: Any, *, default: bool) -> tuple[Any, _Counter]:
     counter = _Counter()
@@ -146,7 +152,11 @@ def test_the_guard_passes_a_checked_predict_request_on():
         "type": "http",
         "method": "POST",
         "path": "/apps/m/predict",
-        "headers": [(b"host", b"localhost"), (b"content-length", b"2")],
+        "headers": [
+            (b"host", b"localhost"),
+            (b"content-length", b"2"),
+            (b"content-type", b"application/json"),
+        ],
         "server": ("127.0.0.1", 80),
     }
     asyncio.run(guard(scope, receive, send))

@@ -1,0 +1,193 @@
+"""Admission by predicted completion and Clockwork's dispatch rule: pure decisions.
+
+Clockwork (Gujarati et al., OSDI 2020) meets tight SLOs by refusing, before running it, every
+request that cannot finish in time. Two rules, both here as pure functions of numbers (the
+caller passes ``now``; nothing reads a clock):
+
+- **Admission** (``admit``): at arrival, a query's completion is predicted from the queries
+  ahead of it in EDF order, the replicas' next free times and the batch latency per batch
+  size; it is refused at once when that is later than its deadline minus a small buffer
+  (Clockwork's internal deadline: arrival + SLO - buffer).
+- **Dispatch** (``late_at_dispatch``): when a free replica cuts a batch, a queued query whose
+  deadline (minus the buffer) is earlier than now plus this batch's execution time is dropped
+  rather than run late.
+
+Both answer the query with ``PredictedLate`` (an ``OverloadedError``, so a surface that does
+not know it still answers "overloaded, retry").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferline.core.errors import OverloadedError, ValidationError
+
+__all__ = [
+    "ADMISSION_MODES",
+    "AdmissionConfig",
+    "AdmissionDecision",
+    "PredictedLate",
+    "admit",
+    "late_at_dispatch",
+    "predict_completion",
+]
+
+ADMISSION_MODES = ("off", "predicted")
+# Clockwork's buffer between the internal and the client's deadline: a prediction is a P99,
+# so a small margin keeps the admitted ones on time when a batch runs slightly longer.
+DEFAULT_BUFFER_S = 0.002
+LatencyFn = Callable[[int], float | None]
+
+
+class PredictedLate(OverloadedError):
+    """The query was refused because it was predicted to finish after its deadline.
+
+    ``stage``: ``"admission"`` (refused at arrival) or ``"dispatch"`` (dropped from the queue
+    when a batch was cut). ``late_by_s``: how far past its deadline it was predicted to finish.
+    ``retry_after_s``: when a retry with the same SLO would be predicted to make it (the
+    backlog ahead of it drained by then, if no more arrives)."""
+
+    def __init__(self, model: str, stage: str, late_by_s: float, retry_after_s: float) -> None:
+        super().__init__(model, 0)
+        self.stage = stage
+        self.late_by_s = late_by_s
+        self.retry_after_s = max(0.0, retry_after_s)
+        where = "at arrival" if stage == "admission" else "when its batch was cut"
+        self.args = (
+            f"model {model!r}: refused {where}, predicted to finish "
+            f"{late_by_s * 1e3:.1f} ms after its deadline (retry after "
+            f"{self.retry_after_s * 1e3:.0f} ms)",
+        )
+
+    @property
+    def reason(self) -> str:
+        """The metrics' label: ``predicted_late`` (arrival) or ``dropped_late`` (dispatch)."""
+        return "predicted_late" if self.stage == "admission" else "dropped_late"
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """A model queue's admission settings. ``mode``: ``"off"`` (today's queue) or
+    ``"predicted"`` (both rules on). ``buffer_s``: subtracted from each deadline.
+    ``min_samples``: batches of one size measured before the live P99 is trusted for it.
+    ``window``: how many recent batches per size the P99 is taken over."""
+
+    mode: str = "off"
+    buffer_s: float = DEFAULT_BUFFER_S
+    min_samples: int = 5
+    window: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.mode not in ADMISSION_MODES:
+            raise ValidationError("admission", f"one of {list(ADMISSION_MODES)}", self.mode)
+        b = self.buffer_s
+        if isinstance(b, bool) or not isinstance(b, int | float) or not 0 <= b < 10:
+            raise ValidationError("admission_buffer_s", "a number of seconds in [0, 10)", b)
+        object.__setattr__(self, "buffer_s", float(b))
+        for name in ("min_samples", "window"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValidationError(name, "an int >= 1", v)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "buffer_s": self.buffer_s,
+            "min_samples": self.min_samples,
+            "window": self.window,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any) -> AdmissionConfig:
+        if not isinstance(d, dict):
+            raise ValidationError("admission", "an object", d)
+        extra = set(d) - {"mode", "buffer_s", "min_samples", "window"}
+        if extra:
+            raise ValidationError("admission", "keys mode, buffer_s, min_samples, window", extra)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """``admitted``; ``predicted``: the predicted completion (clock time; ``inf`` when it
+    could not be predicted, then admitted); ``late_by_s`` and ``retry_after_s`` for a refusal."""
+
+    admitted: bool
+    predicted: float = math.inf
+    late_by_s: float = 0.0
+    retry_after_s: float = 0.0
+
+
+def predict_completion(
+    now: float,
+    position: int,
+    queued: int,
+    free_at: Sequence[float],
+    max_batch: int,
+    latency: LatencyFn,
+) -> float | None:
+    """When the query at ``position`` (0-based, EDF order) of ``queued`` queries finishes, if
+    each replica, when free (``free_at``, clock times; past ones mean now), takes the next
+    ``min(max_batch, left)`` queries at once (the fixed-batching rule). ``None`` when a batch
+    size has no latency estimate or there is no replica."""
+    if not free_at or not 0 <= position < queued:
+        return None
+    free = [max(now, t) for t in free_at]
+    heapq.heapify(free)
+    start = 0
+    while True:
+        t = heapq.heappop(free)
+        size = min(max_batch, queued - start)
+        lat = latency(size)
+        if lat is None:
+            return None
+        done = t + lat
+        if start + size > position:
+            return done
+        start += size
+        heapq.heappush(free, done)
+
+
+def admit(
+    config: AdmissionConfig,
+    now: float,
+    deadline: float,
+    position: int,
+    queued: int,
+    free_at: Sequence[float],
+    max_batch: int,
+    latency: LatencyFn,
+) -> AdmissionDecision:
+    """Admission by predicted completion: admit unless the query at ``position`` of ``queued``
+    (itself included) is predicted to finish after ``deadline - buffer``. Admits what it
+    cannot predict (no replica, no latency estimate yet, an infinite deadline)."""
+    if not config.enabled or deadline == math.inf:
+        return AdmissionDecision(True)
+    done = predict_completion(now, position, queued, free_at, max_batch, latency)
+    if done is None:
+        return AdmissionDecision(True)
+    internal = deadline - config.buffer_s
+    if done <= internal:
+        return AdmissionDecision(True, done)
+    # a retry with the same SLO at now + x has the deadline now + x + slo: it makes it once
+    # the backlog ahead (done) fits, x = done - internal
+    return AdmissionDecision(False, done, done - deadline, done - internal)
+
+
+def late_at_dispatch(
+    config: AdmissionConfig, now: float, deadline: float, batch_latency: float | None
+) -> bool:
+    """Clockwork's dispatch rule: a query is dropped when its deadline minus the buffer is
+    earlier than now (the replica is free) plus this batch's execution time. Never drops
+    without an estimate."""
+    if not config.enabled or batch_latency is None:
+        return False
+    return deadline - config.buffer_s < now + batch_latency
