@@ -55,6 +55,16 @@ def _reproduce(name: str) -> str:
 # attach door), rafiki_live ~17 s and frontend ~14 s (server processes and short replays).
 # Each is the script's smallest real run; the rest take seconds.
 SMOKES: dict[str, Smoke] = {
+    # ~25 s: three services of the bundled sleep model, 2 s per Poisson rate
+    "admission": Smoke(
+        (
+            "Admission by predicted completion vs expiry",
+            "refuse p99 ms",
+            "targets: goodput at 2x-5x",
+            _reproduce("admission"),
+        ),
+        rows=(r"(?m)^admission +5x ", r"(?m)^expiry +5x ", r"(?m)^admission\+prio +3x "),
+    ),
     # reuses the profiles of the fidelity run (what its docstring suggests): profiling the
     # demo pipeline again would double the time and exercise nothing new
     "calibrated_plans": Smoke(
@@ -117,6 +127,16 @@ SMOKES: dict[str, Smoke] = {
     ),
     "plan_generalization": Smoke(("image-processing", "auto", "rows:"), ("--out", "{tmp}")),
     "planner_optimality": Smoke(("1 cases: mean ratio", "target: within 1.2x")),
+    "planning_scale": Smoke(
+        (
+            "planning at scale",
+            "queries x models",
+            "plans the same with early stop: 1 of 1 (0 differ)",
+            _reproduce("planning_scale"),
+        ),
+        ("--out", "{tmp}"),
+        rows=(r"(?m)^chain2-10min-100 +60,035 x 2 ",),
+    ),
     "queue_throughput": Smoke(
         ("In-process queue throughput", "submit_many", "target >= 50,000 q/s with batching"),
     ),

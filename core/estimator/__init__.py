@@ -21,6 +21,8 @@ Where things are:
   :class:`StageSwitch`);
 * ``_batchers.py``: :class:`TritonBatcher`, :class:`TFServingBatcher` (their rules) and
   :func:`batcher_from_dict`;
+* ``_stop.py``: :class:`EarlyStop`, ``simulate(stop=...)``: end a run once its percentile
+  latency is certain to exceed the SLO (the planner's infeasible candidates);
 * ``_prepare.py``: inputs checked and laid out as the kernel's arrays; ``_state.py``: the
   kernel's state (created, grown, read back); ``_draws.py``: the seeded visit and
   service-spread draws.
@@ -32,11 +34,13 @@ from ._draws import SPREAD_Z_CLIP, draw_visits, spread_floor, spread_params
 from ._options import MAX_SHARERS_PER_UNIT, EstimatorOptions
 from ._results import ModelSimStats, SimResult
 from ._simulate import simulate, simulate_plan
+from ._stop import EarlyStop, miss_allowance
 
 __all__ = [
     "MAX_SHARERS_PER_UNIT",
     "SPREAD_Z_CLIP",
     "Controller",
+    "EarlyStop",
     "EstimatorOptions",
     "ModelSimStats",
     "ServerBatcher",
@@ -47,6 +51,7 @@ __all__ = [
     "TritonBatcher",
     "batcher_from_dict",
     "draw_visits",
+    "miss_allowance",
     "simulate",
     "simulate_plan",
     "spread_floor",

@@ -56,8 +56,20 @@ I_HQT = 3  # hop FIFO tail
 I_INSYS = 4  # queries arrived and not finished
 I_NSLOTS = 5  # replica slots in use
 I_ND = 6  # dirty models this instant
+# early stop (``_stop.py``): the misses allowed (-1: off), the certain misses counted, the
+# deadline sweep's next query, whether the run stopped, whether drops are misses (and the
+# deadline sweep on), and else the drops counted and allowed
+I_ALLOW = 7
+I_MISS = 8
+I_OLD = 9
+I_STOP = 10
+I_SWEEP = 11
+I_DROPS = 12
+I_DALLOW = 13
 F_NOW = 0
 F_HOP = 1
+F_SLO = 2  # early stop: the SLO a query's latency is judged against
+F_STOPT = 3  # early stop: the instant the run stopped at
 # server batcher kinds and what befell a dropped query
 SB_TRITON = 1
 SB_TF = 2
@@ -259,6 +271,8 @@ def _loop(  # type: ignore[no-untyped-def]
     M = is_root.shape[0]
     P = pool_cap.shape[0]
     hop = fst[F_HOP]
+    allow = ist[I_ALLOW]
+    slo = fst[F_SLO]
     while True:
         ap = ist[I_AP]
         t = INF
@@ -273,6 +287,12 @@ def _loop(  # type: ignore[no-untyped-def]
             if pool_next[p] < t:
                 t = pool_next[p]
         if t >= t_stop or t == INF:
+            return t
+        if allow >= 0 and (
+            _sweep(arr, left, drop, ist, t, slo) > allow or ist[I_DROPS] > ist[I_DALLOW]
+        ):
+            ist[I_STOP] = 1  # the verdict is known: over the SLO (nothing of t is applied)
+            fst[F_STOPT] = t
             return t
         fst[F_NOW] = t
         # 1. arrivals enter every visited root (after the hop overhead)
@@ -364,6 +384,9 @@ def _loop(  # type: ignore[no-untyped-def]
                     left[i] -= 1
                     if left[i] == 0:
                         ist[I_INSYS] -= 1
+                        # a late finish the deadline sweep has not counted yet (i >= I_OLD)
+                        if allow >= 0 and i >= ist[I_OLD] and t - arr[i] > slo:
+                            ist[I_MISS] += 1
                     for e in range(lo, hi):
                         c = ch_idx[e]
                         idx = i * M + c
@@ -551,7 +574,31 @@ def _sb_drop(drop, ist, i, why):  # type: ignore[no-untyped-def]
     """Query ``i`` was rejected or refused: it never finishes (its first drop ends it)."""
     if drop[i] == 0:
         ist[I_INSYS] -= 1
+        if ist[I_ALLOW] >= 0:
+            if ist[I_SWEEP] == 0:  # drops are not misses: counted on their own
+                ist[I_DROPS] += 1
+            elif i >= ist[I_OLD]:  # a miss the deadline sweep has not counted
+                ist[I_MISS] += 1
     drop[i] |= why
+
+
+@njit(cache=True, inline="always")
+def _sweep(arr, left, drop, ist, t, slo):  # type: ignore[no-untyped-def]
+    """Early stop, at the start of instant ``t`` (every earlier event applied): a query still
+    in the system whose ``t - arrival`` exceeds the SLO finishes at ``t`` or later, so it
+    misses for certain. Queries are passed in arrival order, once each; finished and dropped
+    ones were counted when they finished late or were dropped. Off where drops are not misses
+    (a query late in a queue may yet be dropped). Returns the misses so far."""
+    N = arr.shape[0]
+    if ist[I_SWEEP] == 0:
+        return ist[I_MISS]
+    old = ist[I_OLD]
+    while old < N and t - arr[old] > slo:
+        if left[old] > 0 and (drop.shape[0] != N or drop[old] == 0):
+            ist[I_MISS] += 1
+        old += 1
+    ist[I_OLD] = old
+    return ist[I_MISS]
 
 
 @njit(cache=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,14 @@ class SimResult:
     batcher (``EstimatorOptions.server_batchers``) rejected it (Triton's queue timeout) or
     refused it (TF Serving's full batch queue); such a query never finishes (latency inf).
     All false without server batchers.
+
+    ``stopped_early``: the run had ``simulate(stop=EarlyStop(slo_s, p))`` and stopped at
+    simulated time ``stopped_at_s``, once ``certain_misses`` (more than the allowance) had
+    certainly missed ``slo_s``: its ``p``-th latency is above ``slo_s``, nothing more is known.
+    Queries not finished by then have latency inf (``miss_rate`` counts them), the per-model
+    figures cover the run up to the stop, and :meth:`percentile` is inf. A run with
+    ``stop`` that does not stop is the full run; ``certain_misses`` is then the misses counted
+    on the way (at most the run's misses).
     """
 
     arrivals_s: np.ndarray
@@ -78,6 +87,9 @@ class SimResult:
     variant_switches: tuple[tuple[float, str, str], ...] = ()
     rejected: np.ndarray | None = None  # None: none (all false)
     refused: np.ndarray | None = None
+    stopped_early: bool = False
+    stopped_at_s: float | None = None
+    certain_misses: int | None = None  # None: no early stop asked for
 
     def __post_init__(self) -> None:
         for name in ("rejected", "refused"):
@@ -85,6 +97,8 @@ class SimResult:
                 object.__setattr__(self, name, np.zeros(self.latencies_s.shape[0], dtype=bool))
 
     def percentile(self, p: float = 99.0) -> float:
+        if self.stopped_early:  # only known to be above the stop's SLO
+            return math.inf
         if self.latencies_s.size == 0:
             return 0.0
         return float(np.percentile(self.latencies_s, p))

@@ -22,6 +22,7 @@ from ._options import EstimatorOptions
 from ._prepare import Prep, check_arrivals, prepare
 from ._results import ModelSimStats, SimResult
 from ._state import ensure_events, ensure_slots, new_state, place, system_state
+from ._stop import EarlyStop
 
 __all__ = ["simulate", "simulate_plan"]
 
@@ -37,6 +38,7 @@ def simulate(
     schedule: Sequence[tuple[float, str, int]] = (),
     controller: Controller | None = None,
     variants: Mapping[str, Sequence[str]] | None = None,
+    stop: EarlyStop | None = None,
 ) -> SimResult:
     """Simulate ``arrivals`` through ``pipeline`` served as ``configs``; see the package doc.
 
@@ -57,6 +59,9 @@ def simulate(
       profile (``profiles[stage]``). Replicas are billed at the stage's hardware price.
     * Static configurations (no schedule, no controller) must give every visited model a
       replica; they run as one compiled segment.
+    * ``stop``: end the run as soon as its ``stop.percentile``-th latency is certain to exceed
+      ``stop.slo_s`` (``_stop.py``; ``SimResult.stopped_early``). A run that does not stop is
+      the same as without ``stop``; a controller is not called after the stop.
     """
     arr = check_arrivals(arrivals)
     prep = prepare(pipeline, configs, profiles, options, catalog, controller is not None, variants)
@@ -80,6 +85,13 @@ def simulate(
                     0,
                 )
     S = new_state(prep, arr, vis, rem, left, options.hop_overhead_s, options.seed)
+    if stop is not None:
+        if not isinstance(stop, EarlyStop):
+            raise ValidationError("stop", "an EarlyStop or None", stop)
+        S.ist[K.I_ALLOW] = stop.allowance(N)
+        S.ist[K.I_SWEEP] = int(stop.drops_are_misses)
+        S.ist[K.I_DALLOW] = N if stop.max_drops is None else stop.max_drops
+        S.fst[K.F_SLO] = stop.slo_s
     place(S, prep, 0)
     delay = options.activation_delay_s
     switches: list[tuple[float, str, str]] = []
@@ -87,7 +99,7 @@ def simulate(
         K.run(S, np.inf)
     else:
         S = _drive(S, arr, order, pos, sched, controller, interval, delay, prep, configs, switches)
-    return _result(S, prep, arr, vis, tuple(switches))
+    return _result(S, prep, arr, vis, tuple(switches), stop is not None)
 
 
 def _check_schedule(
@@ -135,6 +147,8 @@ def _drive(
             K.run(S, np.inf)
             return S
         nxt = K.run(S, T)
+        if S.ist[K.I_STOP]:
+            return S  # early stop: the verdict is known
         finished = nxt == math.inf and S.ist[K.I_INSYS] == 0
         if finished and int(S.ist[K.I_AP]) >= arr.shape[0]:
             return S  # nothing left to serve; later changes cannot affect any query
@@ -257,6 +271,7 @@ def _result(
     arr: np.ndarray,
     vis: np.ndarray,
     switches: tuple[tuple[float, str, str], ...] = (),
+    early: bool = False,
 ) -> SimResult:
     N = arr.shape[0]
     M = len(p.order)
@@ -304,6 +319,9 @@ def _result(
         variant_switches=switches,
         rejected=_dropped(S, N, K.DROP_REJECTED),
         refused=_dropped(S, N, K.DROP_REFUSED),
+        stopped_early=bool(S.ist[K.I_STOP]),
+        stopped_at_s=float(S.fst[K.F_STOPT]) if S.ist[K.I_STOP] else None,
+        certain_misses=int(S.ist[K.I_MISS]) if early else None,
     )
 
 

@@ -35,8 +35,9 @@ def new_state(
     calls = int(visf.sum(dtype=np.int64)) if kmax > 1 else NM
     S0 = int(p.replicas.sum())
     cap = max(16, 2 * S0)
-    ist = np.zeros(8, dtype=np.int64)
+    ist = np.zeros(16, dtype=np.int64)
     ist[K.I_NSLOTS] = S0
+    ist[K.I_ALLOW] = -1  # early stop off unless ``simulate(stop=...)`` sets it
     fst = np.zeros(4, dtype=np.float64)
     fst[K.F_HOP] = hop
     P = p.pool_cap.shape[0]
