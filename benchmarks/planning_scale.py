@@ -24,7 +24,6 @@ against queries x models to ``OUT/planning_scale.png``.
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import multiprocessing as mp
 import os
@@ -123,24 +122,8 @@ def _timed(f: Any, *a: Any, **kw: Any) -> tuple[float, Any]:
     return time.perf_counter() - t, r
 
 
-def _with_stop(slo: float, pct: float) -> PlannerOptions:
-    """Early stop in the planner: its own option where it has one, else the estimator call of
-    ``SearchSpace._latency`` is given the stop (this child process only)."""
-    if "early_stop" in PlannerOptions.__dataclass_fields__:
-        return PlannerOptions(early_stop=True)  # type: ignore[call-arg]
-    from inferline.core.planning import _space
-
-    _space.simulate = functools.partial(simulate, stop=EarlyStop(slo, pct))  # type: ignore[attr-defined]
-    return PlannerOptions()
-
-
 def _plan_child(q: Any, p: Pipeline, prof: Profiles, trace: np.ndarray, early: bool) -> None:
-    if early:
-        opts = _with_stop(SLO_S, PCT)
-    elif "early_stop" in PlannerOptions.__dataclass_fields__:
-        opts = PlannerOptions(early_stop=False)  # type: ignore[call-arg]
-    else:
-        opts = PlannerOptions()
+    opts = PlannerOptions(early_stop=early)  # today's planner: every candidate in full
     try:
         dt, plan = _timed(plan_inferline, p, prof, trace, SLO_S, percentile=PCT, options=opts)
     except InfeasibleError as e:

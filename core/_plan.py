@@ -324,6 +324,11 @@ class Plan:
     strategy: str = "inferline"
     tuner: TunerInputs | None = None
     variants: PlanVariants | None = None  # a plan made with model variants
+    # model -> its server batcher's document (``TritonBatcher`` / ``TFServingBatcher``
+    # ``to_dict()``, parsed by ``inferline.core.estimator.batcher_from_dict``): a plan made
+    # with ``PlannerOptions.server``. Kept as documents because this module sits below the
+    # estimator; in the file only when not empty.
+    server_batchers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def config(self, model: str) -> ModelConfig:
         try:
@@ -352,6 +357,8 @@ class Plan:
             d["tuner"] = self.tuner.to_dict()
         if self.variants is not None:
             d["variants"] = self.variants.to_dict()
+        if self.server_batchers:
+            d["server_batchers"] = {k: dict(v) for k, v in self.server_batchers.items()}
         return d
 
     @classmethod
@@ -370,6 +377,7 @@ class Plan:
                 "models",
                 "tuner",
                 "variants",
+                "server_batchers",
             },
             "",
         )
@@ -396,7 +404,33 @@ class Plan:
             strategy=as_str(m.get("strategy", "inferline"), "strategy"),
             tuner=tuner,
             variants=variants,
+            server_batchers=_server_batchers(m.get("server_batchers", {}), models),
         )
+
+
+_BATCHER_KINDS = ("tfserving", "triton")
+
+
+def _server_batchers(d: Any, models: Mapping[str, ModelConfig]) -> dict[str, dict[str, Any]]:
+    """The plan's server batchers: per planned model a document with a known ``kind`` and
+    the model's ``max_batch_size`` (the fields themselves are the estimator's to check)."""
+    out: dict[str, dict[str, Any]] = {}
+    for k, v in as_mapping(d, "server_batchers").items():
+        where = f"server_batchers.{k}"
+        if k not in models:
+            raise ValidationError("server_batchers", f"models of the plan {sorted(models)!r}", k)
+        b = as_mapping(v, where)
+        kind = req(b, "kind", where)
+        if kind not in _BATCHER_KINDS:
+            raise ValidationError(f"{where}.kind", f"one of {list(_BATCHER_KINDS)!r}", kind)
+        if req(b, "max_batch_size", where) != models[k].max_batch_size:
+            raise ValidationError(
+                f"{where}.max_batch_size",
+                f"the model's max_batch_size {models[k].max_batch_size}",
+                b["max_batch_size"],
+            )
+        out[k] = dict(b)
+    return out
 
 
 def _check_ladder(tuner: TunerInputs, models: Mapping[str, ModelConfig]) -> None:

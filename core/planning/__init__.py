@@ -16,6 +16,8 @@ Where things are:
 * ``_margin.py``: the automatic rate margin (``rate_margin="auto"``, the default), from the
   spread of the sample's windowed rates;
 * ``_variants.py``: planning with model variants under an accuracy floor;
+* ``_server.py``: planning the serving system's own batchers (``PlannerOptions.server``:
+  Triton's dynamic batcher, TF Serving's batch scheduler);
 * ``_options.py``: :class:`PlannerOptions`, progress and statistics; ``_placement.py``: the
   hardware a model may use and the inventory its replicas take; ``_tuner_inputs.py``: the
   tuner's inputs every plan carries.
@@ -41,7 +43,14 @@ from ._nodes import (
     nodes_from_dicts,
     nodes_from_document,
 )
-from ._options import AUTO_MARGIN, PlannerOptions, PlannerStats, PlanProgress, ProgressFn
+from ._options import (
+    AUTO_MARGIN,
+    SERVER_KINDS,
+    PlannerOptions,
+    PlannerStats,
+    PlanProgress,
+    ProgressFn,
+)
 from ._placement import (
     fastest_hardware,
     inventory_use,
@@ -52,6 +61,7 @@ from ._placement import (
     usable_hardware,
 )
 from ._search import PlannerCore
+from ._server import ServerConfig, ServerSearch, plan_estimator_options, plan_server_batchers
 from ._space import SearchSpace
 from ._strategies import STRATEGIES, make_plan
 from ._tuner_inputs import tuner_inputs
@@ -61,6 +71,7 @@ __all__ = [
     "AUTO_MARGIN",
     "LADDER_FACTORS",
     "NODES_FORMAT",
+    "SERVER_KINDS",
     "STRATEGIES",
     "MissBound",
     "NodeInventory",
@@ -71,6 +82,8 @@ __all__ = [
     "PlannerStats",
     "ProgressFn",
     "SearchSpace",
+    "ServerConfig",
+    "ServerSearch",
     "VariantPlan",
     "auto_rate_margin",
     "bin_replicas",
@@ -88,8 +101,10 @@ __all__ = [
     "place_on_nodes",
     "plan_cg_mean",
     "plan_cg_peak",
+    "plan_estimator_options",
     "plan_inferline",
     "plan_ladder",
+    "plan_server_batchers",
     "plan_with_variants",
     "plan_with_variants_section",
     "replica_use",

@@ -11,6 +11,10 @@ Escape (an extension, ``PlannerOptions(escape=False)`` turns it off)
 Batch waits (an extension, ``PlannerOptions(batch_wait=True)`` turns it on)
     A batch-wait timeout per model where it lowers the cost (``_waits.py``).
 
+Server batchers (an extension, ``PlannerOptions(server="triton" | "tfserving")``)
+    The serving system's own batcher per model, its knobs searched and every configuration
+    judged with it (``_server.py``).
+
 Widen (an extension, ``PlannerOptions(widen=False)`` turns it off)
     Equal-cost configurations differ in slack: the greedy keeps the first batch size that
     reached a replica count, which can leave a model just below saturation (a fragile plan on
@@ -32,19 +36,19 @@ from .._plan import ModelConfig, Plan
 from .._profiles import Profiles
 from ..estimator import simulate
 from ._options import PlannerOptions, ProgressFn
+from ._server import ServerSearch
 from ._space import Configs, Key
 from ._tuner_inputs import tuner_inputs
-from ._waits import WaitSearch
 
 __all__ = ["Planner", "plan_inferline"]
 
 _ESCAPE_FLOOR_QUERIES = 2_000_000
 
 
-class Planner(WaitSearch):
+class Planner(ServerSearch):
     """InferLine's planner: ``plan()`` runs Algorithm 1, Algorithm 2, then the extensions
-    enabled in :class:`PlannerOptions` (escape and widen on by default, batch waits off), and
-    returns a :class:`Plan` with the tuner's inputs."""
+    enabled in :class:`PlannerOptions` (escape and widen on by default, batch waits off,
+    server batchers with ``server``), and returns a :class:`Plan` with the tuner's inputs."""
 
     # -- leaving a local optimum (an extension; off with escape=False) --------------------
     def escape(self, configs: Mapping[str, ModelConfig]) -> Configs:
@@ -146,7 +150,7 @@ class Planner(WaitSearch):
         final = self._search_within_inventory() if self._inventory else self._search()
         key = self._key(final)
         self._report("done", len(self._actions), key, "plan ready")
-        return Plan(
+        plan = Plan(
             pipeline=self.pipeline.name,
             slo_s=self.slo_s,
             models=final,
@@ -156,6 +160,7 @@ class Planner(WaitSearch):
             strategy="inferline",
             tuner=tuner_inputs(self.pipeline, self.profiles, final, self.sample),
         )
+        return self.server_plan(plan, key)  # with its server batchers (_server.py)
 
     def _search_within_inventory(self) -> Configs:
         """The search without the inventory first: the greedy descends from the fastest
@@ -185,6 +190,8 @@ class Planner(WaitSearch):
                 final = self.minimize_cost(wide)  # the slack may let a replica go
                 if final == wide:
                     break
+        if self._server:
+            final = self.add_knobs(final)  # only ever a cheaper plan (_server.py)
         if self.options.batch_wait:
             final = self.add_waits(final)  # only ever a cheaper plan (_waits.py)
         return final
@@ -194,6 +201,8 @@ class Planner(WaitSearch):
         with a rate margin the search judged it on the compressed trace."""
         if self.trace is self.sample:
             return self._latency(key)
+        if self._server:
+            return self._judge(self._simulate(key, self.sample))
         r = simulate(
             self.pipeline,
             self._configs(key),

@@ -11,9 +11,33 @@ from ..errors import ValidationError
 from ..estimator import EstimatorOptions
 from ._nodes import NodeInventory, nodes_from_dicts
 
-__all__ = ["AUTO_MARGIN", "PlanProgress", "PlannerOptions", "PlannerStats", "ProgressFn"]
+__all__ = [
+    "AUTO_MARGIN",
+    "SERVER_KINDS",
+    "PlanProgress",
+    "PlannerOptions",
+    "PlannerStats",
+    "ProgressFn",
+]
 
 AUTO_MARGIN = "auto"  # PlannerOptions.rate_margin from the sample's variability (_margin.py)
+SERVER_KINDS = ("triton", "tfserving")  # PlannerOptions.server: whose batcher is planned
+
+
+def check_server(v: object) -> str | dict[str, str] | None:
+    """``None``, a server kind, or per model a server kind (models not named: none)."""
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if v not in SERVER_KINDS:
+            raise ValidationError("server", f"one of {list(SERVER_KINDS)!r} or null", v)
+        return v
+    out = {}
+    for k, kind in as_mapping(v, "server").items():
+        if kind not in SERVER_KINDS:
+            raise ValidationError(f"server.{k}", f"one of {list(SERVER_KINDS)!r}", kind)
+        out[str(k)] = str(kind)
+    return out
 
 
 def check_rate_margin(v: object) -> float | str:
@@ -66,6 +90,20 @@ class PlannerOptions:
     own on its node, which is the estimator's default; the estimator's ``shared_units`` and
     ``pinned_cores`` pool one kind's cores over the whole deployment, not per node, so they
     are refused together with ``nodes``.
+    ``server``: plan the serving system's own batcher (``_server.py``): ``"triton"``
+    (instances, ``max_batch_size``, ``preferred_batch_size``, ``max_queue_delay_microseconds``)
+    or ``"tfserving"`` (instances, ``max_batch_size``, ``batch_timeout_micros``,
+    ``num_batch_threads``, ``allowed_batch_sizes``) for every model, or per model
+    (``{"a": "triton"}``; models not named keep inferline's batching). ``None``, the
+    default, is the planner without them. ``refuse_late``: with ``server``, set Triton's
+    ``default_timeout_microseconds`` and TF Serving's ``max_enqueued_batches`` from the SLO
+    so that only requests that cannot make it are dropped (off: no Triton timeout, a TF
+    Serving queue that never fills). ``drops_are_misses``: a dropped request counts as a
+    miss in the percentile (off: the percentile of the served requests, with at most
+    ``100 - percentile`` percent dropped). ``early_stop``: a candidate's simulation stops
+    once more queries have certainly missed the SLO than the percentile allows (the
+    estimator's ``EarlyStop``: the same verdict, the same plan, less simulation; off: every
+    candidate runs the whole trace).
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -83,6 +121,10 @@ class PlannerOptions:
     replica_units: Mapping[str, int] = field(default_factory=dict)
     gpu_host_units: Mapping[str, int] = field(default_factory=dict)
     nodes: tuple[NodeInventory, ...] = ()
+    server: str | Mapping[str, str] | None = None
+    refuse_late: bool = True
+    drops_are_misses: bool = True
+    early_stop: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -98,6 +140,16 @@ class PlannerOptions:
                 self, name, {str(k): as_int(v, f"{name}.{k}", minimum=lo) for k, v in m.items()}
             )
         self._check_nodes()
+        object.__setattr__(self, "server", check_server(self.server))
+        for k in ("refuse_late", "drops_are_misses"):
+            if not isinstance(getattr(self, k), bool):
+                raise ValidationError(k, "true or false", getattr(self, k))
+
+    def server_of(self, model: str) -> str | None:
+        """The server whose batcher is planned for ``model`` (None: inferline's batching)."""
+        if self.server is None or isinstance(self.server, str):
+            return self.server
+        return self.server.get(model)
 
     def _check_nodes(self) -> None:
         nodes = tuple(self.nodes)
@@ -124,7 +176,7 @@ class PlannerOptions:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "estimator": self.estimator.to_dict(),
             "prune": self.prune,
             "reuse_infeasible": self.reuse_infeasible,
@@ -141,6 +193,13 @@ class PlannerOptions:
             "gpu_host_units": dict(self.gpu_host_units),
             "nodes": [n.to_dict() for n in self.nodes],
         }
+        if not self.early_stop:  # only when off: documents from before stay as they were
+            out["early_stop"] = False
+        if self.server is not None:  # only when set: documents from before stay as they were
+            out["server"] = self.server if isinstance(self.server, str) else dict(self.server)
+            out["refuse_late"] = self.refuse_late
+            out["drops_are_misses"] = self.drops_are_misses
+        return out
 
     @classmethod
     def from_dict(cls, d: Any) -> PlannerOptions:
@@ -149,8 +208,10 @@ class PlannerOptions:
         keys.add("batch_wait")
         extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
         extra |= {"inventory", "replica_units", "gpu_host_units", "nodes"}
+        extra |= {"server", "refuse_late", "drops_are_misses", "early_stop"}
         no_extra_keys(m, keys | extra, "")
-        for k in ("prune", "reuse_infeasible", "escape", "widen", "batch_wait"):
+        flags = ("prune", "reuse_infeasible", "escape", "widen", "batch_wait", "refuse_late")
+        for k in (*flags, "drops_are_misses", "early_stop"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
         return cls(
@@ -171,6 +232,10 @@ class PlannerOptions:
             replica_units=as_mapping(m.get("replica_units", {}), "replica_units"),
             gpu_host_units=as_mapping(m.get("gpu_host_units", {}), "gpu_host_units"),
             nodes=nodes_from_dicts(m.get("nodes", []), "nodes"),
+            server=check_server(m.get("server")),
+            refuse_late=m.get("refuse_late", True),
+            drops_are_misses=m.get("drops_are_misses", True),
+            early_stop=m.get("early_stop", True),
         )
 
 

@@ -22,7 +22,7 @@ from .._profiles import Profiles
 from .._trace import compress
 from .._validate import as_float
 from ..errors import ValidationError
-from ..estimator import MAX_SHARERS_PER_UNIT, simulate, spread_floor
+from ..estimator import MAX_SHARERS_PER_UNIT, EarlyStop, simulate, spread_floor
 from ._bound import MissBound
 from ._margin import resolve_margin
 from ._nodes import bin_replicas, describe_nodes
@@ -131,6 +131,8 @@ class SearchSpace:
             value = math.inf
         else:
             self._sims += 1
+            # a stopped run is certainly infeasible: its percentile is inf (same verdict)
+            stop = EarlyStop(self.slo_s, self.percentile) if self.options.early_stop else None
             res = simulate(
                 self.pipeline,
                 configs,
@@ -138,6 +140,7 @@ class SearchSpace:
                 self.trace,
                 options=self.options.estimator,
                 catalog=self.catalog,
+                stop=stop,
             )
             value = res.percentile(self.percentile)
         self._cache[key] = value

@@ -42,10 +42,15 @@ class WaitSearch(PlannerCore):
         """The waits tried, in milliseconds (rounded to 0.1 ms, so plan files read well)."""
         return sorted({round(self.slo_s * f * 1e3, 1) for f in WAIT_FRACTIONS} - {0.0})
 
+    def _no_waits(self) -> set[str]:
+        """Models that get no wait of the planner's (a server batches them: ``_server.py``)."""
+        return set()
+
     def add_waits(self, configs: Mapping[str, ModelConfig]) -> Configs:
         best = self._key(configs)
         best_cost = self._cost(best)
         fixed = set(self.options.estimator.batch_wait_s)  # waits the user set stay theirs
+        fixed |= self._no_waits()
         budget = self._sims * 2 + _FLOOR_QUERIES / max(1, self.trace.size)
         for _ in range(_ROUNDS):
             found: Key | None = None
