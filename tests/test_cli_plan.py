@@ -549,3 +549,25 @@ def test_plan_and_simulate_share_cores_when_told(files, capsys):
     with pytest.raises(SystemExit):
         main(_sim_args(files, "--pinned-cores", "cpu=0"))
     assert "--pinned-cores" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("server", ["triton", "tfserving"])
+def test_plan_for_a_servers_own_batcher(files, tmp_path, capsys, server):
+    """``--server`` plans the server's batcher: the plan carries it (``server_batchers``) and
+    is feasible by the exact estimator with it; ``--no-early-stop`` plans the same."""
+    from inferline.core import load_pipeline, load_profiles, load_trace
+    from inferline.core.planning import plan_estimator_options
+
+    args = _plan_args(files, "--slo-s", "0.15", "--server", server)
+    assert main(args) == 0, capsys.readouterr().err
+    plan = load_plan(files["plan"])
+    assert set(plan.server_batchers) == set(plan.models)
+    assert {b["kind"] for b in plan.server_batchers.values()} == {server}
+    pipe = load_pipeline(files["pipeline"])
+    prof = load_profiles(files["profiles"])
+    trace = load_trace(files["trace"])
+    res = simulate(pipe, plan.models, prof, trace, options=plan_estimator_options(plan))
+    assert res.percentile(99.0) <= 0.15
+    slow = tmp_path / "slow.json"
+    assert main([*args[:-4], "-o", str(slow), *args[-4:], "--no-early-stop"]) == 0
+    assert load_plan(slow).models == plan.models

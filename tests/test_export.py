@@ -478,3 +478,30 @@ def test_cli_errors_name_the_field(tmp_path: Path, capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert "plan.models.cls: expected a model of the repository" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_plan_made_for_the_servers_batchers_exports_their_settings(tmp_path: Path) -> None:
+    """``inferline plan --server triton|tfserving`` plans the servers' own knobs: the export
+    writes those (preferred sizes, queue delay, queue timeout; batch timeout, threads, queue
+    bound, allowed sizes), not the batch wait of inferline's queue."""
+    from dataclasses import replace
+
+    from inferline.core import TFServingBatcher, TritonBatcher
+
+    tri = TritonBatcher(16, (4, 8), 2500, 180_000).to_dict()
+    tfs = TFServingBatcher(32, 1500, 3, 7, (8, 16, 32)).to_dict()
+    plan = replace(_plan(), server_batchers={"pre": tri, "cls": tfs})
+    plan = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))  # as read from a plan file
+    export_plan(plan, "triton", tmp_path / "t")
+    c = _parse(tmp_path / "t/pre/config.pbtxt")
+    db = c.dynamic_batching
+    assert list(db.preferred_batch_size) == [4, 8]
+    assert db.max_queue_delay_microseconds == 2500
+    q = db.default_queue_policy
+    assert q.timeout_action == q.REJECT and q.default_timeout_microseconds == 180_000
+    assert q.allow_timeout_override
+    export_plan(plan, "tfserving", tmp_path / "f")
+    b = _batching(tmp_path / "f/cls/batching_params.pbtxt")
+    assert (b.max_batch_size.value, b.batch_timeout_micros.value) == (32, 1500)
+    assert (b.num_batch_threads.value, b.max_enqueued_batches.value) == (3, 7)
+    assert list(b.allowed_batch_sizes) == [8, 16, 32]

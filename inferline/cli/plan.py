@@ -82,6 +82,7 @@ def _plan(args: argparse.Namespace) -> int:
     if vplan is not None:
         _print_variants(vplan)
     _print_configs(pipeline, plan, catalog)
+    _print_server_batchers(plan)
     _print_notes(args, plan, catalog, options, trace)
     return 0
 
@@ -104,6 +105,8 @@ def _planner_options(args: argparse.Namespace) -> PlannerOptions:
         replica_units=args.cpu_threads,
         gpu_host_units=args.gpu_host_cores,
         nodes=args.inventory_nodes,
+        server=args.server,
+        early_stop=args.early_stop,
     )
 
 
@@ -358,6 +361,13 @@ def _steady_note(plan: Plan, cfg: object) -> str:
     )
 
 
+def _print_server_batchers(plan: Plan) -> None:
+    """A plan made for a server's own batcher (``--server``): its settings per model."""
+    for name, b in sorted(plan.server_batchers.items()):
+        knobs = ", ".join(f"{k} {v}" for k, v in b.items() if k not in ("kind", "max_batch_size"))
+        print(f"{name}: {b['kind']} batcher, max batch {b['max_batch_size']}, {knobs}")
+
+
 def _print_configs(pipeline: Pipeline, plan: Plan, catalog: HardwareCatalog) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -445,6 +455,23 @@ def _add_planner_options(p: argparse.ArgumentParser) -> None:
         "--paper-only",
         action="store_true",
         help="InferLine's Algorithms 1-2 only (no escape from local optima, no slack polish)",
+    )
+    p.add_argument(
+        "--server",
+        choices=["triton", "tfserving"],
+        default=None,
+        help="plan the server's own batcher instead of inferline's queue: Triton's dynamic "
+        "batcher (instances, max batch, preferred sizes, queue delay, a queue timeout from the "
+        "SLO) or TF Serving's batch scheduler (instances, max batch, batch timeout, threads, "
+        "queue bound); the plan carries them as server_batchers, and `inferline export` writes "
+        "them (docs/steer-planning.md)",
+    )
+    p.add_argument(
+        "--early-stop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="stop simulating a candidate once more queries have certainly missed the SLO than "
+        "the percentile allows (the same verdict and plan, less time; default on)",
     )
     p.add_argument(
         "--batch-wait",

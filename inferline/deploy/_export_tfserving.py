@@ -37,9 +37,11 @@ from inferline.core import (
     HardwareCatalog,
     ModelConfig,
     Plan,
+    TFServingBatcher,
     ValidationError,
     read_text,
 )
+from inferline.core.planning import plan_server_batchers
 from inferline.deploy._export_common import (
     ExportResult,
     exported_models,
@@ -82,6 +84,15 @@ def _wrapped(field: str, value: int) -> str:
 
 
 def _model_batching(plan: Plan, name: str, cfg: ModelConfig, head: str) -> str:
+    b = plan_server_batchers(plan).get(name)
+    if isinstance(b, TFServingBatcher):  # a plan made for TF Serving's batcher: its settings
+        text = head + (
+            _wrapped("max_batch_size", b.max_batch_size)
+            + _wrapped("batch_timeout_micros", b.batch_timeout_micros)
+            + _wrapped("num_batch_threads", b.num_batch_threads)
+            + _wrapped("max_enqueued_batches", b.max_enqueued_batches)
+        )
+        return text + "".join(f"allowed_batch_sizes: {n}\n" for n in b.allowed_batch_sizes)
     text = head + (
         _wrapped("max_batch_size", cfg.max_batch_size)
         + _wrapped("batch_timeout_micros", micros(cfg))
@@ -152,7 +163,10 @@ def export_tfserving(
             f"{SERVER_BATCHING}.",
         ]
         files[out / name / BATCHING_PARAMS] = _model_batching(plan, name, cfg, _comment(model_head))
-    for name in (m for m in models if max_enqueued_batches(plan, m, models[m]) is None):
+    planned = plan_server_batchers(plan)
+    for name in (
+        m for m in models if m not in planned and max_enqueued_batches(plan, m, models[m]) is None
+    ):
         notes.append(f"{name}: no tuner throughput in the plan: max_enqueued_batches left out")
     if gpus:
         notes.append(f"{', '.join(gpus)}: planned on GPUs: serve with a GPU build of TF Serving")

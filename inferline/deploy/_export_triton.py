@@ -27,9 +27,11 @@ from inferline.core import (
     HardwareCatalog,
     ModelConfig,
     Plan,
+    TritonBatcher,
     ValidationError,
     read_text,
 )
+from inferline.core.planning import plan_server_batchers
 from inferline.deploy._export_common import (
     ExportResult,
     exported_models,
@@ -120,9 +122,13 @@ def _set_instances(mc: Any, c: Any, where: str, replicas: int, gpu: bool) -> Non
     first.count = mine // max(1, per_gpu)
 
 
-def _set_batcher(c: Any, name: str, cfg: ModelConfig, notes: list[str]) -> None:
+def _set_batcher(
+    c: Any, name: str, cfg: ModelConfig, notes: list[str], batcher: Any = None
+) -> None:
     """The planned batch wait as Triton's dynamic batcher, unless the model schedules
-    otherwise (a sequence batcher for a stateful model: replacing it would break the model)."""
+    otherwise (a sequence batcher for a stateful model: replacing it would break the model).
+    A plan made for Triton's batcher (``inferline plan --server triton``) gives its own
+    preferred sizes, queue delay and queue timeout (REJECT, overridable per request)."""
     choice = c.WhichOneof("scheduling_choice")
     if choice in ("sequence_batching", "ensemble_scheduling"):
         notes.append(f"{name}: {choice} kept, so the planned batch wait is not applied")
@@ -130,13 +136,29 @@ def _set_batcher(c: Any, name: str, cfg: ModelConfig, notes: list[str]) -> None:
     if c.max_batch_size == 0:  # no batch dimension: nothing for a batcher to form
         return
     db = c.dynamic_batching
-    db.max_queue_delay_microseconds = micros(cfg)
     del db.preferred_batch_size[:]
+    if isinstance(batcher, TritonBatcher):
+        db.max_queue_delay_microseconds = batcher.max_queue_delay_microseconds
+        db.preferred_batch_size.extend(batcher.preferred_batch_size or (c.max_batch_size,))
+        if batcher.default_timeout_microseconds > 0:
+            q = db.default_queue_policy
+            q.timeout_action = q.REJECT
+            q.default_timeout_microseconds = batcher.default_timeout_microseconds
+            q.allow_timeout_override = True
+        return
+    db.max_queue_delay_microseconds = micros(cfg)
     db.preferred_batch_size.append(c.max_batch_size)
 
 
 def _planned(
-    mc: Any, c: Any, name: str, cfg: ModelConfig, gpu: bool, from_repo: bool, notes: list[str]
+    mc: Any,
+    c: Any,
+    name: str,
+    cfg: ModelConfig,
+    gpu: bool,
+    from_repo: bool,
+    notes: list[str],
+    batcher: Any = None,
 ) -> None:
     where = f"plan.models.{name}"
     if from_repo and c.max_batch_size == 0 and cfg.max_batch_size > 1:
@@ -149,7 +171,7 @@ def _planned(
     if not from_repo or c.max_batch_size > 0:
         c.max_batch_size = cfg.max_batch_size
     _set_instances(mc, c, where, cfg.replicas, gpu)
-    _set_batcher(c, name, cfg, notes)
+    _set_batcher(c, name, cfg, notes, batcher)
 
 
 def _ensembles(
@@ -221,10 +243,12 @@ def export_triton(
         raise ValidationError("--copy-models", "--repository SRC to copy the models from", None)
     mc = model_config_module()
     models, notes = exported_models(plan)
+    batchers = plan_server_batchers(plan)
     configs: dict[str, Any] = {}
     for name, cfg in models.items():
         c = _source(mc, repository, name) if repository is not None else mc.ModelConfig(name=name)
-        _planned(mc, c, name, cfg, is_gpu(name, cfg, catalog), repository is not None, notes)
+        gpu = is_gpu(name, cfg, catalog)
+        _planned(mc, c, name, cfg, gpu, repository is not None, notes, batchers.get(name))
         configs[name] = c
     ensembles = _ensembles(mc, repository, configs, notes) if repository is not None else {}
     written = []
