@@ -343,7 +343,6 @@ class _Dep:
         name = "m"
 
     name = "d"
-    backend = "local://"  # what `profile` opens before profiling
     models = (_Model(),)
 
 

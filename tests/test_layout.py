@@ -135,14 +135,14 @@ def test_the_checker_sees_a_long_function_and_spares_the_kernel(tmp_path):
 
 
 def test_one_place_builds_the_plugin_host_backend_and_dispatcher():
-    """The composition root (``inferline.deploy._build``) builds them; measure's
-    ``profile_deployment`` still opens a backend of its own when given none (measure is below
-    deploy), counted here so that a third place fails."""
+    """The composition root builds them: the plugin host and backends in
+    ``inferline.deploy._host`` (which ``_build`` and ``Deployment.open_backend`` use), the
+    dispatcher in ``inferline.deploy._build``; nothing else constructs them."""
     built = _layout().report()["constructions"]
-    root = "inferline.deploy._build"
-    assert {m.split(":")[0] for m in built["dispatcher"]} == {root}
-    assert {m.split(":")[0] for m in built["plugin host"]} <= {root, "inferline.measure._workflow"}
-    assert {m.split(":")[0] for m in built["backend"]} <= {root, "inferline.measure._workflow"}
+    assert {m.split(":")[0] for m in built["dispatcher"]} == {"inferline.deploy._build"}
+    assert {m.split(":")[0] for m in built["plugin host"]} == {"inferline.deploy._host"}
+    assert {m.split(":")[0] for m in built["backend"]} == {"inferline.deploy._host"}
+    assert all(len(v) == 1 for v in built.values()), built
 
 
 def test_at_most_six_modules_at_the_top_of_the_facade():

@@ -29,8 +29,8 @@ def _profile(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from inferline.deploy import load_deployment, profile_on_own_backend
-    from inferline.measure import ProfilerOptions
+    from inferline.deploy import load_deployment
+    from inferline.measure import ProfilerOptions, profile_deployment
 
     dep = load_deployment(args.deployment)
     quick = args.quick
@@ -79,7 +79,7 @@ def _profile(args: argparse.Namespace) -> int:
 
         try:
             result, pipeline = run_loop(
-                profile_on_own_backend(
+                profile_deployment(
                     dep, opts, app=args.app, samples=samples, progress=progress, stages=stages
                 )
             )

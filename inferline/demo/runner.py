@@ -156,8 +156,7 @@ def _write_deployment(slo_ms: float, out: Path) -> Deployment:
 async def _trace_and_profile(dep: Deployment, quick: bool, out: Path) -> tuple[Profiles, Pipeline]:
     """Step 2: the pipeline's DAG and scale factors traced on sample queries, and every model
     profiled on the bundled runtime; both written to ``out``."""
-    from inferline.deploy import profile_on_own_backend
-    from inferline.measure import ProfilerOptions, print_fits
+    from inferline.measure import ProfilerOptions, print_fits, profile_deployment
 
     popts = ProfilerOptions(
         max_batch_size=8 if quick else 16,
@@ -169,7 +168,7 @@ async def _trace_and_profile(dep: Deployment, quick: bool, out: Path) -> tuple[P
         wake_samples=8 if quick else 20,
     )
     t0 = time.perf_counter()
-    result, pipeline = await profile_on_own_backend(dep, popts, samples=_samples(120))
+    result, pipeline = await profile_deployment(dep, popts, samples=_samples(120))
     profiles = result.profiles
     save(profiles, out / "profiles.json")
     save(pipeline, out / "pipeline.json")

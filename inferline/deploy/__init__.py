@@ -18,9 +18,6 @@ from inferline.deploy._build import (
     Loops,
     build_service,
     new_service,
-    open_backend,
-    plugin_host,
-    profile_on_own_backend,
 )
 from inferline.deploy._drift import DriftEvent, DriftMonitor, drift_monitor
 from inferline.deploy._drift_policy import (
@@ -40,6 +37,7 @@ from inferline.deploy._format import (
     import_object,
     load_deployment,
 )
+from inferline.deploy._host import open_backend, plugin_host
 from inferline.deploy._planned import drain, planned_models
 from inferline.deploy._serve import serve, serve_deployment
 from inferline.deploy._settings import ServeSettings
@@ -89,7 +87,6 @@ __all__ = [
     "plan_attachment",
     "planned_models",
     "plugin_host",
-    "profile_on_own_backend",
     "serve",
     "serve_attachment",
     "serve_deployment",

@@ -1,6 +1,7 @@
 """The composition root: the one place that builds the running system's parts.
 
-``plugin_host()`` makes the plugin host, ``open_backend`` a backend by URL, ``new_service``
+``plugin_host()`` makes the plugin host, ``open_backend`` a backend by URL (both in
+``_host.py``, which the deployment format also opens its backend through), ``new_service``
 the interposed queue (dispatcher, cache) and the ``Service`` over it; ``build_service`` puts a
 deployment together from those (models deployed, queues, routes, apps, live tuner,
 Model-Switching, drift loop). ``inferline serve`` (``serve``), ``start_service``, attach
@@ -23,6 +24,7 @@ from inferline.core import Pipeline, Plan, Profiles, TunerConfig
 from inferline.deploy._drift import DriftMonitor
 from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._format import Deployment
+from inferline.deploy._host import open_backend, plugin_host
 from inferline.deploy._planned import (
     check_stages_served,
     configs_for,
@@ -39,24 +41,9 @@ __all__ = [
     "new_service",
     "open_backend",
     "plugin_host",
-    "profile_on_own_backend",
 ]
 
 log = logging.getLogger(__name__)
-
-
-def plugin_host() -> Any:
-    """The plugin host of this process: built-in adapters plus the installed plugins (entry
-    point group ``inferline``). Entry points call this once and pass the host down."""
-    from inferline.adapters import PluginHost
-
-    return PluginHost.default()
-
-
-def open_backend(host: Any, url: str, **options: Any) -> Any:
-    """The backend ``url`` names (``local://``, ``triton://``, ``tfserving://``, ``ray://``
-    or a plugin's scheme), through ``host``'s adapters."""
-    return host.backend_for(url, **options)
 
 
 @dataclass(frozen=True)
@@ -286,15 +273,3 @@ def _drift_monitor(
         log.info("drift loop off: it needs %s to estimate with", ", ".join(missing))
         return None
     return DriftMonitor(config, profiles, pipeline, clock=clock)
-
-
-async def profile_on_own_backend(dep: Deployment, options: Any, host: Any = None, **kw: Any) -> Any:
-    """``measure.profile_deployment`` on a backend opened here for it (and closed after):
-    what ``inferline profile`` and the demo run. Answers ``(ProfileResult, Pipeline)``."""
-    from inferline.measure import profile_deployment
-
-    backend = open_backend(host if host is not None else plugin_host(), dep.backend)
-    try:
-        return await profile_deployment(dep, options, backend=backend, **kw)
-    finally:
-        await backend.close()

@@ -422,6 +422,13 @@ class Deployment:
             ),
         )
 
+    def open_backend(self, host: Any = None) -> Any:
+        """This deployment's backend (``backend``), opened through ``host``'s adapters (None:
+        this process's plugin host); the caller closes it."""
+        from inferline.deploy._host import open_backend, plugin_host
+
+        return open_backend(host if host is not None else plugin_host(), self.backend)
+
     def load_sample_inputs(self) -> list[Any]:
         if not self.sample_inputs:
             raise ValidationError("sample_inputs", "an import path of a function", "")

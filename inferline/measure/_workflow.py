@@ -69,6 +69,7 @@ class DeploymentLike(Protocol):
     @property
     def apps(self) -> Sequence[AppLike]: ...
     def load_sample_inputs(self) -> list[Any]: ...
+    def open_backend(self, host: Any = None) -> Any: ...
 
 
 def load_containers(dep: DeploymentLike, models: Sequence[str] | None = None) -> dict[str, Any]:
@@ -161,10 +162,8 @@ async def profile_deployment(
     if missing:
         log.warning("no sample query reached %s: not profiled", missing)
     own = backend is None
-    if own:
-        from inferline.adapters import PluginHost
-
-        backend = PluginHost.default().backend_for(dep.backend)
+    if own:  # the deployment opens it (measure builds no backend of its own)
+        backend = dep.open_backend()
     try:
         result = await profile_models(backend, specs, inputs, options, progress=progress)
     finally:
