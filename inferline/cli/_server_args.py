@@ -57,6 +57,10 @@ def host_list(text: str) -> list[str]:
     return names
 
 
+# inferline.server.frontdoors.DEFAULT_MAX_INFLIGHT, without importing gRPC to build the parser
+GRPC_MAX_INFLIGHT = 1024
+
+
 def add_listen_args(
     p: argparse.ArgumentParser, *, grpc: bool = False, grpc_default: int = 0
 ) -> None:
@@ -71,6 +75,15 @@ def add_listen_args(
             type=int_in(-1, 65535, "a port (-1: none)"),
             default=grpc_default,
             help="gRPC front doors' port (0: any, -1: none; default %(default)s)",
+        )
+        p.add_argument(
+            "--grpc-max-inflight",
+            type=int_in(1),
+            default=GRPC_MAX_INFLIGHT,
+            metavar="N",
+            help="inference calls in flight on the gRPC front doors, past which a call is "
+            "answered RESOURCE_EXHAUSTED at once and counted in inferline_overloaded_total "
+            "(default %(default)s)",
         )
     p.add_argument("--token", default=None, help=f"require this bearer token (or ${TOKEN_ENV})")
     p.add_argument(

@@ -275,6 +275,7 @@ async def _serve(
         host=args.host,
         port=args.port,
         grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        grpc_max_inflight=args.grpc_max_inflight,
         token=token,
         max_body_bytes=args.max_body_bytes,
         allowed_hosts=args.allowed_hosts,

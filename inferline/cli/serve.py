@@ -46,6 +46,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
         max_request_rows=args.max_request_rows,
         allowed_hosts=None if args.allowed_hosts is None else tuple(args.allowed_hosts),
         grpc_port=None if args.grpc_port < 0 else args.grpc_port,
+        grpc_max_inflight=args.grpc_max_inflight,
         ready_file=args.ready_file,
         read_timeout_s=args.read_timeout_s,
         tuner=tuner,

@@ -44,6 +44,7 @@ from inferline.deploy._planned import (
 )
 from inferline.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S, App, Service
 from inferline.server.frontdoors import (
+    DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_ROWS,
     FrontDoor,
     Signature,
@@ -477,6 +478,7 @@ async def serve_attachment(
     host: str = "127.0.0.1",
     port: int = 8000,
     grpc_port: int | None = 0,
+    grpc_max_inflight: int = DEFAULT_MAX_INFLIGHT,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ready: Callable[[dict[str, Any]], None] | None = None,
@@ -503,6 +505,7 @@ async def serve_attachment(
         max_body_bytes=max_body_bytes,
         allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
         grpc_port=grpc_port,
+        grpc_max_inflight=grpc_max_inflight,
         read_timeout_s=read_timeout_s,
         tuner=None,
     )

@@ -33,6 +33,7 @@ from inferline.server import (
     serve_app,
 )
 from inferline.server.frontdoors import (
+    DEFAULT_MAX_INFLIGHT,
     DEFAULT_MAX_ROWS,
     FrontDoor,
     FrontDoorGrpc,
@@ -57,6 +58,7 @@ async def serve(
     max_request_rows: int = DEFAULT_MAX_ROWS,
     allowed_hosts: Sequence[str] | None = None,
     grpc_port: int | None = None,
+    grpc_max_inflight: int = DEFAULT_MAX_INFLIGHT,
     ready_file: str | None = None,
     ready: Ready | None = None,
     stop: asyncio.Event | None = None,
@@ -80,6 +82,7 @@ async def serve(
         max_request_rows=max_request_rows,
         allowed_hosts=None if allowed_hosts is None else tuple(allowed_hosts),
         grpc_port=grpc_port,
+        grpc_max_inflight=grpc_max_inflight,
         ready_file=ready_file,
         read_timeout_s=read_timeout_s,
         tuner=tuner,
@@ -203,6 +206,7 @@ async def start_grpc(
         port=settings.grpc_port,
         token=settings.token,
         max_message_bytes=settings.max_body_bytes,
+        max_inflight=settings.grpc_max_inflight,
         **kw,
     )
     await grpc.start()

@@ -11,7 +11,7 @@ from typing import Any
 from inferline.core import TunerConfig, ValidationError
 from inferline.deploy._drift_policy import DriftConfig
 from inferline.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
-from inferline.server.frontdoors import DEFAULT_MAX_ROWS, check_max_rows
+from inferline.server.frontdoors import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_ROWS, check_max_rows
 
 __all__ = ["ServeSettings"]
 
@@ -24,7 +24,8 @@ def _int(where: str, v: Any, low: int) -> None:
 @dataclass(frozen=True)
 class ServeSettings:
     """Where and how to serve. ``grpc_port``: the gRPC front doors' port (0: any free port;
-    None: none); ``allowed_hosts``: the ``Host`` names answered (None: the bound address and
+    None: none); ``grpc_max_inflight``: inference calls in flight on the gRPC doors, past
+    which a call is answered RESOURCE_EXHAUSTED at once (counted); ``allowed_hosts``: the ``Host`` names answered (None: the bound address and
     localhost); ``tuner``: the live tuner's configuration (None: no tuner; it runs only for a
     plan with tuner inputs); ``drift``: the drift loop's (None: off)."""
 
@@ -35,6 +36,7 @@ class ServeSettings:
     max_request_rows: int = DEFAULT_MAX_ROWS
     allowed_hosts: tuple[str, ...] | None = None
     grpc_port: int | None = None
+    grpc_max_inflight: int = DEFAULT_MAX_INFLIGHT
     ready_file: str | None = None
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     tuner: TunerConfig | None = TunerConfig()  # noqa: RUF009 (frozen)
@@ -49,6 +51,7 @@ class ServeSettings:
         check_max_rows(self.max_request_rows)
         if self.grpc_port is not None:
             _int("grpc_port", self.grpc_port, 0)
+        _int("grpc_max_inflight", self.grpc_max_inflight, 1)
         rt = self.read_timeout_s
         if isinstance(rt, bool) or not isinstance(rt, int | float) or not rt > 0:
             raise ValidationError("read_timeout_s", "a number of seconds > 0", rt)

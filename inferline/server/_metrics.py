@@ -94,8 +94,9 @@ class Scraped(Protocol):
 
 
 class _ScrapeCollector(Collector):
-    def __init__(self, service: Scraped) -> None:
+    def __init__(self, service: Scraped, door_overloads: Mapping[str, int]) -> None:
         self._service = service
+        self._door_overloads = door_overloads
 
     def collect(self) -> Iterator[Metric]:
         svc = self._service
@@ -109,8 +110,12 @@ class _ScrapeCollector(Collector):
             "inferline_replicas", "Active replicas of the model", labels=["model"]
         )
         overloads = CounterMetricFamily(
-            "inferline_overloaded", "Queries refused because the queue was full", labels=["model"]
+            "inferline_overloaded",
+            "Queries refused because the queue was full, or a front door at its bound of calls "
+            "in flight (the name the call asked for)",
+            labels=["model"],
         )
+        full: dict[str, float] = {}
         info = GaugeMetricFamily(
             "inferline_replica_info",
             "One series per active replica: where it runs (the Ray node id on ray://, 'local' "
@@ -133,7 +138,7 @@ class _ScrapeCollector(Collector):
                     inflight.add_metric([m], float(v))
                 v = _get(st, "overloaded", "rejected", "overloads")
                 if v is not None:
-                    overloads.add_metric([m], float(v))
+                    full[m] = float(v)
             if svc.backend is not None:
                 try:
                     handles = list(svc.backend.replicas(m))
@@ -142,6 +147,9 @@ class _ScrapeCollector(Collector):
                 reps.add_metric([m], float(len(handles)))
                 for h in handles:
                     info.add_metric(_replica_labels(m, h), 1.0)
+        doors = dict(self._door_overloads)  # a copy: a scrape thread must not see it grow
+        for m in {**full, **doors}:
+            overloads.add_metric([m], full.get(m, 0.0) + doors.get(m, 0))
         yield qlen
         yield inflight
         yield reps
@@ -222,7 +230,8 @@ class ServiceMetrics:
         self._batch_children: dict[str, tuple[Any, Any]] = {}
         self._children: dict[tuple[str, str], Any] = {}
         self._lat_children: dict[str, Any] = {}
-        self.registry.register(_ScrapeCollector(service))
+        self._door_overloads: dict[str, int] = {}
+        self.registry.register(_ScrapeCollector(service, self._door_overloads))
 
     def observe(self, app: str, latency_s: float, outcome: str) -> None:
         key = (app, outcome)
@@ -262,6 +271,12 @@ class ServiceMetrics:
     def refused(self, app: str, reason: str) -> None:
         """A query the queue refused (``reason``: predicted_late, dropped_late, queue_full)."""
         self._refused.labels(app, reason).inc()
+
+    def overloaded(self, name: str) -> None:
+        """A call a front door refused at its bound of calls in flight, before any work
+        (``name``: the model or app it asked for): ``inferline_overloaded_total{model=name}``,
+        with the queue's own refusals of that name."""
+        self._door_overloads[name] = self._door_overloads.get(name, 0) + 1
 
     def goodput(self, app: str) -> None:
         """A prediction answered within its SLO."""

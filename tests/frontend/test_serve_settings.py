@@ -23,6 +23,7 @@ def test_settings_round_trip_through_json():
             max_request_rows=8,
             allowed_hosts=("svc.local",),
             grpc_port=0,
+            grpc_max_inflight=16,
             ready_file="/tmp/ready.json",
             read_timeout_s=2.5,
             tuner=TunerConfig(interval_s=0.5),
@@ -53,6 +54,7 @@ def test_settings_are_frozen_and_allowed_hosts_a_tuple():
         ({"grpc_port": "x"}, "grpc_port"),
         ({"read_timeout_s": 0}, "read_timeout_s"),
         ({"host": ""}, "host"),
+        ({"grpc_max_inflight": 0}, "grpc_max_inflight"),
     ],
 )
 def test_a_bad_setting_is_named(kw, field):
@@ -69,3 +71,19 @@ def test_from_dict_names_unknown_keys_and_bad_nested_configs():
     assert "tuner" in e.value.field
     with pytest.raises(ValidationError):
         ServeSettings.from_dict([])
+
+
+def test_the_cli_default_bound_of_grpc_calls_is_the_doors():
+    """``--grpc-max-inflight``'s default is a literal (building the parser imports no gRPC):
+    it must stay the door's own default; serve, deploy and attach all take it."""
+    from inferline.cli import build_parser
+    from inferline.cli._server_args import GRPC_MAX_INFLIGHT
+    from inferline.server.frontdoors import DEFAULT_MAX_INFLIGHT
+
+    assert GRPC_MAX_INFLIGHT == DEFAULT_MAX_INFLIGHT == ServeSettings().grpc_max_inflight
+    p = build_parser()
+    for argv in (["serve", "--deployment", "d.json"], ["attach", "triton://127.0.0.1:8000"]):
+        args, _ = p.parse_known_args([*argv, "--grpc-max-inflight", "7"])
+        assert args.grpc_max_inflight == 7
+    with pytest.raises(SystemExit):
+        p.parse_args(["serve", "--deployment", "d.json", "--grpc-max-inflight", "0"])

@@ -17,8 +17,10 @@ it is batched and where it runs; the answers are stacked back into the protocol'
 
 The HTTP routes are ordinary routers for ``create_app(routers=...)``, so they sit behind the
 frontend's bearer-token and body-size guard. The gRPC server checks the same token
-(``authorization: Bearer ...`` metadata), caps messages at the body limit and binds
-127.0.0.1 unless told otherwise.
+(``authorization: Bearer ...`` metadata), caps messages at the body limit, binds 127.0.0.1
+unless told otherwise, and answers inference calls past ``max_inflight`` (1,024) in flight
+``RESOURCE_EXHAUSTED``, counted in ``inferline_overloaded_total``, instead of letting
+grpc-core reset them.
 
 A served name's tensors are described by a ``Signature`` (names, dtypes, per-query shapes);
 ``inferline attach`` passes the ones it discovered so the names match the original server.
@@ -42,12 +44,13 @@ from inferline.server.frontdoors._door import (
     TensorInfo,
     check_max_rows,
 )
-from inferline.server.frontdoors._grpc import FrontDoorGrpc
+from inferline.server.frontdoors._grpc import DEFAULT_MAX_INFLIGHT, FrontDoorGrpc
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 from inferline.server.frontdoors._kserve_http import make_kserve_router
 from inferline.server.frontdoors._tfserving_rest import make_tfserving_router
 
 __all__ = [
+    "DEFAULT_MAX_INFLIGHT",
     "DEFAULT_MAX_ROWS",
     "KSERVE_DTYPES",
     "TF_DTYPES",

@@ -1,4 +1,21 @@
-"""gRPC front doors: KServe v2 and TF Serving on one port, behind the same bearer token."""
+"""gRPC front doors: KServe v2 and TF Serving on one port, behind the same bearer token.
+
+Overload is refused, never reset. The inference RPCs (KServe ``ModelInfer``, TF Serving
+``Predict``) of one port share a bound on calls in flight, ``max_inflight`` (default
+:data:`DEFAULT_MAX_INFLIGHT`, 1,024; None: unbounded): past it a call is answered
+``RESOURCE_EXHAUSTED`` ("retry later") right after the token check, before its inputs are
+decoded, and counted in ``inferline_overloaded_total{model=<name it asked for>}`` (a name the
+door does not serve: ``model=""``). Health, metadata and statistics RPCs are never refused.
+
+Why the bound alone is not enough: ``grpc.aio`` takes arriving calls from grpc-core one at a
+time on the event loop; the ones not taken yet wait in grpc-core's pending queue, and past
+``grpc.server.max_pending_requests`` (1,000 by default, every call past a hard limit of
+3,000) grpc-core kills them with a bare HTTP/2 RST_STREAM: the client sees ``CANCELLED``, and
+nothing on the server ever sees the call to answer or count it. 2,000 concurrent calls on one
+channel lost 10% that way. That queue is raised to :data:`CORE_BACKLOG` calls, so a burst
+waits the few milliseconds the loop needs to reach each call and answer it, admitted or
+refused; only a flood past that many calls waiting at once is still reset by grpc-core.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +24,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from inferline.server.frontdoors._door import FrontDoor
-from inferline.server.frontdoors._grpc_status import TokenCheck
+from inferline.server.frontdoors._grpc_status import Admission, TokenCheck
 from inferline.server.frontdoors._kserve_grpc import kserve_servicer
 from inferline.server.frontdoors._tfserving_grpc import tfserving_servicers
 
-__all__ = ["FrontDoorGrpc"]
+__all__ = ["CORE_BACKLOG", "DEFAULT_MAX_INFLIGHT", "FrontDoorGrpc"]
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_INFLIGHT = 1024
+# calls grpc-core may hold before the event loop takes them (see the module docstring)
+CORE_BACKLOG = 1 << 16
 
 
 class FrontDoorGrpc:
@@ -22,7 +43,8 @@ class FrontDoorGrpc:
     ``await start()`` in the serving loop; ``await stop()`` (also registered with
     ``service.on_close``). Services whose generated modules are not installed are skipped;
     ``services`` lists the ones that run. ``protocols``: which of ``kserve`` and ``tfserving``
-    to serve (both by default).
+    to serve (both by default). ``max_inflight``: the most inference calls in flight on the
+    port, past which a call is refused ``RESOURCE_EXHAUSTED`` and counted (None: no bound).
     """
 
     def __init__(
@@ -34,7 +56,14 @@ class FrontDoorGrpc:
         token: str | None = None,
         max_message_bytes: int = 1 << 20,
         protocols: Sequence[str] = ("kserve", "tfserving"),
+        max_inflight: int | None = DEFAULT_MAX_INFLIGHT,
     ) -> None:
+        if max_inflight is not None and (
+            isinstance(max_inflight, bool) or not isinstance(max_inflight, int) or max_inflight < 1
+        ):
+            raise ValueError(
+                f"max_inflight must be a positive integer or None, not {max_inflight!r}"
+            )
         self.door = door
         self.protocols = tuple(protocols)
         self.host = host
@@ -44,6 +73,12 @@ class FrontDoorGrpc:
         self.services: list[str] = []
         self._server: Any = None
         self._auth = TokenCheck(token)
+        self.max_inflight = max_inflight
+        self.gate = Admission(max_inflight, self._count_refused)
+
+    def _count_refused(self, name: str) -> None:
+        # an unserved name is not a label value: a flood of random names must not add series
+        self.door.service.metrics.overloaded(name if name in self.door.names() else "")
 
     async def start(self) -> int:
         import grpc
@@ -52,6 +87,9 @@ class FrontDoorGrpc:
             options=[
                 ("grpc.max_receive_message_length", self.max_message_bytes),
                 ("grpc.max_send_message_length", 64 << 20),
+                # past these grpc-core resets calls the loop has not taken yet (docstring)
+                ("grpc.server.max_pending_requests", CORE_BACKLOG),
+                ("grpc.server.max_pending_requests_hard_limit", CORE_BACKLOG),
             ]
         )
         if "kserve" in self.protocols:
@@ -73,7 +111,8 @@ class FrontDoorGrpc:
             log.info("no KServe gRPC front door (tritonclient[grpc] missing: %s)", e)
             return
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(
-            kserve_servicer(self.door, self._auth, service_pb2, service_pb2_grpc), server
+            kserve_servicer(self.door, self._auth, service_pb2, service_pb2_grpc, self.gate),
+            server,
         )
         self.services.append("inference.GRPCInferenceService")
 
@@ -84,7 +123,9 @@ class FrontDoorGrpc:
             log.info("no TF Serving gRPC front door (tensorflow-serving-api missing)")
             return
         st = grpc_stubs()
-        pred, models = tfserving_servicers(self.door, self._auth, st, self.max_message_bytes)
+        pred, models = tfserving_servicers(
+            self.door, self._auth, st, self.max_message_bytes, self.gate
+        )
         st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, server)
         st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)
         self.services += ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"]

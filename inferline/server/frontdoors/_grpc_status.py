@@ -1,14 +1,15 @@
-"""What every gRPC front door does first and last: the bearer-token check, and inferline's
-errors as gRPC status codes."""
+"""What every gRPC front door does first and last: the bearer-token check, the bound on calls
+in flight, and inferline's errors as gRPC status codes."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Any
 
 from inferline.core import InferlineError, NotFoundError, ValidationError, status_for
 
-__all__ = ["TokenCheck", "grpc_fail", "unimplemented", "with_unimplemented"]
+__all__ = ["Admission", "TokenCheck", "grpc_fail", "unimplemented", "with_unimplemented"]
 
 
 class TokenCheck:
@@ -36,6 +37,35 @@ class TokenCheck:
 
         if not self.authorized(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+
+class Admission:
+    """The bound on a door's inference calls in flight (every protocol on its port together).
+
+    A call past ``limit`` is answered RESOURCE_EXHAUSTED at once, before its inputs are
+    decoded, and ``refused(name)`` counts it (``name``: the model or app it asked for). The
+    event loop is the only caller, so a plain counter is exact."""
+
+    def __init__(self, limit: int | None, refused: Callable[[str], None]) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self._refused = refused
+
+    async def enter(self, context: Any, name: str) -> None:
+        """Take a slot for this call, or abort it RESOURCE_EXHAUSTED (nothing taken)."""
+        if self.limit is not None and self.in_flight >= self.limit:
+            import grpc
+
+            self._refused(name)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"overloaded: {self.in_flight} calls in flight on this door (max_inflight "
+                f"{self.limit}); retry later",
+            )
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
 
 
 async def grpc_fail(context: Any, e: BaseException) -> None:

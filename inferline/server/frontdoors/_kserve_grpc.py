@@ -15,7 +15,12 @@ from inferline.server.frontdoors._door import (
     decode_off_loop,
     dtype_name,
 )
-from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
+from inferline.server.frontdoors._grpc_status import (
+    Admission,
+    TokenCheck,
+    grpc_fail,
+    with_unimplemented,
+)
 from inferline.server.frontdoors._kserve_codec import (
     bytes_serialize,
     grpc_contents,
@@ -28,12 +33,15 @@ __all__ = ["KServeHandlers", "kserve_servicer"]
 class KServeHandlers:
     """The KServe v2 RPCs inferline serves: health, metadata, model configuration, statistics
     and ``ModelInfer`` over a ``FrontDoor`` (``pb``: tritonclient's generated messages). Every
-    RPC checks the token."""
+    RPC checks the token; ``ModelInfer`` then takes a slot of ``gate`` (none: unbounded)."""
 
-    def __init__(self, door: FrontDoor, auth: TokenCheck, pb: Any) -> None:
+    def __init__(
+        self, door: FrontDoor, auth: TokenCheck, pb: Any, gate: Admission | None = None
+    ) -> None:
         self.door = door
         self.auth = auth
         self.pb = pb
+        self.gate = gate or Admission(None, lambda name: None)
 
     def _tmeta(self, t: TensorInfo) -> Any:
         return self.pb.ModelMetadataResponse.TensorMetadata(
@@ -130,6 +138,13 @@ class KServeHandlers:
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         await self.auth.require(context)
+        await self.gate.enter(context, request.model_name)
+        try:
+            return await self._infer(request, context)
+        finally:
+            self.gate.leave()
+
+    async def _infer(self, request: Any, context: Any) -> Any:
         try:
             tensors = await decode_off_loop(
                 request.ByteSize(), _decode_inputs, request, self.door.max_rows
@@ -185,8 +200,10 @@ def _decode_inputs(request: Any, max_rows: int) -> dict[str, np.ndarray]:
     return tensors
 
 
-def kserve_servicer(door: FrontDoor, auth: TokenCheck, pb: Any, pbg: Any) -> Any:
+def kserve_servicer(
+    door: FrontDoor, auth: TokenCheck, pb: Any, pbg: Any, gate: Admission | None = None
+) -> Any:
     """A ``GRPCInferenceServiceServicer``: :class:`KServeHandlers`, and UNIMPLEMENTED for the
     rest (model control, shared memory, ...)."""
     cls = with_unimplemented(KServeHandlers, pbg.GRPCInferenceServiceServicer, auth, "KServe")
-    return cls(door, auth, pb)
+    return cls(door, auth, pb, gate)

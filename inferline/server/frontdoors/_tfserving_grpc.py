@@ -9,7 +9,12 @@ import numpy as np
 from inferline.adapters.tfserving import from_tensor_proto, to_tensor_proto
 from inferline.core import InferlineError, ValidationError, cast_exact
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, check_shape, decode_off_loop
-from inferline.server.frontdoors._grpc_status import TokenCheck, grpc_fail, with_unimplemented
+from inferline.server.frontdoors._grpc_status import (
+    Admission,
+    TokenCheck,
+    grpc_fail,
+    with_unimplemented,
+)
 
 __all__ = ["ModelStatusHandlers", "PredictionHandlers", "check_tensor_proto", "tfserving_servicers"]
 
@@ -83,18 +88,32 @@ def _decode(inputs: Any, max_rows: int, max_bytes: int) -> dict[str, np.ndarray]
 
 class PredictionHandlers:
     """TF Serving's ``PredictionService``: ``Predict`` and ``GetModelMetadata`` over a
-    ``FrontDoor`` (``st``: the tensorflow-serving-api stubs)."""
+    ``FrontDoor`` (``st``: the tensorflow-serving-api stubs). ``Predict`` takes a slot of
+    ``gate`` (none: unbounded) after the token check."""
 
     def __init__(
-        self, door: FrontDoor, auth: TokenCheck, st: Any, max_bytes: int = 1 << 20
+        self,
+        door: FrontDoor,
+        auth: TokenCheck,
+        st: Any,
+        max_bytes: int = 1 << 20,
+        gate: Admission | None = None,
     ) -> None:
         self.door = door
         self.auth = auth
         self.st = st
         self.max_bytes = max_bytes
+        self.gate = gate or Admission(None, lambda name: None)
 
     async def Predict(self, request: Any, context: Any) -> Any:
         await self.auth.require(context)
+        await self.gate.enter(context, request.model_spec.name)
+        try:
+            return await self._predict(request, context)
+        finally:
+            self.gate.leave()
+
+    async def _predict(self, request: Any, context: Any) -> Any:
         name = request.model_spec.name
         try:
             tensors = await decode_off_loop(
@@ -160,7 +179,11 @@ class ModelStatusHandlers:
 
 
 def tfserving_servicers(
-    door: FrontDoor, auth: TokenCheck, st: Any, max_bytes: int = 1 << 20
+    door: FrontDoor,
+    auth: TokenCheck,
+    st: Any,
+    max_bytes: int = 1 << 20,
+    gate: Admission | None = None,
 ) -> tuple[Any, Any]:
     """The two servicers, each answering UNIMPLEMENTED for the RPCs inferline does not serve."""
     pred = with_unimplemented(
@@ -172,4 +195,4 @@ def tfserving_servicers(
     models = with_unimplemented(
         ModelStatusHandlers, st.model_service_pb2_grpc.ModelServiceServicer, auth, "Models"
     )
-    return pred(door, auth, st, max_bytes), models(door, auth, st)
+    return pred(door, auth, st, max_bytes, gate), models(door, auth, st)
