@@ -79,11 +79,14 @@ def test_profiling_under_contention_measures_a_shared_core():
         finally:
             await b.close()
 
-    alone_res = asyncio.run(main(False))
+    # the model's own cost: the least of three runs alone. One short run alone read 1.6x the
+    # usual cost now and then on this shared 2-core machine (a neighbour's burst on the one
+    # core during its 50-100 ms), and the ratio below then fell to 1.04-1.4 (seen in CI)
+    alones = [asyncio.run(main(False)) for _ in range(3)]
+    alone = min(r.profiles.models["w"]["cpu"][1].latency_s for r in alones)
     shared_res = asyncio.run(main(True))
-    alone = alone_res.profiles.models["w"]["cpu"][1].latency_s
     shared = shared_res.profiles.models["w"]["cpu"][1].latency_s
-    assert alone_res.contention == {}
+    assert all(r.contention == {} for r in alones)
     # the contender was answering before the first measured batch (the profiler waits for
     # its first answer) and kept answering throughout: at least one of its batches per
     # measured one (both take about as long on the shared core)
