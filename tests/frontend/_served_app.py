@@ -57,3 +57,43 @@ def served(app: Any, **serve_kw: Any) -> Iterator[int]:
     """Serve ``app`` (``serve_app``'s keywords) until the block ends; yields the port."""
     with serving(app, **serve_kw) as running:
         yield running.port
+
+
+@contextmanager
+def serving_deployment(dep: Any, grpc_port: int | None) -> Iterator[dict[str, Any]]:
+    """``inferline.deploy.serve(dep)`` on any free port (and ``grpc_port``) in a thread,
+    without the tuner; yields what it reported once serving (``url``, ``grpc``, ...)."""
+    from inferline.deploy import serve
+
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    got: dict[str, Any] = {}
+    ready = threading.Event()
+    failed: list[BaseException] = []
+
+    def on_ready(info: dict[str, Any]) -> None:
+        got.update(info)
+        ready.set()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(
+                serve(dep, port=0, grpc_port=grpc_port, ready=on_ready, stop=stop, tuner=None)
+            )
+        except BaseException as e:  # reported below
+            failed.append(e)
+            ready.set()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(60)
+    if failed:
+        raise failed[0]
+    try:
+        yield got
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        t.join(30)
+        assert not t.is_alive()
+        loop.close()

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from _served_app import serving_deployment
 
 from inferline.cli import build_parser
 from inferline.core import ValidationError
@@ -54,40 +52,8 @@ def test_serve_has_a_grpc_port_option_off_by_default() -> None:
     assert p.parse_args(["serve", "--deployment", "d.json", "--grpc-port", "0"]).grpc_port == 0
 
 
-@contextmanager
-def _serving(dep: Deployment, grpc_port: int | None) -> Iterator[dict[str, Any]]:
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    got: dict[str, Any] = {}
-    ready = threading.Event()
-    failed: list[BaseException] = []
-
-    def on_ready(info: dict[str, Any]) -> None:
-        got.update(info)
-        ready.set()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(
-                serve(dep, port=0, grpc_port=grpc_port, ready=on_ready, stop=stop, tuner=None)
-            )
-        except BaseException as e:  # reported below
-            failed.append(e)
-            ready.set()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(60)
-    if failed:
-        raise failed[0]
-    try:
-        yield got
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        t.join(30)
-        assert not t.is_alive()
-        loop.close()
+def _serving(dep: Deployment, grpc_port: int | None) -> Any:
+    return serving_deployment(dep, grpc_port)
 
 
 def _kserve_body() -> dict[str, Any]:

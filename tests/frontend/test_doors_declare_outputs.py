@@ -8,55 +8,21 @@ with ``outputs: expected names among ['n', 'pid', 'x'], got ['output']``. A real
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
+from _served_app import serving_deployment
 
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy import Deployment, serve
+from inferline.deploy import Deployment
 from inferline.server import App, InputSpec, Service
 from inferline.server.frontdoors import FrontDoor
 
 
-@contextmanager
-def _serving(dep: Deployment, grpc_port: int | None) -> Iterator[dict[str, Any]]:
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    got: dict[str, Any] = {}
-    ready = threading.Event()
-    failed: list[BaseException] = []
-
-    def on_ready(info: dict[str, Any]) -> None:
-        got.update(info)
-        ready.set()
-
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(
-                serve(dep, port=0, grpc_port=grpc_port, ready=on_ready, stop=stop, tuner=None)
-            )
-        except BaseException as e:  # reported below
-            failed.append(e)
-            ready.set()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(60)
-    if failed:
-        raise failed[0]
-    try:
-        yield got
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        t.join(30)
-        assert not t.is_alive()
-        loop.close()
+def _serving(dep: Deployment, grpc_port: int | None) -> Any:
+    return serving_deployment(dep, grpc_port)
 
 
 # the sleep model answers {"pid", "n", "x"}; "x" is None for an array input (left out)
