@@ -400,11 +400,18 @@ class Dispatcher:
         return Handoff(self._instant)
 
     async def submit_many(
-        self, model: str, xs: Sequence[Any], *, deadline: float, arrival: float | None = None
+        self,
+        model: str,
+        xs: Sequence[Any],
+        *,
+        deadline: float,
+        arrival: float | None = None,
+        priority: int = 0,
     ) -> list[Any]:
         """Queue all of ``xs`` at once (admitted all or none) and return one entry per input:
         the output, or the exception instance for an input that failed (the narrow waist's
-        convention), so one bad input does not hide the others' results."""
+        convention), so one bad input does not hide the others' results. ``priority``: as
+        ``submit``'s, for every input."""
         q = self._queue(self._routes.get(model, model))
         if (
             len(q.heap) + q.in_flight + len(xs) > q.max_queue
@@ -412,16 +419,16 @@ class Dispatcher:
         ):
             q.rejected += len(xs)
             raise OverloadedError(q.name, q.max_queue)
-        futs = [self._enqueue_or_refusal(q, x, deadline, arrival) for x in xs]
+        futs = [self._enqueue_or_refusal(q, x, deadline, arrival, priority) for x in xs]
         return list(await asyncio.gather(*futs, return_exceptions=True))
 
     def _enqueue_or_refusal(
-        self, q: ModelQueue, x: Any, deadline: float, arrival: float | None
+        self, q: ModelQueue, x: Any, deadline: float, arrival: float | None, priority: int = 0
     ) -> asyncio.Future[Any]:
         """``_enqueue``, with admission's refusal as the input's own answer (the others of a
         ``submit_many`` stay queued)."""
         try:
-            return self._enqueue(q, x, deadline, arrival)
+            return self._enqueue(q, x, deadline, arrival, None, None, priority)
         except PredictedLate as e:
             fut = asyncio.get_running_loop().create_future()
             fut.set_exception(e)

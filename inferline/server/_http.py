@@ -327,11 +327,17 @@ def create_app(
     for exc, handler in _EXCEPTION_HANDLERS:
         app.add_exception_handler(exc, handler)
     app.include_router(AppRoutes(service).router())
+    fast_paths = []
     for r in routers:
-        app.include_router(r if isinstance(r, APIRouter) else r(service))
+        router = r if isinstance(r, APIRouter) else r(service)
+        app.include_router(router)
+        fast_paths += getattr(router, "inferline_fast_paths", [])
     # add_middleware puts the last one outermost: the guard checks every request, then the
-    # predict route answers the data path before FastAPI's routing.
-    app.add_middleware(PredictRoute, service=service, max_body_bytes=max_body_bytes)
+    # predict route answers the data path (native and protocol doors' inference routes)
+    # before FastAPI's routing.
+    app.add_middleware(
+        PredictRoute, service=service, max_body_bytes=max_body_bytes, fast_paths=fast_paths
+    )
     app.add_middleware(
         Guard,
         token=token,

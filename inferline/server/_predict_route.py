@@ -1,26 +1,35 @@
-"""``POST /apps/{app}/predict`` answered straight at the ASGI level: the data path.
+"""The data path answered straight at the ASGI level: ``POST /apps/{app}/predict`` and the
+protocol doors' inference routes (KServe v2 ``/infer``, TF Serving ``:predict``).
 
 FastAPI's per-request routing and dependency machinery would cost more CPU than the rest of
 the frontend together, so ``PredictRoute`` sits between the guard and the FastAPI app and
-serves that one route itself (``handle_predict``); everything else goes on to FastAPI. The
-FastAPI route of the same path (same ``handle_predict``) documents it in the OpenAPI schema
-and serves it when this layer is bypassed.
+serves those routes itself: the native one (``handle_predict``) and every ``FastPath`` that
+a mounted router carries (``inferline_fast_paths``, set by ``make_kserve_router`` and
+``make_tfserving_router``). Everything else goes on to FastAPI, whose routes of the same
+paths (same answer functions) document them in the OpenAPI schema and serve them when this
+layer is bypassed (a chunked body).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferline.core import BodyTooLarge
 from inferline.server._predict import handle_predict
-from inferline.server._replies import send_json, too_large
+from inferline.server._replies import INTERNAL_ERROR, send_json, too_large
 from inferline.server._service import Service
 
-__all__ = ["PredictRoute", "predict_app_name"]
+__all__ = ["FastPath", "PredictRoute", "predict_app_name"]
 
+log = logging.getLogger(__name__)
+
+_EXITING = {"detail": "the server is exiting", "error": "ShuttingDown"}
 _PREFIX = "/apps/"
 _SUFFIX = "/predict"
 
@@ -35,24 +44,76 @@ def predict_app_name(path: str) -> str | None:
     return None
 
 
-class PredictRoute:
-    """ASGI layer that answers ``POST /apps/{app}/predict`` for ``service`` and passes every
-    other request to ``app``. The guard in front has already checked the request (host,
-    token, declared body size). A body sent without a length (chunked) goes on to the
-    FastAPI route, which reads it through the guard's counting ``receive``."""
+# An answer: status, body, media type and extra headers (as a Starlette ``Response`` takes).
+Answer = tuple[int, bytes, str, dict[str, str] | None]
 
-    def __init__(self, app: ASGIApp, service: Service, max_body_bytes: int) -> None:
+
+class FastPath(Protocol):
+    """A POST route this layer answers: ``match(path)`` is what ``answer`` needs (the model
+    name, ...), or None for a path it does not serve; ``answer`` never raises for a bad
+    request (a bug raises: a JSON 500, as FastAPI's handler answers)."""
+
+    def match(self, path: str) -> Any | None: ...
+
+    async def answer(self, key: Any, raw: bytes, headers: list[tuple[bytes, bytes]]) -> Answer: ...
+
+
+class PredictRoute:
+    """ASGI layer that answers ``POST /apps/{app}/predict`` for ``service`` and the POST
+    routes of ``fast_paths``, and passes every other request to ``app``. The guard in front
+    has already checked the request (host, token, content type, declared body size). A body
+    sent without a length (chunked) goes on to the FastAPI route, which reads it through
+    the guard's counting ``receive``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        service: Service,
+        max_body_bytes: int,
+        fast_paths: Sequence[FastPath] = (),
+    ) -> None:
         self.app = app
         self.service = service
         self.limit = max_body_bytes
+        self.fast_paths = tuple(fast_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            name = predict_app_name(scope["path"])
-            if name is not None and _has_length(scope):
+        if scope["type"] == "http" and scope["method"] == "POST" and _has_length(scope):
+            path = scope["path"]
+            name = predict_app_name(path)
+            if name is not None:
                 await self._predict(name, receive, send)
                 return
+            for fp in self.fast_paths:
+                key = fp.match(path)
+                if key is not None:
+                    await self._fast(fp, key, scope, receive, send)
+                    return
         await self.app(scope, receive, send)
+
+    async def _fast(
+        self, fp: FastPath, key: Any, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """One request of a ``FastPath``."""
+        try:
+            raw = await self._body(receive)
+        except BodyTooLarge:
+            await send_json(send, 413, too_large(self.limit))
+            return
+        if raw is None:
+            return
+        try:
+            status, body, media, extra = await fp.answer(key, raw, scope["headers"])
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await send_json(send, 503, _EXITING)
+            return
+        except Exception:
+            # as the guard answers a bug in a FastAPI route: logged once, a JSON 500
+            log.exception("unexpected error serving %s %s", scope["method"], scope["path"])
+            await send_json(send, 500, INTERNAL_ERROR)
+            return
+        await _send_answer(send, status, body, media, extra)
 
     async def _predict(self, name: str, receive: Receive, send: Send) -> None:
         try:
@@ -68,18 +129,9 @@ class PredictRoute:
             # A forced exit (a second Ctrl-C) cancels the requests still running: each gets
             # an explicit 503 instead of uvicorn's plain-text 500 and a logged traceback.
             with contextlib.suppress(Exception):
-                await send_json(
-                    send, 503, {"detail": "the server is exiting", "error": "ShuttingDown"}
-                )
+                await send_json(send, 503, _EXITING)
             return
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(data)).encode()),
-        ]
-        if extra:
-            headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
+        await _send_answer(send, status, data, "application/json", extra)
 
     async def _body(self, receive: Receive) -> bytes | None:
         """The whole body, or None on a disconnect; ``BodyTooLarge`` past the limit (a client
@@ -104,3 +156,15 @@ def _has_length(scope: Scope) -> bool:
         if k == b"content-length":
             return True
     return False
+
+
+async def _send_answer(
+    send: Send, status: int, body: bytes, media: str, extra: dict[str, str] | None
+) -> None:
+    """The headers a Starlette ``Response`` of the same answer carries, in its order (extra
+    headers, length, type): both paths answer alike."""
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (extra or {}).items()]
+    headers.append((b"content-length", str(len(body)).encode()))
+    headers.append((b"content-type", media.encode("latin-1")))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

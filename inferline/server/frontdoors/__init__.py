@@ -16,7 +16,15 @@ it is batched and where it runs; the answers are stacked back into the protocol'
   ``tensorflow-serving-api`` stubs are installed) on one port.
 
 The HTTP routes are ordinary routers for ``create_app(routers=...)``, so they sit behind the
-frontend's bearer-token and body-size guard. The gRPC server checks the same token
+frontend's bearer-token and body-size guard; their inference routes (``/infer``,
+``:predict``) are also declared as ``inferline_fast_paths`` on the router, which
+``create_app`` answers at the ASGI level in front of FastAPI's routing (same answers, byte for
+byte; ``inferline.server._predict_route``).
+
+Per request (``_deadline``): KServe v2 ``parameters.timeout`` (microseconds, as Triton) and
+``parameters.priority`` (inferline's class: -100 to 100, higher first) over HTTP and gRPC, and
+the deadline a gRPC client sets (KServe and TF Serving) shorten the served name's SLO, which
+is the default and the cap (docs/deadlines.md). The gRPC server checks the same token
 (``authorization: Bearer ...`` metadata), caps messages at the body limit, binds 127.0.0.1
 unless told otherwise, and answers inference calls past ``max_inflight`` (1,024) in flight
 ``RESOURCE_EXHAUSTED``, counted in ``inferline_overloaded_total``, instead of letting

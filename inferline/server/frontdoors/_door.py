@@ -14,6 +14,7 @@ import numpy as np
 
 from inferline.core import NotFoundError, ValidationError, cast_exact
 from inferline.server._service import Service
+from inferline.server.frontdoors._deadline import DEFAULT_LIMITS, RequestLimits
 from inferline.server.frontdoors._outputs import columns, per_query, stack_column
 
 T = TypeVar("T")
@@ -408,14 +409,17 @@ class FrontDoor:
             return [tensors[want[0]][i] for i in range(n)]
         return [{k: tensors[k][i] for k in want} for i in range(n)]
 
-    async def run(self, name: str, queries: Sequence[Any]) -> list[Any]:
+    async def run(
+        self, name: str, queries: Sequence[Any], limits: RequestLimits = DEFAULT_LIMITS
+    ) -> list[Any]:
         """Outputs of ``queries``, in order; raises the first query's error. Counted in
-        ``stats`` (what the statistics extension reports)."""
+        ``stats`` (what the statistics extension reports). ``limits``: the request's own
+        deadline (the name's SLO is the default and the cap) and priority class."""
         self.check(name)
         t0 = time.perf_counter_ns()
         ok = False
         try:
-            outs = await self._run(name, queries)
+            outs = await self._run(name, queries, limits)
             ok = True
             return outs
         finally:
@@ -423,7 +427,9 @@ class FrontDoor:
                 len(queries), time.perf_counter_ns() - t0, ok
             )
 
-    async def _run(self, name: str, queries: Sequence[Any]) -> list[Any]:
+    async def _run(
+        self, name: str, queries: Sequence[Any], limits: RequestLimits = DEFAULT_LIMITS
+    ) -> list[Any]:
         svc = self.service
         if name in svc.apps:
             app = svc.apps[name]
@@ -431,13 +437,20 @@ class FrontDoor:
                 svc.check_input(app, q, f"inputs[{i}]") if app.input_spec is not None else q
                 for i, q in enumerate(queries)
             ]
+            slo = limits.budget(app.slo_s)
             preds = await asyncio.gather(
-                *(svc.predict(name, x) for x in xs), return_exceptions=True
+                *(svc.predict(name, x, slo, limits.priority) for x in xs),
+                return_exceptions=True,
             )
             outs = [p if isinstance(p, BaseException) else p.output for p in preds]
         else:
             d = svc.dispatcher
-            outs = await d.submit_many(name, list(queries), deadline=d.clock() + self.model_slo_s)
+            outs = await d.submit_many(
+                name,
+                list(queries),
+                deadline=d.clock() + limits.budget(self.model_slo_s),
+                priority=limits.priority,
+            )
         for o in outs:
             if isinstance(o, BaseException):
                 raise o

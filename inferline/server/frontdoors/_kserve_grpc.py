@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from inferline.core import InferlineError, ValidationError
+from inferline.server.frontdoors._deadline import kserve_grpc_limits
 from inferline.server.frontdoors._door import (
     KSERVE_EXTENSIONS,
     KSERVE_OF,
@@ -149,12 +150,13 @@ class KServeHandlers:
             tensors = await decode_off_loop(
                 request.ByteSize(), _decode_inputs, request, self.door.max_rows
             )
+            limits = kserve_grpc_limits(request.parameters, context)
             self.door.check_datatypes(request.model_name, tensors)
             wanted = [o.name for o in request.outputs]
             outs = self.door.stack(
                 request.model_name,
                 await self.door.run(
-                    request.model_name, self.door.queries(request.model_name, tensors)
+                    request.model_name, self.door.queries(request.model_name, tensors), limits
                 ),
                 wanted,
             )

@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from inferline.core import InferlineError
 from inferline.server._http import error_body, status_for
 from inferline.server._service import Service
+from inferline.server.frontdoors._deadline import kserve_limits
 from inferline.server.frontdoors._door import (
     KSERVE_EXTENSIONS,
     KSERVE_OF,
@@ -20,20 +21,25 @@ from inferline.server.frontdoors._door import (
 )
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 
-__all__ = ["KServeRoutes", "make_kserve_router"]
+__all__ = ["InferFastPath", "KServeRoutes", "make_kserve_router"]
+
+_JSON = "application/json"
 
 
-def _kserve_error(e: BaseException, not_found: int = 404) -> Response:
+def _kserve_error_parts(
+    e: BaseException, not_found: int = 404
+) -> tuple[int, bytes, str, dict[str, str] | None]:
     status = status_for(e) if isinstance(e, InferlineError) else 500
     if status == 422:
         status = 400  # KServe clients expect 400 for a bad request
     if status == 404:
         status = not_found  # Triton answers 400 for an unknown model's config and stats
-    return Response(
-        json.dumps({**error_body(e), "error": str(e)}),
-        status_code=status,
-        media_type="application/json",
-    )
+    return status, json.dumps({**error_body(e), "error": str(e)}).encode(), _JSON, None
+
+
+def _kserve_error(e: BaseException, not_found: int = 404) -> Response:
+    status, body, media, _ = _kserve_error_parts(e, not_found)
+    return Response(body, status_code=status, media_type=media)
 
 
 _ERROR = {
@@ -211,26 +217,68 @@ class KServeRoutes:
 
     async def infer(self, model: str, request: Request, version: str = "1") -> Response:
         hl = request.headers.get("inference-header-content-length")
+        status, body, media, headers = await self.answer_infer(model, await request.body(), hl)
+        return Response(body, status_code=status, media_type=media, headers=headers)
+
+    async def answer_infer(
+        self, model: str, raw: bytes, hl: str | None
+    ) -> tuple[int, bytes, str, dict[str, str] | None]:
+        """One infer request, start to end: ``(status, body, media type, extra headers)``,
+        what the FastAPI route and the raw ASGI fast path (``InferFastPath``) both send."""
         try:
-            raw = await request.body()
             req, tensors = await decode_off_loop(
                 len(raw), kserve_decode, raw, header_length(hl, len(raw)), self.door.max_rows
             )
+            limits = kserve_limits(req.get("parameters"))
             self.door.check_datatypes(model, tensors)
-            outs = await self.door.run(model, self.door.queries(model, tensors))
+            outs = await self.door.run(model, self.door.queries(model, tensors), limits)
             wanted = [
                 o["name"] for o in req.get("outputs") or [] if isinstance(o, dict) and "name" in o
             ]
             body, header_len = kserve_encode(model, req, self.door.stack(model, outs, wanted))
         except InferlineError as e:
-            return _kserve_error(e)
-        headers = (
-            {"Inference-Header-Content-Length": str(header_len)} if header_len is not None else None
-        )
-        media = "application/octet-stream" if header_len is not None else "application/json"
-        return Response(body, media_type=media, headers=headers)
+            return _kserve_error_parts(e)
+        if header_len is None:
+            return 200, body, "application/json", None
+        headers = {"Inference-Header-Content-Length": str(header_len)}
+        return 200, body, "application/octet-stream", headers
+
+
+class InferFastPath:
+    """``POST /v2/models/{model}[/versions/{version}]/infer`` for the raw ASGI layer
+    (``_predict_route.FastRoutes``): the route's path parsed here, its answer
+    ``KServeRoutes.answer_infer``'s, so both paths answer alike."""
+
+    def __init__(self, routes: KServeRoutes) -> None:
+        self.routes = routes
+
+    def match(self, path: str) -> str | None:
+        """The model of an infer path, else None (what FastAPI's ``{model}`` would match:
+        one non-empty segment)."""
+        if not path.startswith("/v2/models/") or not path.endswith("/infer"):
+            return None
+        parts = path[len("/v2/models/") : -len("/infer")].split("/")
+        if len(parts) == 1 and parts[0]:
+            return parts[0]
+        if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+            return parts[0]
+        return None
+
+    async def answer(
+        self, model: str, raw: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes, str, dict[str, str] | None]:
+        hl = None
+        for k, v in headers:
+            if k == b"inference-header-content-length":
+                hl = v.decode("latin-1")
+                break  # the first one, as Starlette's Headers.get
+        return await self.routes.answer_infer(model, raw, hl)
 
 
 def make_kserve_router(door: FrontDoor | Service) -> APIRouter:
     """KServe v2 HTTP routes over ``door`` (a ``FrontDoor``, or a ``Service`` to wrap)."""
-    return KServeRoutes(door if isinstance(door, FrontDoor) else FrontDoor(door)).router()
+    routes = KServeRoutes(door if isinstance(door, FrontDoor) else FrontDoor(door))
+    r = routes.router()
+    # create_app puts these in front of FastAPI's routing (the data path)
+    r.inferline_fast_paths = [InferFastPath(routes)]  # type: ignore[attr-defined]
+    return r

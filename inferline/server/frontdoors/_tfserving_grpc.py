@@ -8,6 +8,7 @@ import numpy as np
 
 from inferline.adapters.tfserving import from_tensor_proto, to_tensor_proto
 from inferline.core import InferlineError, ValidationError, cast_exact
+from inferline.server.frontdoors._deadline import grpc_limits
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, check_shape, decode_off_loop
 from inferline.server.frontdoors._grpc_status import (
     Admission,
@@ -121,7 +122,8 @@ class PredictionHandlers:
             )
             outs = self.door.stack(
                 name,
-                await self.door.run(name, self.door.queries(name, tensors)),
+                # TF Serving's API carries no deadline but gRPC's own
+                await self.door.run(name, self.door.queries(name, tensors), grpc_limits(context)),
                 list(request.output_filter),
             )
         except InferlineError as e:

@@ -15,7 +15,17 @@ from inferline.server._http import decode_json, status_for
 from inferline.server._service import Service
 from inferline.server.frontdoors._door import TF_OF, FrontDoor, TensorInfo, decode_off_loop
 
-__all__ = ["SIGNATURE_NAME", "TFServingRoutes", "make_tfserving_router", "parse_path", "servable"]
+__all__ = [
+    "SIGNATURE_NAME",
+    "PredictFastPath",
+    "TFServingRoutes",
+    "make_tfserving_router",
+    "parse_path",
+    "servable",
+]
+
+_JSON = "application/json"
+_PREFIX = "/v1/models/"
 
 # The one signature and the one version a front door serves (no version labels).
 SIGNATURE_NAME = "serving_default"
@@ -31,16 +41,19 @@ def _tf_json(a: np.ndarray) -> Any:
     return a.tolist()
 
 
-def _tf_error(e: BaseException) -> Response:
+def _tf_error_parts(e: BaseException) -> tuple[int, bytes]:
     if isinstance(e, TFServingError):
         status = e.status
     else:
         status = status_for(e) if isinstance(e, InferlineError) else 500
     if status == 422:
         status = 400
-    return Response(
-        json.dumps({"error": str(e)}), status_code=status, media_type="application/json"
-    )
+    return status, json.dumps({"error": str(e)}).encode()
+
+
+def _tf_error(e: BaseException) -> Response:
+    status, body = _tf_error_parts(e)
+    return Response(body, status_code=status, media_type=_JSON)
 
 
 def parse_path(path: str) -> tuple[str, str]:
@@ -329,51 +342,74 @@ class TFServingRoutes:
         }, False
 
     async def post(self, path: str, request: Request) -> Response:
+        status, body = await self.answer_post(path, await request.body())
+        return Response(body, status_code=status, media_type=_JSON)
+
+    async def answer_post(self, path: str, raw: bytes) -> tuple[int, bytes]:
+        """One ``POST /v1/models/{path}``, start to end: ``(status, JSON body)``, what the
+        FastAPI route and the raw ASGI fast path (``PredictFastPath``) both send. TF
+        Serving's REST API has no per-request deadline: its queries get the SLO."""
         name, what = parse_path(path)
         if what != "predict":
-            return Response(
-                json.dumps({"error": f"Malformed request: POST /v1/models/{path}"}),
-                status_code=404,
-                media_type="application/json",
-            )
+            return 404, json.dumps({"error": f"Malformed request: POST /v1/models/{path}"}).encode()
         try:
             self.door.check(name)
             servable(name, path)
-            raw = await request.body()
             tensors, row_format = await decode_off_loop(len(raw), self._decode, name, raw)
             queries = self.door.queries(name, tensors)
             outs = self.door.stack(name, await self.door.run(name, queries))
         except (InferlineError, TFServingError) as e:
-            return _tf_error(e)
-        n = len(queries)  # every output may be left out (None): rows are still rows
-        if row_format:
-            if len(outs) == 1:
-                (a,) = outs.values()
-                res: Any = {"predictions": _tf_json(a)}
-            else:
-                res = {
-                    "predictions": [
-                        {
-                            k: _tf_json(v[i])
-                            if isinstance(v[i], np.ndarray)
-                            else _tf_json(np.asarray(v[i]))
-                            for k, v in outs.items()
-                        }
-                        for i in range(n)
-                    ]
-                }
-        else:
-            res = {
-                "outputs": _tf_json(next(iter(outs.values())))
-                if len(outs) == 1
-                else {k: _tf_json(v) for k, v in outs.items()}
+            return _tf_error_parts(e)
+        # every output may be left out (None): rows are still rows
+        return 200, json.dumps(_predict_body(outs, len(queries), row_format)).encode()
+
+
+def _predict_body(outs: dict[str, np.ndarray], n: int, row_format: bool) -> dict[str, Any]:
+    if not row_format:
+        return {
+            "outputs": _tf_json(next(iter(outs.values())))
+            if len(outs) == 1
+            else {k: _tf_json(v) for k, v in outs.items()}
+        }
+    if len(outs) == 1:
+        (a,) = outs.values()
+        return {"predictions": _tf_json(a)}
+    return {
+        "predictions": [
+            {
+                k: _tf_json(v[i]) if isinstance(v[i], np.ndarray) else _tf_json(np.asarray(v[i]))
+                for k, v in outs.items()
             }
-        return Response(json.dumps(res), media_type="application/json")
+            for i in range(n)
+        ]
+    }
+
+
+class PredictFastPath:
+    """``POST /v1/models/{path}`` for the raw ASGI layer (``_predict_route.FastRoutes``):
+    every POST under ``/v1/models/`` (FastAPI's ``{path:path}`` matches them all), answered
+    by ``TFServingRoutes.answer_post``."""
+
+    def __init__(self, routes: TFServingRoutes) -> None:
+        self.routes = routes
+
+    def match(self, path: str) -> str | None:
+        return path[len(_PREFIX) :] if path.startswith(_PREFIX) else None
+
+    async def answer(
+        self, path: str, raw: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[int, bytes, str, dict[str, str] | None]:
+        status, body = await self.routes.answer_post(path, raw)
+        return status, body, _JSON, None
 
 
 def make_tfserving_router(door: FrontDoor | Service) -> APIRouter:
     """TF Serving REST routes (``/v1/models/...``) over ``door``."""
-    return TFServingRoutes(door if isinstance(door, FrontDoor) else FrontDoor(door)).router()
+    routes = TFServingRoutes(door if isinstance(door, FrontDoor) else FrontDoor(door))
+    r = routes.router()
+    # create_app puts these in front of FastAPI's routing (the data path)
+    r.inferline_fast_paths = [PredictFastPath(routes)]  # type: ignore[attr-defined]
+    return r
 
 
 def _brief(v: Any) -> Any:
