@@ -64,6 +64,9 @@ class ManagedModel:
     spec: ModelSpec
     config: ModelConfig
     handles: list[Any] = field(default_factory=list)  # RemoteReplica subclasses
+    # batch calls cut at their batch's deadline (RemoteReplica._late), and their queries
+    late_calls: int = 0
+    late_items: int = 0
 
     def active(self) -> int:
         return sum(1 for h in self.handles if h.alive)
@@ -189,6 +192,8 @@ class RemoteBackend(RecoveryLoops, ModelRegistry):
             "hardware": m.config.hardware,
             "active_replicas": m.active(),
             "in_flight": m.in_flight(),
+            "late_calls": m.late_calls,
+            "late_items": m.late_items,
         }
 
 

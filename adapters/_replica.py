@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from inferline.core import ReplicaError
+from inferline.core import BATCH_DEADLINE, DeadlineExceededError, ReplicaError
 from inferline.core.protocols import ReplicaBase
 
 __all__ = ["RemoteReplica", "ReplicaBase", "ReplicaOwner"]
@@ -116,6 +116,17 @@ class RemoteReplica(ReplicaBase):
             return True
         except TimeoutError:
             return False
+
+    def _late(self, m: Any, items: int, why: str) -> DeadlineExceededError:
+        """A call cut at the batch's deadline (``core.BATCH_DEADLINE``): counted on ``m``
+        (the model's ``ManagedModel``), and the error the batch's queries get (the queue's
+        expiry answer, not retried: another replica could only be later)."""
+        m.late_calls += 1
+        m.late_items += items
+        late = max(0.0, asyncio.get_running_loop().time() - BATCH_DEADLINE.get())
+        return DeadlineExceededError(
+            self._model, late, f"model {self._model!r}: replica {self._id} past the deadline: {why}"
+        )
 
     def _kill(self) -> None:
         self._alive = False

@@ -136,7 +136,13 @@ from .planning import (
     usable_hardware,
     with_ladder,
 )
-from .protocols import Backend, ModelSpec, ReplicaHandle
+from .protocols import (
+    BATCH_DEADLINE,
+    Backend,
+    ModelSpec,
+    ReplicaHandle,
+    batch_call_timeout,
+)
 from .tuner import (
     AutoScaleConfig,
     AutoScaleController,
@@ -161,6 +167,7 @@ from .tuner import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "BATCH_DEADLINE",
     "DEFAULT_CATALOG",
     "HARDWARE_FORMAT",
     "LADDER_FACTORS",
@@ -239,6 +246,7 @@ __all__ = [
     "as_list",
     "as_mapping",
     "as_str",
+    "batch_call_timeout",
     "batcher_from_dict",
     "capacity_factor",
     "cast_exact",

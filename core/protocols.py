@@ -7,14 +7,44 @@ They live in ``core`` so the queue in ``queueing`` can drive replicas without im
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from ._plan import ModelConfig
 from ._validate import as_int, as_mapping, as_str, no_extra_keys, req
 
-__all__ = ["Backend", "ModelSpec", "ReplicaBase", "ReplicaHandle"]
+__all__ = [
+    "BATCH_DEADLINE",
+    "Backend",
+    "ModelSpec",
+    "ReplicaBase",
+    "ReplicaHandle",
+    "batch_call_timeout",
+]
+
+# When the batch a replica is sending stops being useful, in the event loop's time
+# (``loop.time()``, the clock of the loop's timers): the dispatcher sets it around each ``predict_batch`` of a model that expires late queries
+# (the batch's earliest deadline plus the queue's grace, when those queries would expire
+# anyway); ``inf`` when nothing bounds the call. A handle carries what is left of it to its
+# server (a call deadline) and answers ``DeadlineExceededError`` when it passes.
+BATCH_DEADLINE: ContextVar[float] = ContextVar("inferline_batch_deadline", default=math.inf)
+
+
+def batch_call_timeout(default_s: float | None) -> tuple[float | None, bool]:
+    """The timeout of one backend call for the current batch: ``default_s`` or what is left
+    of ``BATCH_DEADLINE``, whichever is shorter, and whether the batch deadline is the bound
+    (a call that then times out was cut at the deadline, not lost)."""
+    due = BATCH_DEADLINE.get()
+    if due == math.inf:
+        return default_s, False
+    left = due - asyncio.get_running_loop().time()
+    if default_s is not None and default_s <= left:
+        return default_s, False
+    return max(left, 0.0), True
 
 
 @dataclass(frozen=True)

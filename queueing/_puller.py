@@ -18,6 +18,11 @@ batch's queries back in the queue (they keep their deadlines and order) up to
 replica); one whose replica is still alive pauses ``retry_cooldown_s`` so that another replica
 gets the retried queries first. An error value in the output list fails just its query. A
 puller cancelled mid-batch (``close()``) answers the batch's queries with ``BackendError``.
+
+Deadlines downstream: for a model with ``expire_late`` the call runs with
+``core.BATCH_DEADLINE`` set to the batch's earliest deadline plus the grace (when its first
+query would expire if still queued); a handle carries what is left of it to its server and
+answers ``DeadlineExceededError`` past it, which fails the batch's queries without a retry.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from inferline.core.errors import (
     InferlineError,
     ReplicaError,
 )
-from inferline.core.protocols import ReplicaHandle
+from inferline.core.protocols import BATCH_DEADLINE, ReplicaHandle
 
 from ._admission import PredictedLate, late_at_dispatch
 from ._expiry import _Expiry
@@ -228,6 +233,12 @@ class _PullerPool:
             p.busy_until = busy_until(q, t0, n)
         error: BaseException | None = None
         outs: Any = None
+        # the batch is worth nothing past its earliest deadline plus the grace (its queries
+        # expire then): the handle carries that to its server (core.BATCH_DEADLINE)
+        token = None
+        if q.expire_late:
+            due = min(item.deadline for item in batch) + q.expire_grace_s - t0
+            token = BATCH_DEADLINE.set(asyncio.get_running_loop().time() + due)
         try:
             outs = await p.handle.predict_batch([item.x for item in batch])
         except InferlineError as e:
@@ -242,6 +253,9 @@ class _PullerPool:
         except Exception as e:  # a handle that breaks the protocol: answer, don't crash
             log.exception("replica %s of %r raised a non-inferline error", p.handle.id, q.name)
             error = BackendError(f"replica {p.handle.id}", f"{type(e).__name__}: {e}")
+        finally:
+            if token is not None:
+                BATCH_DEADLINE.reset(token)
         t1 = clock()
         p.idle_since = t1
         p.busy_until = -math.inf

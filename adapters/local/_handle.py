@@ -13,7 +13,14 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
-from inferline.core import BackendError, ReplicaError, ValidationError
+from inferline.core import (
+    BATCH_DEADLINE,
+    BackendError,
+    DeadlineExceededError,
+    ReplicaError,
+    ValidationError,
+    batch_call_timeout,
+)
 
 from .._supervised import ACTIVE, SupervisedReplica
 from . import _convert
@@ -67,6 +74,9 @@ class LocalReplica(SupervisedReplica):
         self.stub: pbg.ReplicaStub | None = None
         # the backend's secret for its replicas' gRPC ports (see _server.TOKEN_ENV)
         self.metadata: tuple[tuple[str, str], ...] = ()
+        # batch calls cut at the batch's deadline (core.BATCH_DEADLINE) and their queries
+        self.late_calls = 0
+        self.late_items = 0
 
     # -- ReplicaHandle (id, model, hardware, alive: SupervisedReplica) ---------------------
 
@@ -91,10 +101,9 @@ class LocalReplica(SupervisedReplica):
             return [bad[i] for i in range(n)]
         self.inflight += 1
         self.idle.clear()
-        call = self.stub.PredictBatch(
-            req, timeout=self._backend.predict_timeout_s, metadata=self.metadata
-        )
-        fut = asyncio.ensure_future(self._await_call(call))
+        timeout, bound = batch_call_timeout(self._backend.predict_timeout_s)
+        call = self.stub.PredictBatch(req, timeout=timeout, metadata=self.metadata)
+        fut = asyncio.ensure_future(self._await_call(call, n if bound else 0, timeout))
         try:
             done, _ = await asyncio.wait({fut, self.died}, return_when=asyncio.FIRST_COMPLETED)
             if fut not in done:
@@ -146,11 +155,24 @@ class LocalReplica(SupervisedReplica):
             outs = [bad[i] if i in bad else next(it) for i in range(n)]
         return outs
 
-    async def _await_call(self, call: Any) -> pb.PredictResponse:
+    async def _await_call(
+        self, call: Any, bound_items: int = 0, timeout: float | None = None
+    ) -> pb.PredictResponse:
+        """The call's answer; ``bound_items`` > 0: the batch's deadline bounds the call (in
+        ``timeout``), and a call past it is counted and answered ``DeadlineExceededError``,
+        not retried."""
         try:
-            return await call
+            if not bound_items:
+                return await call
+            # the loop's timer as well as grpc's deadline: grpc's first one can lag ~0.2 s
+            async with asyncio.timeout(timeout):
+                return await call
+        except TimeoutError:  # asyncio.timeout's (an RPC failure is an AioRpcError)
+            raise self._late(bound_items) from None
         except grpc.aio.AioRpcError as e:
             code = e.code()
+            if bound_items and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise self._late(bound_items) from None
             if code in _REQUEST_FAULTS:
                 # The request itself is at fault (too large, malformed): another replica would
                 # refuse it too, so this is not a replica failure the queue should retry.
@@ -162,6 +184,17 @@ class LocalReplica(SupervisedReplica):
             # Otherwise the replica is unreachable or failed mid-call: say what RPC saw.
             reason = f"RPC failed: {code.name}: {e.details()}"
             raise ReplicaError(self._backend.url, self._id, reason) from None
+
+    def _late(self, items: int) -> DeadlineExceededError:
+        """A batch call cut at its deadline: counted, and the error its queries get."""
+        self.late_calls += 1
+        self.late_items += items
+        return DeadlineExceededError(
+            self._model,
+            max(0.0, asyncio.get_running_loop().time() - BATCH_DEADLINE.get()),
+            f"model {self._model!r}: replica {self._id} did not answer a batch of {items} "
+            "by its deadline (the call was cancelled)",
+        )
 
     # -- used by the backend ----------------------------------------------------------------
 
@@ -189,4 +222,6 @@ class LocalReplica(SupervisedReplica):
         d = super().describe()
         if self.exit_code is not None:
             d["exit_code"] = self.exit_code
+        d["late_calls"] = self.late_calls
+        d["late_items"] = self.late_items
         return d

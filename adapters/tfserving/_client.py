@@ -171,6 +171,7 @@ class TFServingClient:
         self._pool: ThreadPoolExecutor | None = None
         self._channel: Any = None
         self._channel_loop: Any = None
+        self._stubs: dict[tuple[str, int], Any] = {}
 
     def __repr__(self) -> str:
         return (
@@ -179,15 +180,20 @@ class TFServingClient:
 
     # -- transports -------------------------------------------------------------------------
 
-    async def _rest(
-        self, method: str, path: str, body: Any = None, timeout_s: float | None = None
-    ) -> Any:
+    def _open_session(self) -> None:
         import requests
 
         if self._session is None:
             self._session = requests.Session()
             self._session.headers.update(self.headers)
             self._pool = ThreadPoolExecutor(16, thread_name_prefix="tfserving-rest")
+
+    async def _rest(
+        self, method: str, path: str, body: Any = None, timeout_s: float | None = None
+    ) -> Any:
+        import requests
+
+        self._open_session()
         url = f"http://{self.rest}{path}"
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         t = self.timeout_s if timeout_s is None else timeout_s
@@ -232,6 +238,7 @@ class TFServingClient:
                 ],
             )
             self._channel_loop = loop
+            self._stubs.clear()
         return self._channel
 
     async def _grpc(
@@ -245,8 +252,11 @@ class TFServingClient:
         mod = (
             st.prediction_service_pb2_grpc if service == "prediction" else st.model_service_pb2_grpc
         )
-        stub_cls = mod.PredictionServiceStub if service == "prediction" else mod.ModelServiceStub
-        stub = stub_cls(self._grpc_channel())
+        channel = self._grpc_channel()
+        stub = self._stubs.get((service, id(channel)))
+        if stub is None:  # one stub per channel: building one makes all its method objects
+            cls = mod.PredictionServiceStub if service == "prediction" else mod.ModelServiceStub
+            stub = self._stubs[(service, id(channel))] = cls(channel)
         md = tuple((k.lower(), v) for k, v in self.headers.items()) or None
         try:
             return await getattr(stub, method)(
@@ -322,9 +332,11 @@ class TFServingClient:
         label: str | None = None,
         output_dtypes: Mapping[str, str] | None = None,
         output_filter: Sequence[str] = (),
+        timeout_s: float | None = None,
     ) -> dict[str, np.ndarray]:
         """Named batched arrays in, named batched arrays out (``version`` or a version
-        ``label`` picks the servable; neither: the latest)."""
+        ``label`` picks the servable; neither: the latest). ``timeout_s`` bounds the call
+        (the gRPC deadline; default the client's)."""
         if version is not None and label is not None:
             raise ValidationError("model_spec", "a version or a version_label, not both", label)
         if self.protocol == "rest":
@@ -338,7 +350,7 @@ class TFServingClient:
                 + (f"/labels/{label}" if label is not None else "")
                 + ":predict"
             )
-            resp = await self._rest("POST", path, body)
+            resp = await self._rest("POST", path, body, timeout_s)
             if "outputs" not in resp:
                 raise TFServingFailure("INTERNAL", f"no 'outputs' in the answer of {model!r}")
             outs = resp["outputs"]
@@ -361,9 +373,9 @@ class TFServingClient:
         if label is not None:
             req.model_spec.version_label = label
         for k, v in inputs.items():
-            req.inputs[k].CopyFrom(to_tensor_proto(v, st))
+            to_tensor_proto(v, st, into=req.inputs[k])  # in place: no tensor copied in
         req.output_filter.extend(output_filter)
-        resp = await self._grpc("prediction", "Predict", req)
+        resp = await self._grpc("prediction", "Predict", req, timeout_s)
         return {k: from_tensor_proto(tp, f"outputs.{k}") for k, tp in resp.outputs.items()}
 
     async def reload(self, models: Sequence[ServedModel], timeout_s: float | None = None) -> None:
@@ -375,6 +387,31 @@ class TFServingClient:
         code = CODES.get(int(resp.status.error_code), str(resp.status.error_code))
         if code != "OK":
             raise _failure(code, f"reload on {self.grpc}: {resp.status.error_message}")
+
+    async def get_text(self, path: str, timeout_s: float | None = None) -> str:
+        """``GET path`` on the REST port as text (the Prometheus page); failures as
+        ``TFServingFailure`` (NOT_FOUND where the server does not serve the path)."""
+        import requests
+
+        if not self.rest:
+            raise ValidationError("rest address", "host:port of the server's REST API", None)
+        self._open_session()
+        url = f"http://{self.rest}{path}"
+        t = self.timeout_s if timeout_s is None else timeout_s
+
+        def call() -> tuple[int, str]:
+            r = self._session.get(url, timeout=t)
+            return r.status_code, r.text
+
+        try:
+            status, text = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except requests.RequestException as e:
+            raise TFServingConnectionError(
+                "UNAVAILABLE", f"{url}: {type(e).__name__}: {e}"
+            ) from None
+        if status != 200:
+            raise _failure(_HTTP_CODE.get(status, "INTERNAL"), f"HTTP {status} from {url}")
+        return text
 
     async def ready(self, timeout_s: float = 2.0) -> bool:
         """True when the server answers at all (a NOT_FOUND for a probe name counts)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core import ValidationError
+from inferline.core import ValidationError, cast_exact
 
 __all__ = [
     "DTYPES",
@@ -159,22 +159,25 @@ def _load() -> Stubs:
 # ---------------------------------------------------------------- tensors
 
 
-def to_tensor_proto(value: Any, st: Stubs | None = None) -> Any:
-    """A numpy array (or bytes/str array) as a ``TensorProto``."""
-    st = st or stubs()
+def to_tensor_proto(value: Any, st: Stubs | None = None, into: Any = None) -> Any:
+    """A numpy array (or bytes/str array) as a ``TensorProto``, written into ``into`` (a
+    request's ``inputs[name]``, so the tensor is not built apart and copied in) when given."""
     a = np.asarray(value)
-    tp = st.tensor_pb2.TensorProto()
+    if into is None:
+        into = (st or stubs()).tensor_pb2.TensorProto()
+    tp = into
     name = tf_dtype_of(a)
     tp.dtype = _ENUM[name]
+    dims = tp.tensor_shape.dim
     for d in a.shape:
-        tp.tensor_shape.dim.add().size = int(d)
+        dims.add().size = int(d)
     if name == "DT_STRING":
         tp.string_val.extend(
             x.encode() if isinstance(x, str) else bytes(x) for x in a.reshape(-1).tolist()
         )
     else:
-        a = a.astype(a.dtype.newbyteorder("<"), copy=False)
-        tp.tensor_content = np.ascontiguousarray(a).tobytes()
+        # one copy: the array's bytes into the message (tobytes copies a strided array once)
+        tp.tensor_content = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
     return tp
 
 
@@ -209,9 +212,11 @@ def from_tensor_proto(tp: Any, field: str = "output") -> np.ndarray:
         "DT_HALF": tp.half_val,
     }.get(name, tp.int_val)
     arr = np.array(list(vals))
-    if name == "DT_HALF":
-        arr = arr.astype(np.uint16).view(np.float16)
-    arr = arr.astype(dt.newbyteorder("="))
+    # the typed fields are wider than the dtype (int_val is int32 for DT_INT8...): a value
+    # that does not fit is refused (core.cast_exact), never wrapped
+    if name == "DT_HALF":  # half_val holds the float16 bit patterns
+        arr = cast_exact(arr, np.uint16, f"{field}.half_val").view(np.float16)
+    arr = cast_exact(arr, dt.newbyteorder("="), f"{field}")
     if arr.size == 1 and n != 1:  # TF's "fill" form: one value for every element
         arr = np.full(n, arr[0], dtype=arr.dtype)
     if arr.size != n:

@@ -1,6 +1,8 @@
 """``TFServingReplica``: a model served by one TF Serving server, and the round trip of a
 preformed batch (one predict request with the batch on axis 0; a batch the server rejects as
-``INVALID_ARGUMENT`` is bisected so each bad query gets its own ``ValidationError``).
+``INVALID_ARGUMENT`` is bisected so each bad query gets its own ``ValidationError``). What is
+left of the batch's deadline (``core.BATCH_DEADLINE``) is the call's deadline; a call past it
+is counted (``late_calls``) and its queries answered ``DeadlineExceededError``.
 
 ``_Managed`` is the backend's record of a model: its entry in the servers' model sets, the
 signature it is called through, and its handles (one per server that serves it).
@@ -8,6 +10,7 @@ signature it is called through, and its handles (one per server that serves it).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from inferline.core import ReplicaError, ValidationError
+from inferline.core import ReplicaError, ValidationError, batch_call_timeout
 
 from .._remote import ManagedModel
 from .._replica import RemoteReplica, ReplicaOwner
@@ -98,21 +101,29 @@ class TFServingReplica(RemoteReplica):
         m, ep, url = self._m, self.endpoint, self._backend.url
         assert ep.client is not None
         batch = {k: np.stack([enc[k] for _, enc in items]) for k in items[0][1]}
+        timeout, bound = batch_call_timeout(ep.client.timeout_s)
         try:
-            outs = await ep.client.predict(
-                m.server_name,
-                batch,
-                signature=m.signature,
-                version=m.version,
-                output_dtypes=m.output_dtypes,
-                output_filter=m.outputs
-                if len(m.outputs) == 1 or m.spec.params.get("outputs")
-                else (),
-            )
-        except SERVER_LOST as e:
-            self._backend._lost(self, str(e))
-            raise ReplicaError(url, self._id, str(e)) from None
+            # the loop's timer bounds it too: grpc's first deadline on a channel can lag
+            async with asyncio.timeout(timeout if bound else None):
+                outs = await ep.client.predict(
+                    m.server_name,
+                    batch,
+                    signature=m.signature,
+                    version=m.version,
+                    output_dtypes=m.output_dtypes,
+                    output_filter=m.outputs
+                    if len(m.outputs) == 1 or m.spec.params.get("outputs")
+                    else (),
+                    timeout_s=timeout,
+                )
+        except TimeoutError:  # asyncio.timeout's, only set for a batch deadline
+            raise self._late(m, len(items), "timed out") from None
         except TFServingFailure as e:
+            if bound and _timed_out(e):  # cut at the batch's deadline: late, not lost
+                raise self._late(m, len(items), str(e)) from None
+            if isinstance(e, SERVER_LOST):
+                self._backend._lost(self, str(e))
+                raise ReplicaError(url, self._id, str(e)) from None
             if isinstance(e, self._request_fault):
                 raise  # the server refused the request: bisected (_bisect)
             raise ReplicaError(url, self._id, str(e)) from None
@@ -130,6 +141,11 @@ class TFServingReplica(RemoteReplica):
         m = self._m
         why = fault.message if isinstance(fault, TFServingFailure) else str(fault)
         results[index] = ValidationError(f"{m.name} input", f"an input {m.name!r} accepts", why)
+
+
+def _timed_out(e: TFServingFailure) -> bool:
+    """``e`` says the call ran out of its time (gRPC's deadline, or REST's read timeout)."""
+    return e.code == "DEADLINE_EXCEEDED" or "timeout" in e.message.lower()
 
 
 def _encode(m: _Managed, item: Any, where: str) -> dict[str, np.ndarray]:

@@ -19,10 +19,16 @@ from typing import Any
 
 import numpy as np
 
+from inferline.core import ValidationError
+
+from ._tensors import from_raw_contents, raw_contents
+
 __all__ = [
     "SERVER_LOST",
+    "GrpcInfer",
     "TritonClient",
     "TritonConnectionError",
+    "TritonDeadline",
     "TritonFailure",
     "TritonModelMissing",
     "TritonServerError",
@@ -60,6 +66,11 @@ class TritonModelMissing(TritonFailure):
 
 class TritonServerError(TritonFailure):
     """The server answered with an error (bad request, model raised, ...)."""
+
+
+class TritonDeadline(TritonFailure):
+    """An inference request ran out of the deadline it carried (Triton dropped it from its
+    queue, or the call was cancelled at the deadline): late, the server is not lost."""
 
 
 # the failures after which the server, or the model on it, is presumed gone (recovery's work)
@@ -125,12 +136,165 @@ def classify(exc: BaseException, what: str) -> TritonFailure:
                 grpc.StatusCode.CANCELLED,
             ):
                 return TritonConnectionError(f"{what}: {code}: {exc.details()}")
+            if any(m in str(exc.details()).lower() for m in _MISSING_MARKERS):
+                # the stub's own calls (GrpcInfer) see Triton's "unknown model" raw
+                return TritonModelMissing(f"{what}: {code}: {exc.details()}")
             return TritonServerError(f"{what}: {code}: {exc.details()}")
     except ImportError:  # pragma: no cover
         pass
     if isinstance(exc, ConnectionError | OSError):
         return TritonConnectionError(f"{what}: {type(exc).__name__}: {exc}")
     return TritonServerError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def _timed_out(e: TritonFailure) -> bool:
+    """``e`` says the request ran out of its time: the call's deadline, or Triton's queue
+    dropping it at the request's ``timeout`` ("Request timeout expired")."""
+    text = str(e).lower()
+    return any(m in text for m in ("timed out", "deadline_exceeded", "timeout expired"))
+
+
+_GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    # reconnect within a second or two of a restarted server coming back (gRPC's default
+    # backoff grows to two minutes)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.enable_retries", 0),
+]
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+class GrpcInfer:
+    """Inference over Triton's gRPC service without a client wrapper: one ``grpc.aio``
+    channel per event loop, reused by every call, and requests written as protobuf bytes.
+
+    The part of a request that is the same for every call of a model (name, version, the
+    outputs asked for) is serialized once (``_head``); each call serializes only its tensors
+    (and the ``timeout`` parameter) and sends the two concatenated (protobuf merges
+    concatenated messages: repeated fields append, the rest is set once)."""
+
+    def __init__(self, address: str, headers: Mapping[str, str]) -> None:
+        self.address = address
+        self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
+        self._channel: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._call: Any = None
+        self._heads: dict[tuple[str, str, tuple[str, ...]], bytes] = {}
+        self._pb: Any = None
+
+    def _bind(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._call is None or self._loop is not loop:
+            import grpc.aio
+            from tritonclient.grpc import service_pb2
+
+            self._pb = service_pb2
+            self._channel = grpc.aio.insecure_channel(self.address, options=_GRPC_OPTIONS)
+            self._call = self._channel.unary_unary(
+                _MODEL_INFER,
+                request_serializer=None,  # the request is already bytes
+                response_deserializer=service_pb2.ModelInferResponse.FromString,
+            )
+            self._loop = loop
+        return self._call
+
+    def _head(self, name: str, version: str, outputs: Sequence[str]) -> bytes:
+        key = (name, version, tuple(outputs))
+        head = self._heads.get(key)
+        if head is None:
+            req = self._pb.ModelInferRequest(model_name=name, model_version=version)
+            for n in outputs:
+                req.outputs.add().name = n
+            head = self._heads[key] = req.SerializeToString()
+        return head
+
+    def request(
+        self,
+        name: str,
+        inputs: Mapping[str, tuple[np.ndarray, str]],
+        outputs: Sequence[str],
+        version: str = "",
+        timeout_us: int | None = None,
+    ) -> bytes:
+        """One ``ModelInferRequest`` as the bytes sent."""
+        req = self._pb.ModelInferRequest()
+        for n, (arr, dt) in inputs.items():
+            t = req.inputs.add()
+            t.name = n
+            t.datatype = dt
+            t.shape.extend(arr.shape)
+            req.raw_input_contents.append(raw_contents(arr, dt))
+        if timeout_us is not None:
+            req.parameters["timeout"].int64_param = timeout_us
+        return self._head(name, version, outputs) + req.SerializeToString()
+
+    async def infer(
+        self,
+        name: str,
+        inputs: Mapping[str, tuple[np.ndarray, str]],
+        outputs: Sequence[str],
+        version: str,
+        timeout_s: float,
+        timeout_us: int | None,
+    ) -> dict[str, np.ndarray]:
+        what = f"infer {name!r}"
+        call = self._bind()
+        body = self.request(name, inputs, outputs, version, timeout_us)
+        try:
+            if timeout_us is None:
+                resp = await call(body, timeout=timeout_s, metadata=self._metadata)
+            else:  # a deadline: also the loop's timer (grpc's first deadline can lag ~0.2 s)
+                async with asyncio.timeout(timeout_s):
+                    resp = await call(body, timeout=timeout_s, metadata=self._metadata)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # classified below; nothing escapes unnamed
+            raise classify(e, what) from e
+        where = {o.name: i for i, o in enumerate(resp.outputs)}
+        out: dict[str, np.ndarray] = {}
+        for n in outputs:
+            i = where.get(n)
+            if i is None or i >= len(resp.raw_output_contents):
+                raise TritonServerError(f"{what}: output {n!r} missing from the response")
+            o = resp.outputs[i]
+            try:
+                out[n] = from_raw_contents(
+                    resp.raw_output_contents[i], o.datatype, tuple(o.shape), f"output {n!r}"
+                )
+            except ValidationError as e:
+                raise TritonServerError(f"{what}: {e}") from None
+        return out
+
+    async def close(self) -> None:
+        channel, self._channel, self._call = self._channel, None, None
+        loop, self._loop = self._loop, None
+        if channel is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is loop and not loop.is_closed():
+            try:
+                await channel.close()
+            except Exception:  # closing a broken connection may fail; nothing to recover
+                log.debug("closing the Triton gRPC channel failed", exc_info=True)
+
+
+class _NoGrpc(GrpcInfer):
+    """The HTTP client's placeholder: no channel is ever opened."""
+
+    def __init__(self) -> None:
+        super().__init__("", {})
+
+    async def infer(self, *args: Any, **kw: Any) -> dict[str, np.ndarray]:
+        raise AssertionError("gRPC inference on an HTTP client")
+
+
+_NO_GRPC = _NoGrpc()
 
 
 class TritonClient:
@@ -153,6 +317,7 @@ class TritonClient:
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._mods: tuple[Any, Any] | None = None
+        self._grpc = GrpcInfer(address, self.headers) if protocol == "grpc" else _NO_GRPC
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -275,8 +440,38 @@ class TritonClient:
         inputs: Mapping[str, tuple[np.ndarray, str]],
         outputs: Sequence[str],
         version: str = "",
+        *,
+        timeout_s: float | None = None,
+        carry_timeout: bool = False,
     ) -> dict[str, np.ndarray]:
-        """Run one request; ``inputs`` maps names to (array, protocol datatype)."""
+        """Run one request; ``inputs`` maps names to (array, protocol datatype).
+
+        ``timeout_s`` bounds the call (default: the client's ``timeout_s``). With
+        ``carry_timeout`` it is the request's deadline: Triton gets it as the ``timeout``
+        parameter (microseconds; its queue drops the request past it where the model's queue
+        policy allows the override) and a call that runs out of it is ``TritonDeadline``,
+        not a lost server. Over gRPC the request goes straight to the generated stub
+        (``_grpc_infer``), over HTTP through tritonclient's client."""
+        t = self.timeout_s if timeout_s is None else timeout_s
+        timeout_us = max(1, int(t * 1e6)) if carry_timeout else None
+        try:
+            if self.protocol == "grpc":
+                return await self._grpc.infer(name, inputs, outputs, version, t, timeout_us)
+            return await self._http_infer(name, inputs, outputs, version, t, timeout_us)
+        except TritonFailure as e:
+            if carry_timeout and _timed_out(e):
+                raise TritonDeadline(str(e)) from None
+            raise
+
+    async def _http_infer(
+        self,
+        name: str,
+        inputs: Mapping[str, tuple[np.ndarray, str]],
+        outputs: Sequence[str],
+        version: str,
+        timeout_s: float,
+        timeout_us: int | None,
+    ) -> dict[str, np.ndarray]:
         _, mod = self._modules()
         req_inputs = []
         for n, (arr, dt) in inputs.items():
@@ -291,6 +486,8 @@ class TritonClient:
             req_inputs,
             model_version=version,
             outputs=req_outputs,
+            timeout=timeout_us,
+            timeout_s=timeout_s,
         )
         out: dict[str, np.ndarray] = {}
         for n in outputs:
@@ -301,6 +498,7 @@ class TritonClient:
         return out
 
     async def close(self) -> None:
+        await self._grpc.close()
         client, self._client = self._client, None
         loop, self._loop = self._loop, None
         if client is None:

@@ -1,6 +1,8 @@
 """``TritonReplica``: one Triton model instance as the queue sees it, and the round trip of a
 preformed batch (one request with the batch dimension; a batch the model rejects is bisected so
-each query gets its own answer).
+each query gets its own answer). What is left of the batch's deadline (``core.BATCH_DEADLINE``)
+goes with the request as Triton's ``timeout`` and bounds the call; a request past it is
+counted (``late_calls``) and its queries answered ``DeadlineExceededError``.
 
 ``_Managed`` is the backend's record of a model it manages on the server: its desired state
 (the last configuration inferline loaded) and its handles.
@@ -14,11 +16,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from inferline.core import BackendError, ReplicaError, ValidationError
+from inferline.core import BackendError, ReplicaError, ValidationError, batch_call_timeout
 
 from .._remote import ManagedModel, StatsInterval
 from .._replica import RemoteReplica, ReplicaOwner
-from ._client import SERVER_LOST, TritonClient, TritonFailure, TritonServerError
+from ._client import (
+    SERVER_LOST,
+    TritonClient,
+    TritonDeadline,
+    TritonFailure,
+    TritonServerError,
+)
 from ._config import BatcherSettings
 from ._stats import ClientTiming
 from ._tensors import ModelIO
@@ -103,11 +111,19 @@ class TritonReplica(RemoteReplica):
         else:
             arrays = dict(items[0][1])
         dtypes = {t.name: t.datatype for t in m.io.inputs}
+        client = self._backend.client
+        timeout, bound = batch_call_timeout(client.timeout_s)
         t0 = time.perf_counter()
         try:
-            out = await self._backend.client.infer(
-                m.server_name, {n: (arrays[n], dtypes[n]) for n in names}, m.outputs
+            out = await client.infer(
+                m.server_name,
+                {n: (arrays[n], dtypes[n]) for n in names},
+                m.outputs,
+                timeout_s=timeout,
+                carry_timeout=bound,
             )
+        except TritonDeadline as e:
+            raise self._late(m, len(items), str(e)) from None
         except SERVER_LOST as e:
             m.timing.errors += 1
             await self._backend._lost(m, e)

@@ -5,7 +5,8 @@ An inferline value for one query becomes one row of each batched input tensor:
 - a model with one input takes the value itself (numpy array, nested list, number, str or
   bytes); a model with several inputs takes a mapping ``{input name: value}``;
 - numeric values are cast to the input's dtype when numpy's ``same_kind`` rule allows it
-  (float64 -> FP32 yes, float -> INT64 no); strings travel as Triton ``BYTES`` (UTF-8);
+  (float64 -> FP32 yes, float -> INT64 no) and no value changes (``core.cast_exact``: INT64
+  1000 for an INT8 input is refused, not wrapped); strings travel as Triton ``BYTES`` (UTF-8);
 - shapes must match the configured ``dims`` (``-1`` matches any length); dimensions of size 1
   may be added or dropped, so a scalar feeds a ``[1]`` input.
 
@@ -25,9 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from inferline.core import ValidationError
+from inferline.core import ValidationError, cast_exact
 
-__all__ = ["NP_DTYPES", "ModelIO", "TensorSpec", "triton_datatype"]
+__all__ = [
+    "NP_DTYPES",
+    "ModelIO",
+    "TensorSpec",
+    "from_raw_contents",
+    "raw_contents",
+    "triton_datatype",
+]
 
 # Triton protocol datatypes -> numpy (BYTES are object arrays of bytes).
 NP_DTYPES: dict[str, np.dtype] = {
@@ -209,7 +217,7 @@ class ModelIO:
             if a.dtype != want:
                 if not np.can_cast(a.dtype, want, casting="same_kind"):
                     raise ValidationError(where, f"values castable to {t.datatype}", str(a.dtype))
-                a = a.astype(want)
+                a = cast_exact(a, want, where)  # int64 1000 -> INT8 refused, not wrapped
         fitted = _fit_shape(a, t.dims)
         if fitted is None:
             raise ValidationError(where, f"shape {list(t.dims)}", list(a.shape))
@@ -263,3 +271,47 @@ class ModelIO:
                 flat_out[i] = _from_bytes(x)
             return out
         return row.copy() if not row.flags.owndata else row
+
+
+# -- the inference protocol's raw tensor contents (gRPC ``raw_*_contents``) ----------------------
+
+_LEN = np.dtype("<u4")
+
+
+def raw_contents(a: np.ndarray, datatype: str) -> bytes:
+    """``a`` as the protocol's raw bytes: little-endian values, or for ``BYTES`` each element
+    as a 4-byte little-endian length and its bytes."""
+    if datatype != "BYTES":
+        return a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+    parts: list[bytes] = []
+    for x in a.reshape(-1):
+        b = x if isinstance(x, bytes) else bytes(x)
+        parts.append(len(b).to_bytes(4, "little"))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def from_raw_contents(raw: bytes, datatype: str, shape: Sequence[int], where: str) -> np.ndarray:
+    """The array in ``raw`` (``raw_contents``' form), or ``ValidationError`` naming ``where``
+    when its size does not match ``shape``. Numeric arrays are views of ``raw``."""
+    n = math.prod(shape)
+    if datatype != "BYTES":
+        dt = NP_DTYPES.get(datatype)
+        if dt is None:
+            raise ValidationError(f"{where}.datatype", f"one of {sorted(NP_DTYPES)}", datatype)
+        if len(raw) != n * dt.itemsize:
+            raise ValidationError(where, f"{n * dt.itemsize} bytes", len(raw))
+        return np.frombuffer(raw, dtype=dt.newbyteorder("<")).reshape(shape)
+    out = np.empty(n, dtype=np.object_)
+    pos, view = 0, memoryview(raw)
+    for i in range(n):
+        if pos + 4 > len(raw):
+            raise ValidationError(where, f"{n} length-prefixed elements", i)
+        size = int.from_bytes(view[pos : pos + 4], "little")
+        out[i] = bytes(view[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    if pos != len(raw):
+        raise ValidationError(
+            where, f"{n} length-prefixed elements", f"{len(raw) - pos} extra bytes"
+        )
+    return out.reshape(shape)

@@ -220,6 +220,8 @@ def test_stats_interval_and_checks() -> None:
         "hardware": "cpu",
         "active_replicas": 1,
         "in_flight": 0,
+        "late_calls": 0,
+        "late_items": 0,
     }
 
 
