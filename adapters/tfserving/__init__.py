@@ -7,10 +7,14 @@ preformed batches, model status and metadata, model management through
 per server endpoint (given, or launched from a ``tensorflow_model_server`` binary).
 The operator's entries round-trip exactly through every reload, and
 ``TFServingBackend.restore_operator_settings()`` / ``restore_snapshot(url, snapshot)`` put the
-operator's model sets back when attach stops.
+operator's model sets back when attach stops. Steering (``inferline attach --steer``):
+``apply_server_batcher`` sets a model's TF Serving batcher through a new version directory
+holding ``batching_params.pbtxt`` (``batching_text``), ``server_counters`` reads the servers'
+Prometheus pages; restoring removes the version directories inferline added.
 """
 
 from ._backend import SCHEMES, TFServingBackend
+from ._batching import BATCHING_PARAMS, batching_text, parse_batching_text, parse_config_block
 from ._client import (
     TFServingClient,
     TFServingConnectionError,
@@ -27,6 +31,7 @@ from ._servers import Endpoint, find_model_server
 from ._snapshot import restore_snapshot
 
 __all__ = [
+    "BATCHING_PARAMS",
     "SCHEMES",
     "Endpoint",
     "ServedModel",
@@ -37,6 +42,7 @@ __all__ = [
     "TFServingInvalidArgument",
     "TFServingNotFound",
     "TFServingReplica",
+    "batching_text",
     "find_model_server",
     "format_text",
     "from_proto",
@@ -44,6 +50,8 @@ __all__ = [
     "grpc_available",
     "grpc_stubs",
     "merged",
+    "parse_batching_text",
+    "parse_config_block",
     "parse_text",
     "restore_snapshot",
     "to_proto",

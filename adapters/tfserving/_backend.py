@@ -16,6 +16,9 @@ Each operator entry is sent back as the text it came as, so its version policy, 
 every other field survive (``_config``); ``restore_operator_settings()`` puts the operator's
 model sets back when attach stops, ``operator_snapshot()`` is the same as JSON for
 ``restore_snapshot(url, snapshot)`` after a crash (``_snapshot``).
+Steering (``inferline attach --steer``): ``apply_server_batcher`` sets a model's TF Serving
+batcher through a new version directory and two reloads, ``server_counters`` reads the
+servers' Prometheus pages (``_steer``).
 
 Failures come back as inferline's errors: a server that cannot be reached or no longer serves
 the model fails the batch with ``ReplicaError`` (the queue retries elsewhere), its handle
@@ -38,7 +41,7 @@ from inferline.core import CapacityError, ModelConfig, ModelSpec, NotFoundError,
 from .._remote import bearer_headers, settle_options, split_url
 from ._client import TFServingClient, TFServingFailure, TFServingNotFound
 from ._config import ServedModel
-from ._model_sets import TFServingModelSets
+from ._metrics import METRICS_PATH
 from ._replica import TFServingReplica, _Managed
 from ._servers import (
     Endpoint,
@@ -48,6 +51,7 @@ from ._servers import (
     launched_endpoints,
     stop_server,
 )
+from ._steer import TFServingSteer
 
 __all__ = ["SCHEMES", "Endpoint", "TFServingBackend", "TFServingReplica", "find_model_server"]
 
@@ -81,10 +85,11 @@ _URL_OPTIONS = {  # option -> how to read it from the query text
     "model_config_file": str,
     "hardware": str,
     "binary": str,
+    "metrics_path": str,
 }
 
 
-class TFServingBackend(TFServingModelSets):
+class TFServingBackend(TFServingSteer):
     """TF Serving servers as an inferline backend.
 
     Args:
@@ -110,6 +115,8 @@ class TFServingBackend(TFServingModelSets):
             does not publish one).
         unload_on_close: unload the models inferline deployed when closing (default: leave
             them running, as an attached deployment should be).
+        metrics_path: where the servers serve their Prometheus page on the REST port
+            (``server_counters``; TF Serving's ``--monitoring_config_file`` sets it).
         token: bearer token sent with every request (a server behind an auth proxy).
     """
 
@@ -131,6 +138,7 @@ class TFServingBackend(TFServingModelSets):
         start_timeout_s: float = 60.0,
         default_max_batch_size: int = 1,
         unload_on_close: bool = False,
+        metrics_path: str = METRICS_PATH,
         token: str | None = None,
     ) -> None:
         protocol, parts = split_url(url, SCHEMES, "'tfserving://host:port'")
@@ -152,6 +160,7 @@ class TFServingBackend(TFServingModelSets):
                 "start_timeout_s": start_timeout_s,
                 "default_max_batch_size": default_max_batch_size,
                 "unload_on_close": unload_on_close,
+                "metrics_path": metrics_path,
             },
         )
         super().__init__(url, o)
@@ -161,6 +170,7 @@ class TFServingBackend(TFServingModelSets):
         self.start_timeout_s = float(o["start_timeout_s"])
         self.default_max_batch_size = int(o["default_max_batch_size"])
         self.extra_models = tuple(o["models"])
+        self.metrics_path = str(o["metrics_path"])
         headers = bearer_headers(token)
         known = known_models(o["model_config_file"])
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -179,6 +189,11 @@ class TFServingBackend(TFServingModelSets):
             )
         if not eps:
             raise ValidationError("servers", "at least one TF Serving server", [])
+        self._connect(eps, headers)
+        self._init_servers(eps, started=not launch)
+
+    def _connect(self, eps: list[Endpoint], headers: dict[str, str]) -> None:
+        """Each server's client, and its gRPC client for model management."""
         for ep in eps:
             ep.client = TFServingClient(
                 ep.rest, ep.grpc, self.protocol, timeout_s=self.timeout_s, headers=headers
@@ -191,7 +206,6 @@ class TFServingBackend(TFServingModelSets):
                         None, ep.grpc, "grpc", timeout_s=self.timeout_s, headers=headers
                     )
                 )
-        self._init_servers(eps, started=not launch)
 
     # -- views ------------------------------------------------------------------------------
 

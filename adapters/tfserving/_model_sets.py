@@ -29,7 +29,13 @@ from ._client import TFServingFailure, TFServingNotFound
 from ._config import ServedModel, format_text, merged
 from ._replica import TFServingReplica, _Managed
 from ._servers import Endpoint, start_server, stop_server
-from ._snapshot import make_snapshot, reload_and_wait, reload_staged
+from ._snapshot import (
+    make_snapshot,
+    reload_and_wait,
+    reload_staged,
+    remove_added_versions,
+    stage_operator_versions,
+)
 
 __all__ = ["TFServingModelSets"]
 
@@ -216,27 +222,43 @@ class TFServingModelSets(RemoteBackend):
     async def restore_operator_settings(self) -> None:
         """Put back every given server's model set exactly as inferline first read it: the
         models inferline added are unloaded, adopted and scaled ones get their operator
-        entries back. For when attach stops: recovery stops and the managed handles leave
-        service first (a recovery would otherwise reload inferline's set). Every server is
-        tried; failures are raised together as ``BackendError``."""
+        entries back, and the version directories the steer path added are removed once the
+        operator's versions serve again (``_snapshot``). For when attach stops: recovery
+        stops and the managed handles leave service first (a recovery would otherwise reload
+        inferline's set). Every server is tried; failures are raised together as
+        ``BackendError``."""
         self._restored = True
         await self._stop_loops()
         self._take_down([h for m in self._models.values() for h in m.handles])
-        errors = []
+        errors: list[str] = []
+        usable = []
         for ep, models in self._operator_sets:
             if ep.control is None:
                 errors.append(f"{ep.name}: no gRPC address (model management is gRPC only)")
-                continue
-            async with self._lock(ep):
-                try:
-                    await reload_and_wait(ep.control, models, self.load_timeout_s)
-                except TFServingFailure as e:
-                    errors.append(f"{ep.name}: {e}")
-                    continue
+            else:
+                usable.append((ep, ep.control, models))
+        staged_ok = await self._each(usable, stage_operator_versions, errors)
+        if staged_ok:  # a server still on inferline's version keeps its directory
+            remove_added_versions([m for _, _, ms in usable for m in ms])
+        for ep, _, models in usable:
+            if await self._each([(ep, ep.control, models)], reload_and_wait, errors):
                 ep.models = {m.name: m for m in models}
         if errors:
             raise BackendError(self._url, "model sets not restored on " + "; ".join(errors))
         log.info("restored the operator's model sets on %d server(s)", len(self._operator_sets))
+
+    async def _each(self, servers: Sequence[Any], step: Any, errors: list[str]) -> bool:
+        """``step(client, models, timeout)`` on each (endpoint, client, models) under the
+        endpoint's lock; failures added to ``errors``; True if none failed."""
+        ok = True
+        for ep, client, models in servers:
+            async with self._lock(ep):
+                try:
+                    await step(client, models, self.load_timeout_s)
+                except TFServingFailure as e:
+                    errors.append(f"{ep.name}: {e}")
+                    ok = False
+        return ok
 
     # -- a lost server ------------------------------------------------------------------------
 

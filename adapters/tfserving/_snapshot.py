@@ -7,6 +7,11 @@ the ones it adopted and scaled get their own entries back. The snapshot is JSON
 config in ``--model_config_file`` text form holding each entry's own text), so ``inferline
 detach`` can restore it after a crash with ``restore_snapshot(url, snapshot)`` alone.
 Servers inferline launched itself are not in it: they stop with it.
+
+Version directories inferline added under a model's base path (the steer path's, ``_versions``)
+go too, without a moment where the model is unavailable: each server first serves the
+operator's own versions beside the ones it serves now (``staged_entry``), then inferline's
+directories are removed, then the operator's sets go back as they were read.
 """
 
 from __future__ import annotations
@@ -21,14 +26,17 @@ from inferline.core import BackendError, ValidationError
 from .._remote import bearer_headers
 from ._client import TFServingClient, TFServingFailure, TFServingNotFound
 from ._config import ServedModel, format_text, merged, parse_text, without_labels
+from ._versions import added_versions, local_root_or_none, remove_added, staged_entry
 
 __all__ = [
     "KIND",
     "make_snapshot",
     "reload_and_wait",
     "reload_staged",
+    "remove_added_versions",
     "restore_snapshot",
     "snapshot_servers",
+    "stage_operator_versions",
 ]
 
 KIND = "tfserving"
@@ -132,6 +140,44 @@ async def reload_and_wait(
             await asyncio.sleep(0.05)
 
 
+async def stage_operator_versions(
+    client: TFServingClient, models: Sequence[ServedModel], timeout_s: float
+) -> None:
+    """Where inferline added version directories under an entry's base path: reload the
+    operator's set with such entries as ``staged_entry`` (the operator's versions beside the
+    served ones) and wait until those versions are AVAILABLE. Nothing where none was added."""
+    staged = []
+    own: dict[str, set[int]] = {}
+    for m in models:
+        try:
+            st = await client.status(m.name)
+        except TFServingNotFound:
+            st = []
+        e = staged_entry(m, [s["version"] for s in st if s["state"] == "AVAILABLE"])
+        if e is not None:
+            staged.append(e)
+            own[m.name] = set(e.versions or ()) - {s["version"] for s in st}
+    if not staged:
+        return
+    await reload_and_wait(
+        client, list(merged({m.name: m for m in models}, put=staged).values()), timeout_s
+    )
+    deadline = time.monotonic() + timeout_s
+    for name, versions in own.items():
+        await _wait_versions(client, name, versions, deadline)
+
+
+def remove_added_versions(models: Sequence[ServedModel]) -> list[str]:
+    """Remove every version directory inferline added under the entries' base paths; what
+    was removed, as ``path/version``."""
+    out = []
+    for m in models:
+        root = local_root_or_none(m)
+        if root is not None and added_versions(root):
+            out += [f"{root}/{v}" for v in remove_added(root)]
+    return out
+
+
 async def restore_snapshot(
     url: str,
     snapshot: Mapping[str, Any],
@@ -143,19 +189,35 @@ async def restore_snapshot(
     its servers, over gRPC (``url`` names the deployment in errors); what was done per
     server. Every server is tried; the failures are raised together as ``BackendError``."""
     servers = snapshot_servers(snapshot)
-    errors = []
-    done = {}
-    for grpc, models in servers:
-        client = TFServingClient(
-            None, grpc, "grpc", timeout_s=timeout_s, headers=bearer_headers(token)
+    errors: list[str] = []
+    done: dict[str, str] = {}
+    clients = [
+        (
+            grpc,
+            TFServingClient(None, grpc, "grpc", timeout_s=timeout_s, headers=bearer_headers(token)),
+            models,
         )
-        try:
-            await reload_and_wait(client, models, timeout_s)
-            done[grpc] = f"model set restored ({len(models)} models)"
-        except TFServingFailure as e:
-            errors.append(f"{grpc}: {e}")
-        finally:
+        for grpc, models in servers
+    ]
+    try:
+        for grpc, client, models in clients:  # the operator's versions serve first
+            try:
+                await stage_operator_versions(client, models, timeout_s)
+            except TFServingFailure as e:
+                errors.append(f"{grpc}: {e}")
+        # a server still on inferline's version keeps its directory
+        removed = [] if errors else remove_added_versions([m for _, ms in servers for m in ms])
+        for grpc, client, models in clients:
+            try:
+                await reload_and_wait(client, models, timeout_s)
+                done[grpc] = f"model set restored ({len(models)} models)"
+            except TFServingFailure as e:
+                errors.append(f"{grpc}: {e}")
+    finally:
+        for _, client, _ in clients:
             await client.close()
+    if removed:
+        done["removed versions"] = ", ".join(removed)
     if errors:
         raise BackendError(url, "model sets not restored on " + "; ".join(errors))
     return done

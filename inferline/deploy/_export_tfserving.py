@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from inferline.adapters.tfserving import ServedModel, format_text, parse_text
+from inferline.adapters.tfserving import ServedModel, batching_text, format_text, parse_text
 from inferline.core import (
     DEFAULT_CATALOG,
     HardwareCatalog,
@@ -86,13 +86,7 @@ def _wrapped(field: str, value: int) -> str:
 def _model_batching(plan: Plan, name: str, cfg: ModelConfig, head: str) -> str:
     b = plan_server_batchers(plan).get(name)
     if isinstance(b, TFServingBatcher):  # a plan made for TF Serving's batcher: its settings
-        text = head + (
-            _wrapped("max_batch_size", b.max_batch_size)
-            + _wrapped("batch_timeout_micros", b.batch_timeout_micros)
-            + _wrapped("num_batch_threads", b.num_batch_threads)
-            + _wrapped("max_enqueued_batches", b.max_enqueued_batches)
-        )
-        return text + "".join(f"allowed_batch_sizes: {n}\n" for n in b.allowed_batch_sizes)
+        return batching_text(b, head)  # the text `attach --steer` writes too
     text = head + (
         _wrapped("max_batch_size", cfg.max_batch_size)
         + _wrapped("batch_timeout_micros", micros(cfg))

@@ -10,10 +10,17 @@ Flags mirror ``tensorflow_model_server``: ``--port`` (gRPC), ``--rest_api_port``
 INVALID_ARGUMENT -> 400 and ``{"error": message}``. Version policies and labels as the real
 server (``_models``); ``/labels/{l}`` routes and ``model_spec.version_label`` resolve labels.
 
+Batching as the real server's (``_batching``, ``_models``): ``--enable_batching``,
+``--enable_per_model_batching_parameters`` (a version's ``batching_params.pbtxt``, read when it
+loads) and ``--batching_parameters_file``; a full batch queue answers UNAVAILABLE (REST 503).
+``--monitoring_config_file`` with ``prometheus_config { enable: true path: P }`` serves
+TF Serving's metric names on ``GET P`` of the REST port (``_monitoring``).
+
 STAND-IN ONLY (no such route in TF Serving): ``GET /standin/model_config`` answers
 ``{"model_config": text}``, the ``ModelServerConfig`` the stand-in last loaded (its
 ``--model_config_file`` text, or the last ``HandleReloadConfigRequest`` in protobuf text
-form), so tests can read back exactly what a reload left on the server.
+form), so tests can read back exactly what a reload left on the server;
+``GET /standin/batches[?model=m]`` answers ``{"batches": [...]}``, the batch log.
 """
 
 from __future__ import annotations
@@ -26,13 +33,14 @@ import signal
 import socket
 import sys
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 
-from inferline.adapters.tfserving import ServedModel, from_proto, parse_text
+from inferline.adapters.tfserving import ServedModel, from_proto, parse_batching_text, parse_text
 from inferline.adapters.tfserving._protos import (
     available,
     from_tensor_proto,
@@ -41,7 +49,9 @@ from inferline.adapters.tfserving._protos import (
 )
 from inferline.core import ValidationError
 
-from ._models import DT, ModelManager, ServingError
+from ._batching import BatchingParams
+from ._models import DT, BatchingConfig, ModelManager, ServingError
+from ._monitoring import Monitoring, parse_monitoring_path
 
 log = logging.getLogger("tfserving-standin")
 
@@ -50,6 +60,7 @@ _HTTP = {
     "NOT_FOUND": 404,
     "FAILED_PRECONDITION": 400,
     "UNIMPLEMENTED": 501,
+    "UNAVAILABLE": 503,
 }
 _ROUTE = re.compile(
     r"^/v1/models/(?P<m>[^/:]+)(?:/versions/(?P<v>\d+)|/labels/(?P<l>[^/:]+))?"
@@ -62,8 +73,10 @@ _CODE_NUM = {
     "NOT_FOUND": 5,
     "FAILED_PRECONDITION": 9,
     "INTERNAL": 13,
+    "UNAVAILABLE": 14,
 }
 STANDIN_CONFIG_ROUTE = "/standin/model_config"  # STAND-IN ONLY: not a TF Serving route
+STANDIN_BATCHES_ROUTE = "/standin/batches"  # STAND-IN ONLY: the batch log
 
 
 def _status_json(rows: list[tuple[int, str, str, str]]) -> dict[str, Any]:
@@ -105,7 +118,9 @@ def _sig_json(name: str, version: int, sig: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
+def make_handler(
+    mgr: ModelManager, mon: Monitoring, metrics_path: str | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -119,9 +134,12 @@ def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
             log.debug(fmt, *args)
 
         def _send(self, status: int, body: Any) -> None:
-            data = json.dumps(body).encode()
+            text = isinstance(body, str)
+            data = body.encode() if text else json.dumps(body).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header(
+                "Content-Type", "text/plain; version=0.0.4" if text else "application/json"
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -138,8 +156,16 @@ def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
             return int(m["v"]) if m["v"] else None
 
         def do_GET(self) -> None:
-            if self.path.split("?")[0] == STANDIN_CONFIG_ROUTE:
+            path, _, query = self.path.partition("?")
+            if path == STANDIN_CONFIG_ROUTE:
                 self._send(200, {"model_config": mgr.config_text, "stand_in_only": True})
+                return
+            if path == STANDIN_BATCHES_ROUTE:
+                model = query[len("model=") :] if query.startswith("model=") else None
+                self._send(200, {"batches": mon.batch_log(model), "stand_in_only": True})
+                return
+            if metrics_path is not None and path == metrics_path:
+                self._send(200, mon.text())
                 return
             m = self._route()
             if m is None:
@@ -166,6 +192,12 @@ def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
             if m["rest"] != ":predict":
                 self._send(404, {"error": f"Malformed request: POST {self.path}"})
                 return
+            t0 = time.monotonic()
+            status = self._predict(m, raw)
+            mon.request(m["m"], status, time.monotonic() - t0, "REST")
+
+        def _predict(self, m: re.Match[str], raw: bytes) -> str:
+            """Answer one predict; the outcome's status code name."""
             try:
                 try:
                     body = json.loads(raw)
@@ -199,13 +231,15 @@ def make_handler(mgr: ModelManager) -> type[BaseHTTPRequestHandler]:
                     self._send(200, {"predictions": preds})
                 else:
                     self._send(200, {"outputs": {k: v.tolist() for k, v in out.items()}})
+                return "OK"
             except ServingError as e:
                 self._send(_HTTP.get(e.code, 500), {"error": e.message})
+                return e.code
 
     return Handler
 
 
-def _grpc_services(mgr: ModelManager) -> tuple[Any, Any]:
+def _grpc_services(mgr: ModelManager, mon: Monitoring) -> tuple[Any, Any]:
     import grpc
 
     st = stubs()
@@ -222,12 +256,16 @@ def _grpc_services(mgr: ModelManager) -> tuple[Any, Any]:
 
     class Prediction(st.prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc,name-defined]
         def Predict(self, request: Any, context: Any) -> Any:
+            t0 = time.monotonic()
+            name = request.model_spec.name
             try:
-                loaded = mgr.get(request.model_spec.name, version_of(request.model_spec))
+                loaded = mgr.get(name, version_of(request.model_spec))
                 inputs = {k: from_tensor_proto(v, k) for k, v in request.inputs.items()}
                 out = loaded.predict(inputs)
             except ServingError as e:
+                mon.request(name, e.code, time.monotonic() - t0, "GRPC")
                 abort(context, e)
+            mon.request(name, "OK", time.monotonic() - t0, "GRPC")
             resp = st.predict_pb2.PredictResponse()
             resp.model_spec.name = loaded.name
             resp.model_spec.version.value = loaded.version
@@ -292,7 +330,17 @@ def _grpc_services(mgr: ModelManager) -> tuple[Any, Any]:
     return Prediction(), Models()
 
 
-def main(argv: list[str] | None = None) -> int:
+class _RestServer(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: more connections at once overflow it and their
+    # SYNs are retried a second later, which no real server's clients see
+    request_queue_size = 1024
+
+
+def _flag(text: str) -> bool:
+    return text.lower() in ("1", "true")
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="tfserving-standin", description="STAND-IN for tensorflow_model_server"
     )
@@ -301,16 +349,51 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model_config_file", default="")
     p.add_argument("--model_name", default="")
     p.add_argument("--model_base_path", default="")
-    p.add_argument(
-        "--allow_version_labels_for_unavailable_models",
-        type=lambda t: t.lower() in ("1", "true"),
-        default=False,
-    )
+    p.add_argument("--monitoring_config_file", default="")
+    p.add_argument("--batching_parameters_file", default="")
+    for name in (
+        "allow_version_labels_for_unavailable_models",
+        "enable_batching",
+        "enable_per_model_batching_parameters",
+    ):  # TF Serving's bool flags: --f, --f=true, --f=false
+        p.add_argument(f"--{name}", type=_flag, nargs="?", const=True, default=False)
     args, unknown = p.parse_known_args(argv)
     if unknown:
         print(f"tfserving-standin: ignoring flags {unknown}", file=sys.stderr)
+    return args
+
+
+def _batching(args: argparse.Namespace) -> BatchingConfig:
+    """The server's batching flags; the parameters file's settings are every version's
+    defaults (read once, at start, as the real server)."""
+    defaults = BatchingParams()
+    if args.batching_parameters_file:
+        with open(args.batching_parameters_file) as f:
+            fields = parse_batching_text(f.read(), args.batching_parameters_file)
+        defaults = BatchingParams.from_fields(fields)
+    return BatchingConfig(
+        bool(args.enable_batching or args.batching_parameters_file),
+        bool(args.enable_per_model_batching_parameters),
+        defaults,
+    )
+
+
+def _metrics_path(args: argparse.Namespace) -> str | None:
+    if not args.monitoring_config_file:
+        return None
+    with open(args.monitoring_config_file) as f:
+        return parse_monitoring_path(f.read())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s standin %(message)s")
-    mgr = ModelManager(args.allow_version_labels_for_unavailable_models)
+    mon = Monitoring()
+    mgr = ModelManager(
+        args.allow_version_labels_for_unavailable_models,
+        batching=_batching(args),
+        on_batch=mon.batch,
+    )
     if args.model_config_file:
         with open(args.model_config_file) as f:
             text = f.read()
@@ -321,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.port and available():
         import grpc
 
-        g = grpc.server(futures.ThreadPoolExecutor(8))
-        pred, models = _grpc_services(mgr)
+        # a request waiting in a batch queue holds a handler thread: enough of them that
+        # the batcher, not the handler pool, bounds what waits (threads start on demand)
+        g = grpc.server(futures.ThreadPoolExecutor(128))
+        pred, models = _grpc_services(mgr, mon)
         st = stubs()
         st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, g)
         st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, g)
@@ -334,7 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         log.info("no tensorflow-serving-api: the STAND-IN serves REST only")
     http = None
     if args.rest_api_port:
-        http = ThreadingHTTPServer(("127.0.0.1", args.rest_api_port), make_handler(mgr))
+        handler = make_handler(mgr, mon, _metrics_path(args))
+        http = _RestServer(("127.0.0.1", args.rest_api_port), handler)
         http.daemon_threads = True
         threading.Thread(target=http.serve_forever, daemon=True).start()
         log.info("STAND-IN REST on 127.0.0.1:%d", args.rest_api_port)
