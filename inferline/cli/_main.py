@@ -32,6 +32,7 @@ VERBS = (
     "replay",
     "attach",
     "detach",
+    "drain",
     "calibrate",
     "plugins",
     "demo",

@@ -184,21 +184,21 @@ def _normalize(name: str, info: Any) -> tuple[dict[str, Any], Signature | None]:
 
 
 async def attach(
-    url: str,
+    url: str | Sequence[str],
     *,
     models: Sequence[str] | None = None,
     host: Any = None,
     **options: Any,
 ) -> Attachment:
     """Connect to the server at ``url`` (any backend whose adapter offers ``discover()`` and
-    ``adopt()``), discover its models and adopt the ready ones (or just ``models``)."""
+    ``adopt()``), discover its models and adopt the ready ones (or just ``models``). A list
+    of URLs is a fleet: a model is adopted on every server with it ready (docs/fleets.md)."""
     from inferline.deploy._build import open_backend, plugin_host
 
     host = host if host is not None else plugin_host()
-    backend = open_backend(host, url, **options)
-    if not callable(getattr(backend, "discover", None)) or not callable(
-        getattr(backend, "adopt", None)
-    ):
+    backend = open_backend(host, url if isinstance(url, str) else list(url), **options)
+    url = url if isinstance(url, str) else str(backend.url)  # a fleet: the URLs' JSON list
+    if not all(callable(getattr(backend, f, None)) for f in ("discover", "adopt")):
         raise ValidationError("backend", "an adapter with discover() and adopt() (attachable)", url)
     att = Attachment(url, backend, host)
     if models and hasattr(backend, "extra_models"):

@@ -32,6 +32,7 @@ deadline and drops, when a batch is cut, a queued one that would (docs/deadlines
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -280,6 +281,14 @@ def _one_of(value: Any, allowed: tuple[str, ...], field_: str) -> str:
     return str(value)
 
 
+def _backend_field(value: Any) -> str:
+    """``"backend"``: a URL, or a list of URLs (a fleet, kept as its JSON text, which
+    ``open_backend`` reads back; docs/fleets.md)."""
+    if isinstance(value, list):
+        return json.dumps([as_str(u, f"backend[{i}]") for i, u in enumerate(value)])
+    return as_str(value, "backend")
+
+
 @dataclass(frozen=True)
 class Deployment:
     """What to serve: a backend, its models, the apps over them (format ``inferline.deployment/1``)."""
@@ -407,7 +416,7 @@ class Deployment:
             name=as_str(req(m, "name", ""), "name"),
             models=models,
             apps=apps,
-            backend=as_str(m.get("backend", "local://"), "backend"),
+            backend=_backend_field(m.get("backend", "local://")),
             sample_inputs=str(m.get("sample_inputs", "")),
             queue=QueueSpec.from_dict(m.get("queue", {})),
             routers=tuple(

@@ -6,9 +6,12 @@ it sits below ``deploy`` and builds nothing itself)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-__all__ = ["open_backend", "plugin_host"]
+from inferline.core import ValidationError
+
+__all__ = ["fleet_urls", "open_backend", "plugin_host"]
 
 
 def plugin_host() -> Any:
@@ -19,7 +22,51 @@ def plugin_host() -> Any:
     return PluginHost.default()
 
 
-def open_backend(host: Any, url: str, **options: Any) -> Any:
+def open_backend(host: Any, url: Any, **options: Any) -> Any:
     """The backend ``url`` names (``local://``, ``triton://``, ``tfserving://``, ``ray://``
-    or a plugin's scheme), through ``host``'s adapters."""
-    return host.backend_for(url, **options)
+    or a plugin's scheme), through ``host``'s adapters.
+
+    A list of URLs (or its JSON text, ``'["local://?cores=0", "triton+grpc://h:8001"]'``) is
+    a fleet: each member is built here the ordinary way (with ``options``) and
+    ``FleetBackend`` spreads every model's replicas over them (docs/fleets.md)."""
+    urls = fleet_urls(url)
+    members: list[Any] = []
+    try:
+        for u in [url] if urls is None else urls:
+            members.append(host.backend_for(u, **options))
+    except BaseException:
+        for m in members:  # nothing is running yet; close what was opened all the same
+            _close_quietly(m)
+        raise
+    if urls is None:
+        return members[0]
+    from inferline.adapters.fleet import fleet_of
+
+    return fleet_of(members)
+
+
+def fleet_urls(url: Any) -> list[str] | None:
+    """The member URLs when ``url`` is a list (or a JSON list's text), else None."""
+    if isinstance(url, str):
+        if not url.lstrip().startswith("["):
+            return None
+        try:
+            url = json.loads(url)
+        except json.JSONDecodeError:
+            raise ValidationError("backend", "a JSON list of backend URLs", url) from None
+    if not isinstance(url, list | tuple):
+        return None
+    if not url:
+        raise ValidationError("backend", "a non-empty list of backend URLs", url)
+    for i, u in enumerate(url):
+        if not isinstance(u, str) or "://" not in u:
+            raise ValidationError(f"backend[{i}]", "a backend URL such as 'local://'", u)
+        if u in url[:i]:  # drain names a member by its URL
+            raise ValidationError(f"backend[{i}]", "a URL not listed before", u)
+    return list(url)
+
+
+def _close_quietly(backend: Any) -> None:
+    close_now = getattr(backend, "close_now", None)
+    if callable(close_now):
+        close_now()

@@ -6,7 +6,8 @@ and batch sizes change in place: what ``inferline deploy PLAN --url ...`` sends;
 keeps its old configuration in ``GET /admin/plan``);
 ``GET /admin/models`` queue and backend statistics per model (replica ids, pids, restarts,
 activation delays; with model variants, every variant's ``serves_stages``: the stages it serves
-now, empty when idle); ``POST /admin/detach`` (an attach server only: ``inferline detach
+now, empty when idle); ``/admin/drain`` and ``/admin/undrain`` drain a fleet's servers
+(``_fleet_routes``); ``POST /admin/detach`` (an attach server only: ``inferline detach
 --server URL``) puts the operator's backend settings back and stops the server. They sit behind
 the same bearer token as every other endpoint.
 """
@@ -21,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from inferline.core import InferlineError, Plan, ValidationError, decode_json
+from inferline.server._fleet_routes import FleetRoutes
 from inferline.server._service import Service
 
 __all__ = ["AdminRoutes", "check_inventory", "make_admin_router"]
@@ -141,6 +143,7 @@ class AdminRoutes:
             methods=["GET"],
             summary="Queue and backend statistics per model",
         )
+        FleetRoutes(self.service).add_to(r)  # drain/undrain a fleet's servers
         if self.detach is not None:
             r.add_api_route(
                 "/detach",

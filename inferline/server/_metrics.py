@@ -70,11 +70,12 @@ def _get(stats: Any, *names: str) -> Any:
     return None
 
 
-def _replica_labels(model: str, handle: Any) -> list[str]:
-    """``[model, replica, node, hardware]`` of one replica handle; a handle without a node
-    (every backend but ``ray://``) is on ``"local"``."""
+def _replica_labels(model: str, handle: Any, server: str = "") -> list[str]:
+    """``[model, replica, node, server, hardware]`` of one replica handle; a handle without a
+    node (every backend but ``ray://``) is on ``"local"``; one without a server (every backend
+    but a fleet's) is on its backend's URL, ``server``."""
     labels = [model]
-    for name, default in (("id", ""), ("node", "local"), ("hardware", "")):
+    for name, default in (("id", ""), ("node", "local"), ("server", server), ("hardware", "")):
         try:
             v = getattr(handle, name, default)
         except Exception:  # a handle's property must not fail the scrape
@@ -119,8 +120,9 @@ class _ScrapeCollector(Collector):
         info = GaugeMetricFamily(
             "inferline_replica_info",
             "One series per active replica: where it runs (the Ray node id on ray://, 'local' "
-            "on a backend without nodes) and on which hardware; always 1",
-            labels=["model", "replica", "node", "hardware"],
+            "on a backend without nodes; the server's URL, a fleet member's on a fleet) and on "
+            "which hardware; always 1",
+            labels=["model", "replica", "node", "server", "hardware"],
         )
         for m in svc.models:
             st = None
@@ -145,8 +147,9 @@ class _ScrapeCollector(Collector):
                 except Exception:
                     handles = []
                 reps.add_metric([m], float(len(handles)))
+                server = str(getattr(svc.backend, "url", "") or "")
                 for h in handles:
-                    info.add_metric(_replica_labels(m, h), 1.0)
+                    info.add_metric(_replica_labels(m, h, server), 1.0)
         doors = dict(self._door_overloads)  # a copy: a scrape thread must not see it grow
         for m in {**full, **doors}:
             overloads.add_metric([m], full.get(m, 0.0) + doors.get(m, 0))

@@ -65,9 +65,9 @@ def test_each_replica_is_a_series_labelled_with_its_node_and_hardware() -> None:
     text = ServiceMetrics(svc).render().decode()
     info = sorted(_samples(text, "inferline_replica_info"), key=lambda s: s[0]["replica"])
     assert info == [
-        ({"model": "a", "replica": "a-0", "node": "n1", "hardware": "cpu"}, 1.0),
-        ({"model": "a", "replica": "a-1", "node": "n2", "hardware": "gpu-v100"}, 1.0),
-        ({"model": "b", "replica": "b-0", "node": "local", "hardware": "cpu"}, 1.0),
+        ({"model": "a", "replica": "a-0", "node": "n1", "server": "", "hardware": "cpu"}, 1.0),
+        ({"model": "a", "replica": "a-1", "node": "n2", "server": "", "hardware": "gpu-v100"}, 1.0),
+        ({"model": "b", "replica": "b-0", "node": "local", "server": "", "hardware": "cpu"}, 1.0),
     ]
     # the existing series are unchanged: replicas per model, 0 where the backend failed
     reps = dict((s[0]["model"], s[1]) for s in _samples(text, "inferline_replicas"))

@@ -1,0 +1,545 @@
+"""``FleetBackend``: one logical model whose replicas live on several servers.
+
+A fleet composes member backends that were each built the ordinary way (``local://``,
+``triton+grpc://...``, ``tfserving+grpc://...``, mixed; ``inferline.deploy.open_backend``
+builds them and this fleet from a list of URLs). It adds no protocol of its own:
+
+- **Placement.** ``deploy``/``scale`` spread a model's replicas over the open members within
+  each member's ``free()`` (``_spread``); a member asked for 0 replicas is not touched.
+- **One queue, replicas anywhere.** ``replicas(model)`` is the union of the members' active
+  handles (wrapped as ``FleetReplica``: unique ids, the ``server`` they run on); every change
+  a member reports is re-published to the fleet's subscribers (the dispatcher's pullers).
+- **Server loss.** A member that loses its server takes its handles out of service and tells
+  the fleet at once (Triton's and TF Serving's recovery, ``adapters/_recovery.py``); the
+  queue retries the failed in-flight batches on the survivors (``max_retries``, within each
+  query's deadline). The member's own recovery reloads the model when the server is back and
+  publishes fresh handles, which the fleet passes on. The shortfall (target minus active) is
+  logged when it appears and shown by ``stats()``.
+- **Drain.** ``drain(server)`` withdraws a member's handles from the published set (no new
+  batches go there; those in flight finish) and reports when its last batch is done;
+  ``undrain(server)`` publishes them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferline.core import (
+    InferlineError,
+    ModelConfig,
+    ModelSpec,
+    NotFoundError,
+    ReplicaHandle,
+    ValidationError,
+)
+
+from .._subscribers import ModelRegistry, ReplicaSubscribers
+from ._adopt import adopted_config, check_contracts, check_members, member_spec, merge_found
+from ._replica import FleetReplica
+from ._spread import spread
+
+__all__ = ["FleetBackend", "fleet_of"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _FleetModel:
+    """A model the fleet manages: what was asked for, and each member's share of it."""
+
+    spec: ModelSpec
+    config: ModelConfig
+    shares: dict[int, int]
+    deployed: set[int] = field(default_factory=set)  # members that hold the model
+    short: int = 0  # the shortfall last logged (log a change once, not every publish)
+    adopted: bool = False  # found on the servers (attach): never removed to reconfigure
+
+
+class FleetBackend(ModelRegistry):
+    """Member backends as one backend. ``members`` are open backends with distinct URLs; the
+    fleet owns them from here on (``close()`` closes them)."""
+
+    def __init__(self, members: Sequence[Any]) -> None:
+        members = list(members)
+        if not members:
+            raise ValidationError("backend", "a non-empty list of backend URLs", [])
+        urls = [str(m.url) for m in members]
+        for i, u in enumerate(urls):
+            if u in urls[:i]:
+                raise ValidationError(f"backend[{i}]", "a URL not listed before", u)
+        self._members = members
+        self._urls = urls
+        self._url = json.dumps(urls)
+        self._models: dict[str, _FleetModel] = {}
+        self._subscribers = ReplicaSubscribers()
+        self._closed = False
+        self._draining: set[int] = set()
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
+        self._flight = dict.fromkeys(range(len(members)), 0)
+        self._idle = {i: asyncio.Event() for i in range(len(members))}
+        self._wrapped: dict[int, dict[int, FleetReplica]] = {i: {} for i in range(len(members))}
+        self._ready_on: dict[str, list[int]] | None = None  # discover(): model -> members
+        self._found: list[Mapping[str, Any]] = []  # discover(): each member's own
+        for i, m in enumerate(members):
+            m.subscribe(lambda model, _hs, i=i: self._member_changed(i, model))
+
+    # -- views --------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def servers(self) -> list[str]:
+        """The members' URLs, in order."""
+        return list(self._urls)
+
+    @property
+    def members(self) -> list[Any]:
+        return list(self._members)
+
+    @property
+    def oversubscribe(self) -> bool:
+        return all(getattr(m, "oversubscribe", False) for m in self._members)
+
+    def inventory(self) -> dict[str, int]:
+        return self._summed("inventory")
+
+    def free(self) -> dict[str, int]:
+        return self._summed("free")
+
+    def _summed(self, what: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for i, m in enumerate(self._members):
+            if what == "free" and i in self._draining:
+                continue  # a drained server takes no new replicas
+            for k, v in getattr(m, what)().items():
+                out[k] = out.get(k, 0) + int(v)
+        return out
+
+    def replica_units(self) -> dict[str, int]:
+        return {name: fm.spec.threads for name, fm in self._models.items()}
+
+    def server_index(self, server: str) -> int:
+        """The member whose URL is ``server``."""
+        try:
+            return self._urls.index(server)
+        except ValueError:
+            raise NotFoundError("server", server, self._urls) from None
+
+    # -- the published replica set ------------------------------------------------------------
+
+    def _member_replicas(self, i: int, model: str) -> list[ReplicaHandle]:
+        try:
+            return list(self._members[i].replicas(model))
+        except InferlineError:  # the member does not hold the model (share 0)
+            return []
+
+    def _wrap(self, i: int, handles: list[ReplicaHandle]) -> list[FleetReplica]:
+        cache = self._wrapped[i]
+        out = []
+        for h in handles:
+            w = cache.get(id(h))
+            if w is None or w.inner is not h:
+                w = cache[id(h)] = FleetReplica(h, i, self._urls[i], self._count_flight)
+            out.append(w)
+        return out
+
+    def replicas(self, model: str) -> list[ReplicaHandle]:
+        self._get(model)
+        out: list[ReplicaHandle] = []
+        for i in range(len(self._members)):
+            if i not in self._draining:
+                out += [w for w in self._wrap(i, self._member_replicas(i, model)) if w.alive]
+        return out
+
+    def _member_changed(self, i: int, model: str) -> None:
+        fm = self._models.get(model)
+        if fm is None or self._closed:
+            return  # a deploy in progress: published once it is recorded
+        live = {id(h) for h in self._member_replicas(i, model)}
+        self._wrapped[i] = {k: w for k, w in self._wrapped[i].items() if k in live}
+        self._report_shortfall(model, fm, i)
+        self._notify(model)
+
+    def _report_shortfall(self, model: str, fm: _FleetModel, i: int) -> None:
+        active = {j: len(self._member_replicas(j, model)) for j in range(len(self._members))}
+        short = sum(max(0, fm.shares.get(j, 0) - active[j]) for j in active)
+        if short != fm.short:
+            if short > fm.short:
+                log.warning(
+                    "fleet: %s lost replicas of %r: %d of %d active (short %d)",
+                    self._urls[i],
+                    model,
+                    sum(active.values()),
+                    fm.config.replicas,
+                    short,
+                )
+            else:
+                log.info(
+                    "fleet: %r has %d replica(s) back on %s", model, fm.short - short, self._urls[i]
+                )
+            fm.short = short
+
+    def _count_flight(self, i: int, delta: int) -> None:
+        self._flight[i] += delta
+        if self._flight[i] == 0:
+            self._idle[i].set()
+        else:
+            self._idle[i].clear()
+
+    # -- deploy / scale / remove --------------------------------------------------------------
+
+    def _room(self, hardware: str, per: int) -> dict[int, int | None]:
+        """How many more replicas of ``per`` units each member can take on ``hardware``."""
+        room: dict[int, int | None] = {}
+        for i, m in enumerate(self._members):
+            if getattr(m, "oversubscribe", False):
+                room[i] = None
+            elif hardware in m.inventory():
+                room[i] = int(m.free().get(hardware, 0)) // max(per, 1)
+            else:
+                room[i] = 0
+        return room
+
+    @staticmethod
+    def _per(spec: ModelSpec, hardware: str) -> int:
+        return spec.threads if hardware == "cpu" else 1
+
+    async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
+        """Spread ``config.replicas`` over the open members and deploy each share; a member
+        that fails undoes the others (the fleet is left as it was)."""
+        self._check_open()
+        if spec.name in self._models:
+            raise ValidationError("model", "a model that is not deployed yet", spec.name)
+        async with self._control():
+            await self._deploy(spec, config)
+        self._notify(spec.name)
+
+    async def _deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
+        if "members" in spec.params:  # before any member deploys
+            check_members(spec, self._urls)
+        room = self._room(config.hardware, self._per(spec, config.hardware))
+        shares = spread(config.replicas, dict.fromkeys(room, 0), room, self._draining)
+        fm = _FleetModel(spec, config, shares)
+        # 0 replicas: still deployed on one member, so that scale() has a model to grow
+        opened = sorted(set(room) - self._draining) or [0]
+        targets = [i for i, n in shares.items() if n > 0] or opened[:1]
+        results = await asyncio.gather(
+            *(
+                self._members[i].deploy(self._spec(i, spec), self._share(config, shares[i]))
+                for i in targets
+            ),
+            return_exceptions=True,
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        ok = [i for i, r in zip(targets, results, strict=True) if not isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(
+                *(self._members[i].remove(spec.name) for i in ok), return_exceptions=True
+            )
+            raise failed[0]
+        fm.deployed = set(ok)
+        self._models[spec.name] = fm
+
+    def _spec(self, i: int, spec: ModelSpec) -> ModelSpec:
+        """``spec`` with member ``i``'s own params (``params.members``: docs/fleets.md)."""
+        return member_spec(spec, self._urls[i], self._urls)
+
+    @staticmethod
+    def _share(config: ModelConfig, n: int) -> ModelConfig:
+        return ModelConfig(config.hardware, config.max_batch_size, n)
+
+    async def scale(self, model: str, replicas: int) -> None:
+        """Change the model's replica count: grow on the open members with the fewest and
+        room, shrink on draining members first, then on the members with the most."""
+        self._check_open()
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValidationError("replicas", "an integer >= 0", replicas)
+        fm = self._get(model)
+        async with self._control():
+            room = self._room(fm.config.hardware, self._per(fm.spec, fm.config.hardware))
+            shares = spread(replicas, fm.shares, room, self._draining, self._down(model, fm))
+            try:
+                await self._apply_shares(model, fm, shares)
+            finally:  # what the members hold now, also after one of them failed
+                fm.config = self._share(fm.config, sum(fm.shares.values()))
+        self._notify(model)
+
+    def _down(self, model: str, fm: _FleetModel) -> set[int]:
+        """Members that should hold replicas of ``model`` and have none alive: their server
+        is away (their own recovery brings the share back)."""
+        return {
+            i
+            for i, n in fm.shares.items()
+            if n > 0 and i not in self._draining and not self._member_replicas(i, model)
+        }
+
+    def _control(self) -> asyncio.Lock:
+        """One change of the fleet's models at a time (members lock only themselves)."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
+
+    async def _apply_shares(self, model: str, fm: _FleetModel, shares: dict[int, int]) -> None:
+        calls = []
+        for i, n in shares.items():
+            if n == fm.shares.get(i, 0):
+                continue
+            if i in fm.deployed:
+                calls.append(self._members[i].scale(model, n))
+            else:
+                calls.append(
+                    self._members[i].deploy(self._spec(i, fm.spec), self._share(fm.config, n))
+                )
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        changed = [i for i, n in shares.items() if n != fm.shares.get(i, 0)]
+        failed = None
+        for i, r in zip(changed, results, strict=True):
+            if isinstance(r, BaseException):
+                failed = failed or r
+                continue
+            fm.shares[i] = shares[i]
+            fm.deployed.add(i)
+        if failed is not None:
+            raise failed
+
+    async def reconfigure(self, model: str, config: ModelConfig) -> None:
+        """A new plan for ``model``: the same hardware and batch bound is a ``scale``; otherwise
+        every member that holds it reconfigures its share (or redeploys it) first."""
+        fm = self._get(model)
+        same = (config.hardware, config.max_batch_size) == (
+            fm.config.hardware,
+            fm.config.max_batch_size,
+        )
+        if not same:
+            async with self._control():
+                for i in sorted(fm.deployed):
+                    m, n = self._members[i], fm.shares.get(i, 0)
+                    if callable(getattr(m, "reconfigure", None)):
+                        await m.reconfigure(model, self._share(config, n))
+                    elif fm.adopted:  # the operator's model stays loaded as it is (TF
+                        # Serving takes any batch its own batching allows)
+                        log.info("fleet: %r kept as it is on %s", model, self._urls[i])
+                    else:
+                        await m.remove(model)
+                        await m.deploy(self._spec(i, fm.spec), self._share(config, n))
+                fm.config = self._share(config, fm.config.replicas)
+        await self.scale(model, config.replicas)
+
+    async def remove(self, model: str) -> None:
+        self._check_open()
+        async with self._control():
+            fm = self._get(model)
+            self._models.pop(model)
+            self._subscribers.notify(model, [])
+            results = await asyncio.gather(
+                *(self._members[i].remove(model) for i in sorted(fm.deployed)),
+                return_exceptions=True,
+            )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    # -- attach: discover / adopt (inferline attach URL URL ...) --------------------------------
+
+    @property
+    def extra_models(self) -> tuple[str, ...]:
+        """Models to ask about on members that cannot list theirs (TF Serving without a model
+        config file); set on every such member."""
+        names: list[str] = []
+        for m in self._members:
+            names += list(getattr(m, "extra_models", ()))
+        return tuple(dict.fromkeys(names))
+
+    @extra_models.setter
+    def extra_models(self, names: Sequence[str]) -> None:
+        for m in self._members:
+            if hasattr(m, "extra_models"):
+                m.extra_models = tuple(names)
+
+    async def discover(self) -> dict[str, Any]:
+        """Every member's models: per model, the entry of the first member where it is ready
+        (its signature describes the model), and which members serve it (for ``adopt``)."""
+        self._check_open()
+        found = await asyncio.gather(*(self._discover_member(m) for m in self._members))
+        merged, self._ready_on = merge_found(found)
+        self._found = list(found)
+        return merged
+
+    @staticmethod
+    async def _discover_member(m: Any) -> Mapping[str, Any]:
+        if not callable(getattr(m, "discover", None)):
+            raise ValidationError("backend", "members with discover() and adopt()", str(m.url))
+        return dict(await m.discover())
+
+    async def adopt(self, server_name: str, *, name: str | None = None, **kw: Any) -> ModelConfig:
+        """Adopt ``server_name`` on every member that serves it ready (all members when
+        ``discover()`` was not called): one model whose replicas are theirs. A member that
+        fails undoes nothing on the others' servers (adopting changes nothing there) but the
+        fleet then manages none of them."""
+        self._check_open()
+        name = name or server_name
+        if name in self._models:
+            raise ValidationError("model", "a model not managed yet", name)
+        on = list(range(len(self._members)))
+        if self._ready_on is not None:
+            on = self._ready_on.get(server_name, [])
+        if not on:
+            raise NotFoundError("served model", server_name, f"not ready on {self._urls}")
+        if self._found:  # before any member adopts
+            check_contracts(name, {self._urls[i]: self._found[i][server_name] for i in on})
+        async with self._control():
+            results = await asyncio.gather(
+                *(self._members[i].adopt(server_name, name=name, **kw) for i in on),
+                return_exceptions=True,
+            )
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
+            configs: dict[int, ModelConfig] = dict(zip(on, results, strict=True))  # type: ignore[arg-type]
+            config = adopted_config(name, configs)
+            fm = _FleetModel(
+                ModelSpec(name, source=server_name),
+                config,
+                {i: c.replicas for i, c in configs.items()},
+            )
+            fm.deployed, fm.adopted = set(on), True
+            self._models[name] = fm
+        self._notify(name)
+        return config
+
+    def operator_snapshot(self) -> dict[str, Any]:
+        """Every member's snapshot (raises NotImplementedError when one cannot restore)."""
+        for m in self._members:
+            if not callable(getattr(m, "operator_snapshot", None)):
+                raise NotImplementedError(f"{m.url}: operator_snapshot")
+        return {
+            "kind": "fleet",
+            "url": self._url,
+            "members": [m.operator_snapshot() for m in self._members],
+        }
+
+    async def restore_operator_settings(self) -> None:
+        """Every member that can puts its server's settings back (all are tried; the first
+        failure is raised once they were)."""
+        results = await asyncio.gather(
+            *(
+                m.restore_operator_settings()
+                for m in self._members
+                if callable(getattr(m, "restore_operator_settings", None))
+            ),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+
+    # -- drain --------------------------------------------------------------------------------
+
+    def drain(self, server: str) -> dict[str, Any]:
+        """Stop sending new batches to ``server``: its handles leave every model's published
+        set at once; batches in flight there finish. Returns ``drain_status(server)``."""
+        i = self.server_index(server)
+        if i not in self._draining:
+            self._draining.add(i)
+            log.info("fleet: draining %s (%d batch(es) in flight)", server, self._flight[i])
+            for model in list(self._models):
+                self._notify(model)
+        return self.drain_status(server)
+
+    def undrain(self, server: str) -> dict[str, Any]:
+        """Send batches to ``server`` again: its handles are published again."""
+        i = self.server_index(server)
+        if i in self._draining:
+            self._draining.discard(i)
+            log.info("fleet: %s takes batches again", server)
+            for model in list(self._models):
+                self._notify(model)
+        return self.drain_status(server)
+
+    def drain_status(self, server: str | None = None) -> dict[str, Any]:
+        """Per server (or one): draining or not, batches in flight, and ``empty`` (draining
+        and nothing in flight: safe to stop)."""
+        if server is not None:
+            i = self.server_index(server)
+            return {
+                "server": server,
+                "draining": i in self._draining,
+                "in_flight": self._flight[i],
+                "empty": i in self._draining and self._flight[i] == 0,
+            }
+        return {"servers": [self.drain_status(u) for u in self._urls]}
+
+    async def wait_drained(self, server: str, timeout_s: float) -> bool:
+        """Wait until ``server`` has no batch in flight (True) or ``timeout_s`` passed."""
+        i = self.server_index(server)
+        if self._flight[i] == 0:
+            return True
+        try:
+            await asyncio.wait_for(self._idle[i].wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    # -- stats / close ------------------------------------------------------------------------
+
+    async def stats(self, model: str) -> Mapping[str, Any]:
+        """The fleet's view (target, active, shortfall, each replica with its server) and
+        each member's own ``stats`` under ``servers``."""
+        fm = self._get(model)
+        servers: list[dict[str, Any]] = []
+        replicas: list[dict[str, Any]] = []
+        for i, url in enumerate(self._urls):
+            active = self._wrap(i, self._member_replicas(i, model))
+            entry: dict[str, Any] = {
+                "server": url,
+                "target_replicas": fm.shares.get(i, 0),
+                "active_replicas": len(active),
+                "draining": i in self._draining,
+                "in_flight": self._flight[i],
+            }
+            if i in fm.deployed:
+                try:
+                    entry["stats"] = dict(await self._members[i].stats(model))
+                except InferlineError as e:
+                    entry["stats"] = {"error": str(e)}
+            servers.append(entry)
+            replicas += [
+                {"id": w.id, "server": url, "hardware": w.hardware, "draining": i in self._draining}
+                for w in active
+            ]
+        target = fm.config.replicas
+        return {
+            "model": model,
+            "backend": self._url,
+            "hardware": fm.config.hardware,
+            "max_batch_size": fm.config.max_batch_size,
+            "target_replicas": target,
+            "active_replicas": len(self.replicas(model)),
+            "shortfall": max(0, target - len(replicas)),
+            "replicas": replicas,
+            "servers": servers,
+        }
+
+    async def close(self) -> None:
+        """Close every member (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for model in list(self._models):
+            self._subscribers.notify(model, [])
+        await asyncio.gather(*(m.close() for m in self._members), return_exceptions=True)
+
+
+def fleet_of(members: Sequence[Any]) -> FleetBackend:
+    """The fleet of ``members`` (open backends with distinct URLs), for ``open_backend``: the
+    members are built there, through the plugin host, and composed here."""
+    return FleetBackend(members)
