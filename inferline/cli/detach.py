@@ -57,11 +57,12 @@ def _ask_server(server: str, token: str | None, timeout_s: float) -> dict[str, A
     return dict(body)
 
 
-def _restore_from(url: str, path: str, token: str | None, timeout_s: float) -> dict[str, Any]:
-    snapshot = load_json(path)
+def _restore_one(
+    url: str, snapshot: Any, where: str, token: str | None, timeout_s: float
+) -> dict[str, Any]:
     kind = snapshot.get("kind") if isinstance(snapshot, dict) else None
     if kind not in _RESTORERS:
-        raise ValidationError(f"{path}: kind", f"one of {sorted(_RESTORERS)}", kind)
+        raise ValidationError(f"{where}: kind", f"one of {sorted(_RESTORERS)}", kind)
     scheme = url.split("://", 1)[0].lower()
     if not scheme.startswith(str(kind)):
         raise ValidationError("url", f"a {kind}:// URL (the snapshot is of {kind})", url)
@@ -70,6 +71,28 @@ def _restore_from(url: str, path: str, token: str | None, timeout_s: float) -> d
 
     done = run_loop(restore(url, snapshot, token=token, timeout_s=timeout_s))
     return {"backend": url, "restored": done}
+
+
+def _restore_from(url: str, path: str, token: str | None, timeout_s: float) -> dict[str, Any]:
+    snapshot = load_json(path)
+    if not (isinstance(snapshot, dict) and snapshot.get("kind") == "fleet"):
+        return _restore_one(url, snapshot, path, token, timeout_s)
+    # a fleet's snapshot holds one per server, each with the URL attach reached it at: the
+    # URL given must be one of them (a check that the right file is at hand), and every
+    # member is restored, so one command puts the whole fleet back
+    members = snapshot.get("members")
+    if not isinstance(members, list) or not all(isinstance(m, dict) for m in members):
+        raise ValidationError(f"{path}: members", "a list of server snapshots", members)
+    urls = [str(m.get("url", "")) for m in members]
+    if url not in urls:
+        raise ValidationError("url", f"one of the fleet's servers {urls}", url)
+    return {
+        "backend": url,
+        "members": [
+            _restore_one(u, m, f"{path}: members[{i}]", token, timeout_s)
+            for i, (u, m) in enumerate(zip(urls, members, strict=True))
+        ],
+    }
 
 
 def _detach(args: argparse.Namespace) -> int:
