@@ -52,6 +52,22 @@ _INT_KEYS = frozenset(
 _INT_LIST_KEYS = frozenset({"dims", "gpus", "preferred_batch_size", "shape"})
 
 
+async def close_on_its_loop(conn: Any, loop: Any, what: str) -> None:
+    """Close ``conn`` (a grpc.aio channel or a tritonclient aio client) only on the event loop
+    it was made on: closing it from another loop (or after that loop closed) raises or hangs."""
+    if conn is None:
+        return
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is not None and running is loop and not loop.is_closed():
+        try:
+            await conn.close()
+        except Exception:  # closing a broken connection may fail; nothing to recover
+            log.debug("closing %s failed", what, exc_info=True)
+
+
 class TritonFailure(Exception):
     """Internal: a classified failure of one client call (the backend maps it to inferline's)."""
 
@@ -271,17 +287,7 @@ class GrpcInfer:
     async def close(self) -> None:
         channel, self._channel, self._call = self._channel, None, None
         loop, self._loop = self._loop, None
-        if channel is None:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None and running is loop and not loop.is_closed():
-            try:
-                await channel.close()
-            except Exception:  # closing a broken connection may fail; nothing to recover
-                log.debug("closing the Triton gRPC channel failed", exc_info=True)
+        await close_on_its_loop(channel, loop, "the Triton gRPC channel")
 
 
 class _NoGrpc(GrpcInfer):
@@ -501,14 +507,4 @@ class TritonClient:
         await self._grpc.close()
         client, self._client = self._client, None
         loop, self._loop = self._loop, None
-        if client is None:
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None and running is loop and not loop.is_closed():
-            try:
-                await client.close()
-            except Exception:  # closing a broken connection may fail; nothing to recover
-                log.debug("closing the Triton client failed", exc_info=True)
+        await close_on_its_loop(client, loop, "the Triton client")
