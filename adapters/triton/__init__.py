@@ -10,7 +10,16 @@ the model's first instance group only; ``TritonBackend.restore_operator_settings
 """
 
 from ._backend import TritonBackend
-from ._config import KEEP_BATCHER, BatcherSettings, TritonModelInfo, build_config, instance_count
+from ._client import GrpcInfer, TritonDeadline, TritonModelMissing
+from ._config import (
+    KEEP_BATCHER,
+    BatcherSettings,
+    TritonModelInfo,
+    build_config,
+    instance_count,
+    steer_config,
+)
+from ._metrics import metrics_url_for, parse_triton_metrics
 from ._replica import TritonReplica
 from ._snapshot import check_model_control, restore_snapshot
 from ._stats import ClientTiming, cumulative_figures, interval_figures
@@ -22,17 +31,23 @@ __all__ = [
     "SCHEMES",
     "BatcherSettings",
     "ClientTiming",
+    "GrpcInfer",
     "ModelIO",
     "TensorSpec",
     "TritonBackend",
+    "TritonDeadline",
     "TritonModelInfo",
+    "TritonModelMissing",
     "TritonReplica",
     "build_config",
     "check_model_control",
     "cumulative_figures",
     "instance_count",
     "interval_figures",
+    "metrics_url_for",
+    "parse_triton_metrics",
     "parse_triton_url",
     "restore_snapshot",
+    "steer_config",
     "triton_datatype",
 ]

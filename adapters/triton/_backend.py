@@ -39,9 +39,10 @@ from inferline.core import (
 from .._remote import bearer_headers, settle_options
 from ._client import TritonClient, TritonFailure, TritonModelMissing
 from ._config import KEEP_BATCHER, BatcherSettings, TritonModelInfo, build_config, instance_count
+from ._metrics import metrics_url_for
 from ._replica import TritonReplica, _Managed
-from ._snapshot import TritonOperatorSettings
 from ._stats import cumulative_figures, interval_figures
+from ._steering import TritonSteering
 from ._tensors import ModelIO
 from ._url import SCHEMES, URL_OPTIONS, parse_triton_url
 
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 _PARAM_KEYS = frozenset({"outputs", "dynamic_batching"})
 
 
-class TritonBackend(TritonOperatorSettings):
+class TritonBackend(TritonSteering):
     """A Triton Inference Server in explicit model-control mode, as an inferline backend.
 
     Args:
@@ -74,6 +75,8 @@ class TritonBackend(TritonOperatorSettings):
             failed. A changed configuration is put back (inferline's plan is the desired
             state); a server that misses two health checks in a row is treated as lost.
         token: bearer token sent with every request (for a server behind an auth proxy).
+        metrics_url: the server's Prometheus page (default ``http://<host>:8002/metrics``),
+            read by ``server_counters`` (the steer loop).
         unload_on_close: unload the models inferline deployed when closing (default: leave the
             server's models running, as an attached deployment should be).
     """
@@ -93,6 +96,7 @@ class TritonBackend(TritonOperatorSettings):
         watch_interval_s: float = 5.0,
         token: str | None = None,
         unload_on_close: bool = False,
+        metrics_url: str | None = None,
     ) -> None:
         protocol, address, query = parse_triton_url(url)
         o = settle_options(
@@ -138,6 +142,8 @@ class TritonBackend(TritonOperatorSettings):
             headers=bearer_headers(token),
         )
         self._seen_configs: dict[str, dict[str, Any]] = {}  # server model -> last config
+        self._headers = bearer_headers(token)
+        self.metrics_url = metrics_url_for(address, metrics_url)
         self._init_operator_settings()
 
     # -- views ------------------------------------------------------------------------------
@@ -259,13 +265,6 @@ class TritonBackend(TritonOperatorSettings):
         self._notify(name)
         self._start_watch()
         return config
-
-    async def _loaded_names(self) -> list[str]:
-        return [
-            str(e["name"])
-            for e in await self._client.repository_index()
-            if e.get("state") == "READY"
-        ]
 
     # -- deploy / scale / remove ----------------------------------------------------------
 

@@ -26,6 +26,7 @@ __all__ = [
     "build_config",
     "config_differs",
     "instance_count",
+    "steer_config",
 ]
 
 
@@ -187,6 +188,48 @@ def build_config(
         else:
             db.pop("preferred_batch_size", None)
         cfg["dynamic_batching"] = db
+    return cfg
+
+
+def steer_config(
+    current: Mapping[str, Any], batcher: Mapping[str, Any], instances: int
+) -> dict[str, Any]:
+    """``current`` with a planned Triton batcher (``TritonBatcher.to_dict()``, a plan's
+    ``server_batchers[model]``) and ``instances`` in all: ``max_batch_size`` (where the model
+    has a batch dimension), the first instance group's count (``build_config``), and in
+    ``dynamic_batching`` the queue delay, the preferred sizes (empty: unset, the max) and, with
+    a timeout, ``default_queue_policy`` (REJECT after it, overridable per request). Every
+    other field stays as the operator set it: other instance groups, rate limiter, warmup,
+    parameters, the batcher's priority levels, ``preserve_ordering``, the queue's size."""
+    where = f"{current.get('name', 'model')}.server_batchers"
+    if batcher.get("kind", "triton") != "triton":
+        raise ValidationError(f"{where}.kind", "'triton'", batcher.get("kind"))
+    mb = int(batcher.get("max_batch_size", 0) or 0)
+    if int(current.get("max_batch_size", 0) or 0) == 0:
+        mb = 1  # no batch dimension: the model takes one item per request, as it is
+    # the operator's other instance groups stay and count: the first group keeps at least one
+    held = sum(_group_instances(g) for g in (current.get("instance_group") or [])[1:])
+    instances = max(int(instances), held + 1)
+    cfg = build_config(current, max_batch_size=mb, replicas=instances, batcher=KEEP_BATCHER)
+    if int(cfg.get("max_batch_size", 0) or 0) == 0:
+        return cfg  # nothing for a batcher to form
+    db = dict(cfg.get("dynamic_batching") or {})
+    db["max_queue_delay_microseconds"] = int(batcher.get("max_queue_delay_microseconds", 0))
+    pref = [int(b) for b in batcher.get("preferred_batch_size", ()) or () if int(b) <= mb]
+    if pref:
+        db["preferred_batch_size"] = pref
+    else:
+        db.pop("preferred_batch_size", None)
+    timeout = int(batcher.get("default_timeout_microseconds", 0) or 0)
+    if timeout > 0:
+        q = dict(db.get("default_queue_policy") or {})
+        q.update(
+            timeout_action="REJECT",
+            default_timeout_microseconds=timeout,
+            allow_timeout_override=True,
+        )
+        db["default_queue_policy"] = q
+    cfg["dynamic_batching"] = db
     return cfg
 
 

@@ -60,7 +60,10 @@ async def _restore_models(
     Every model is tried; the failures are raised together as ``BackendError``."""
     done: dict[str, str] = {}
     errors = []
-    for name, cfg in configs.items():
+    # ensembles after their steps: Triton refuses an ensemble allowing a larger batch than a
+    # step takes, so one lowered for a steered step goes back up only once the step has
+    ordered = sorted(configs.items(), key=lambda kv: (kv[1] or {}).get("platform") == "ensemble")
+    for name, cfg in ordered:
         try:
             if cfg is None:
                 try:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from inferline.cli._args import count, output_path, slo_ms
 from inferline.cli._estimator_args import rate_margin as _rate_margin
 from inferline.cli._server_args import add_listen_args
+from inferline.cli._steer_args import add_steer_args, check_steer_args
 from inferline.core import (
     Pipeline,
     Plan,
@@ -71,6 +72,18 @@ def _server_url(text: str) -> str:
                 f"expected a URL with ports in [1, 65535], got {text!r}"
             )
     return text
+
+
+class _UrlsAction(argparse.Action):
+    """``url``: one URL stays a string (as the steer path and scripts read it); several are
+    a fleet's list."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
+        setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
+
+
+def _urls(url: str | list[str]) -> list[str]:
+    return url if isinstance(url, list) else [url]
 
 
 def _write_snapshot(backend: Any, path: str) -> str | None:
@@ -128,7 +141,11 @@ def _attach(args: argparse.Namespace) -> int:
     from inferline.cli._server_args import warn_open_host
     from inferline.server import run_loop
 
-    if args.pipeline and not (args.slo_ms and (args.trace or args.plan)):
+    if args.steer and isinstance(args.url, list):  # steering tunes one server's batchers
+        raise ValidationError("url", "one server URL with --steer (a fleet: without it)", args.url)
+    if args.steer:
+        check_steer_args(args)
+    elif args.pipeline and not (args.slo_ms and (args.trace or args.plan)):
         raise ValidationError("--pipeline", "--slo-ms and --trace (or --plan) with it", None)
     opts = _options(args.option or [])
     if "models" in opts:  # attach's own flag names the models (and tells discovery of them)
@@ -137,6 +154,10 @@ def _attach(args: argparse.Namespace) -> int:
     inputs = _load_inputs(args.inputs)
     token = args.token or os.environ.get(TOKEN_ENV) or None
     warn_open_host(args.host, token)
+    if args.steer:
+        if args.metrics_url:
+            opts["metrics_url"] = args.metrics_url
+        return int(run_loop(_steer_main(args, opts, inputs, token)))
     return int(run_loop(_attach_main(args, models, opts, inputs, token)))
 
 
@@ -161,6 +182,7 @@ async def _attach_main(
     connection to the backend is closed (by the service once one runs, which owns it then)."""
     from inferline.deploy import attach
 
+    # several URLs (a list): a fleet, each model adopted on every server that serves it
     att = await attach(args.url, models=models, **opts)
     svc = None
     try:
@@ -256,7 +278,7 @@ async def _start_service(
         plan,
         pipeline,
         pipeline_fn=fn,
-        app=args.app,
+        app=args.app or "pipeline",
         slo_s=args.slo_ms / 1e3,
         max_rows=args.max_request_rows,  # every door's cap, the native route's too
     )
@@ -286,6 +308,87 @@ async def _serve(
     )
 
 
+async def _steer_main(
+    args: argparse.Namespace, opts: dict[str, Any], inputs: dict[str, Any] | None, token: str | None
+) -> int:
+    """``--steer``: discover the app (an ensemble's steps), profile, plan for the server's
+    batchers, snapshot, apply through the server's API; then the loop (not with --dry-run)."""
+    from inferline.deploy import (
+        DriftConfig,
+        apply_steer_plan,
+        plan_steer,
+        run_steer,
+        steer_target,
+    )
+
+    pipeline = load_pipeline(args.pipeline) if args.pipeline else None
+    att, target = await steer_target(args.url, args.app, pipeline, **opts)
+    try:
+        _report_found(att, args.summary_out)
+        print(
+            f"steer: {target.app}: models {list(target.pipeline.models)}, "
+            f"edges {list(target.pipeline.edges)}"
+        )
+        prof = await _profile(att, inputs, args)
+        if args.plan:
+            plan = load_plan(args.plan)
+        elif prof is None:
+            raise ValidationError("--no-profile", "profiles to plan with (or --plan)", None)
+        else:
+            plan = plan_steer(
+                att,
+                target,
+                prof.profiles,
+                load_trace(args.trace),
+                args.slo_ms / 1e3,
+                PlannerOptions(rate_margin=args.rate_margin),
+            )
+            if args.plan_out:
+                save(plan, args.plan_out)
+        _print_steer_plan(plan)
+        snap_path = args.snapshot or SNAPSHOT_DEFAULT
+        snapshot = _write_snapshot(att.backend, snap_path)
+        for m, what in (await apply_steer_plan(att, target, plan)).items():
+            print(f"applied: {m}: {what}")
+        snapshot = _write_snapshot(att.backend, snap_path)  # now with what apply first touched
+        if args.dry_run:
+            _ready({"url": None, "app": target.app, "models": list(plan.models)}, snapshot, args)
+            return 0
+        await run_steer(
+            att,
+            target,
+            plan,
+            None if prof is None else prof.profiles,
+            host=args.host,
+            port=args.port,
+            token=token,
+            tick_s=args.tick_s,
+            drift=DriftConfig(mode=args.on_drift),
+            seed=args.seed,
+            ready=lambda info: _ready(info, snapshot, args),
+            restored=lambda: _restored(snapshot),
+        )
+        return 0
+    finally:
+        await att.backend.close()
+
+
+def _print_steer_plan(plan: Plan) -> None:
+    for m, cfg in plan.models.items():
+        b = dict(plan.server_batchers.get(m, {}))
+        print(
+            f"plan: {m}: {cfg.replicas} instances, max batch {cfg.max_batch_size}, preferred "
+            f"{b.get('preferred_batch_size') or 'unset'}, queue delay "
+            f"{b.get('max_queue_delay_microseconds', 0)} us, queue timeout "
+            f"{b.get('default_timeout_microseconds', 0)} us"
+        )
+    print(
+        f"plan: cost ${plan.cost_per_hour:.3f}/h, estimated P{plan.percentile:g} "
+        f"{plan.estimated_latency_s * 1e3:.1f} ms (SLO {plan.slo_s * 1e3:.0f} ms)",
+        flush=True,
+    )
+
+
 def _ready(info: dict[str, Any], snapshot: str | None, args: argparse.Namespace) -> None:
     """Once listening: write ``--ready-file`` (atomically: scripts poll it) and say where."""
     info["pid"] = os.getpid()
@@ -294,8 +397,19 @@ def _ready(info: dict[str, Any], snapshot: str | None, args: argparse.Namespace)
         tmp = Path(args.ready_file).with_suffix(".tmp")
         tmp.write_text(json.dumps(info))
         os.replace(tmp, args.ready_file)
+    if args.steer and info["url"] is None:
+        print(f"inferline: applied the plan to {info['app']} on {args.url} (dry run)", flush=True)
+        return
+    if args.steer:
+        print(
+            f"inferline: steering {info['app']} ({info['models']}) on {args.url}; "
+            f"admin at {info['url']} (/metrics, /admin/drift, POST /admin/detach)",
+            flush=True,
+        )
+        return
     print(
-        f"inferline: serving {info['apps']} and models {info['models']} of {args.url} "
+        f"inferline: serving {info['apps']} and models {info['models']} of "
+        f"{' '.join(_urls(args.url))} "
         f"at {info['url']} (KServe v2 /v2, TF Serving /v1; gRPC {info['grpc']})",
         flush=True,
     )
@@ -312,6 +426,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     _add_profile_options(a)
     _add_plan_options(a)
     _add_serve_options(a)
+    add_steer_args(a)
     a.set_defaults(func=_attach)
 
 
@@ -320,7 +435,11 @@ def _add_discovery_options(a: argparse.ArgumentParser) -> None:
     a.add_argument(
         "url",
         type=_server_url,
-        help="e.g. tfserving://host:8501, tfserving+grpc://host:8500, triton://host:8000",
+        nargs="+",
+        action=_UrlsAction,
+        help="e.g. tfserving://host:8501, tfserving+grpc://host:8500, triton://host:8000; "
+        "several (Triton and TF Serving, mixed): a fleet, each model adopted on every server "
+        "that serves it, as one model with replicas on each (not with --steer)",
     )
     a.add_argument(
         "--models", default=None, help="comma-separated models to adopt (default: all ready)"
@@ -365,7 +484,12 @@ def _add_plan_options(a: argparse.ArgumentParser) -> None:
         default=None,
         help="module:function pipeline to serve (default: run the DAG)",
     )
-    a.add_argument("--app", default="pipeline", help="app name of the served pipeline")
+    a.add_argument(
+        "--app",
+        default=None,
+        help="app name of the served pipeline (default pipeline); with --steer the model or "
+        "Triton ensemble clients call",
+    )
     a.add_argument(
         "--slo-ms",
         type=slo_ms,

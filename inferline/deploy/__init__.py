@@ -42,6 +42,16 @@ from inferline.deploy._planned import drain, planned_models
 from inferline.deploy._serve import serve, serve_deployment
 from inferline.deploy._settings import ServeSettings
 from inferline.deploy._start import DeploymentTarget, start_service
+from inferline.deploy._steer import (
+    SteerTarget,
+    apply_steer_plan,
+    plan_steer,
+    run_steer,
+    steer_target,
+)
+from inferline.deploy._steer_app import ensemble_pipeline
+from inferline.deploy._steer_loop import SteerLoop, apply_server_plan
+from inferline.deploy._steer_policy import ModelFigures, SteerController, SteerTick
 from inferline.deploy._switching import LiveSwitcher, SwitchEvent
 from inferline.deploy._switching_serve import load_switching
 from inferline.deploy._tuning import AppliedDecision, LiveTuner
@@ -67,17 +77,25 @@ __all__ = [
     "LiveSwitcher",
     "LiveTuner",
     "Loops",
+    "ModelFigures",
     "QueueSpec",
     "ServeSettings",
+    "SteerController",
+    "SteerLoop",
+    "SteerTarget",
+    "SteerTick",
     "SwitchEvent",
     "apply_attachment_plan",
     "apply_deployment_plan",
     "apply_plan",
+    "apply_server_plan",
+    "apply_steer_plan",
     "attach",
     "build_service",
     "dag_pipeline",
     "drain",
     "drift_monitor",
+    "ensemble_pipeline",
     "export_plan",
     "import_object",
     "load_deployment",
@@ -85,11 +103,14 @@ __all__ = [
     "new_service",
     "open_backend",
     "plan_attachment",
+    "plan_steer",
     "planned_models",
     "plugin_host",
+    "run_steer",
     "serve",
     "serve_attachment",
     "serve_deployment",
     "start_attachment_service",
     "start_service",
+    "steer_target",
 ]

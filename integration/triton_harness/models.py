@@ -23,7 +23,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MODELS", "Digits", "build_repository", "digits_stage_pipeline", "load_digits_split"]
+__all__ = [
+    "MODELS",
+    "Digits",
+    "build_repository",
+    "digits_stage_pipeline",
+    "load_digits_split",
+    "write_ensemble",
+]
 
 SRC = Path(__file__).parent / "model_src"
 MODELS = ("digits_pre", "digits_mlp", "digits_knn", "digit_name")
@@ -161,3 +168,28 @@ async def digits_stage_pipeline(x: Any, ctx: Any) -> int:
 async def digits_pre_pipeline(x: Any, ctx: Any) -> Any:
     """``digits_pre`` alone: an 8x8 image -> its 64 standardized features."""
     return await ctx.predict("pre", x)
+
+
+def write_ensemble(
+    repo: Path,
+    name: str = "digits",
+    steps: tuple[str, str] = ("digits_pre", "digits_mlp"),
+    max_batch_size: int = 64,
+) -> None:
+    """A two-step ensemble over the repository's models: ``digits_pre`` (image -> features),
+    then ``digits_mlp`` (features -> label), as an operator would write it."""
+    if steps != ("digits_pre", "digits_mlp"):
+        raise ValueError(f"steps: only ('digits_pre', 'digits_mlp'), not {steps!r}")
+    (Path(repo) / name / "1").mkdir(parents=True, exist_ok=True)
+    (Path(repo) / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "image", data_type: TYPE_FP32, dims: [8, 8] } ]\n'
+        'output [ { name: "label", data_type: TYPE_INT64, dims: [1] } ]\n'
+        "ensemble_scheduling { step [\n"
+        '  { model_name: "digits_pre", model_version: -1,\n'
+        '    input_map { key: "image" value: "image" } '
+        'output_map { key: "features" value: "f" } },\n'
+        '  { model_name: "digits_mlp", model_version: -1,\n'
+        '    input_map { key: "features" value: "f" } output_map { key: "label" value: "label" } }\n'
+        "] }\n"
+    )
