@@ -65,8 +65,24 @@ SMOKES: dict[str, Smoke] = {
         ),
         rows=(r"(?m)^admission +5x ", r"(?m)^expiry +5x ", r"(?m)^admission\+prio +3x "),
     ),
+    # ~5 s: five plans of the sleep model on 10 s of a bursty trace (estimator only)
+    "admission_plans": Smoke(
+        (
+            "Plan cost with admission off and on",
+            "miss+ref%",
+            _reproduce("admission_plans"),
+        ),
+        rows=(r"(?m)^sleep \(100 ms\) +off ", r"(?m)^sleep \(100 ms\) +on, max_refused 0\.01 "),
+    ),
     # reuses the profiles of the fidelity run (what its docstring suggests): profiling the
     # demo pipeline again would double the time and exercise nothing new
+    # ~10 s: a real Triton (identity model) and the TF Serving stand-in, 100 calls per point
+    "backend_calls": Smoke(
+        ("Triton gRPC ModelInfer", "client CPU ms/call", _reproduce("backend_calls")),
+        rows=(r"(?m)^after +1 ",),
+        needs="triton",
+        integration=True,
+    ),
     "calibrated_plans": Smoke(
         (
             "plans on profiled vs calibrated profiles vs profiled with pinned cores",
@@ -88,6 +104,13 @@ SMOKES: dict[str, Smoke] = {
             _reproduce("fidelity"),
         ),
         ("--out", "{tmp}"),
+    ),
+    # ~25 s: 2 real Triton servers (the harness), 2 s per fleet size, then a 5 s kill run
+    "fleet": Smoke(
+        ("Fleet of Triton servers", "queries/s", "kill: ", _reproduce("fleet")),
+        rows=(r"(?m)^ +1 \S+ +\d", r"(?m)^ +2 \S+ \S+ +\d"),
+        needs="triton",
+        integration=True,
     ),
     "frontdoor_limits": Smoke(
         ("scenario", "worst_healthz_s", "reproduce: "),
@@ -157,6 +180,15 @@ SMOKES: dict[str, Smoke] = {
         ),
         ("--out", "{tmp}"),
     ),
+    # ~40 s: a real Triton ensemble, two short replays and `inferline attach --steer --quick`
+    # (Model Analyzer is skipped in --smoke: it measures for minutes)
+    "steer_vs_analyzer": Smoke(
+        ("steer vs Model Analyzer", "| operator start | 2 |", "inferline --steer", "--smoke"),
+        rows=(r"(?m)^\| Model Analyzer \| - ", r"(?m)^  - note: skipped in --smoke"),
+        needs="azure-traces",
+        integration=True,
+        timeout_s=240.0,
+    ),
     "switching_live": Smoke(
         ("variants (measured through inferline serve", "  switching ", "capacity of f200"),
         needs="azure-traces",
@@ -201,7 +233,8 @@ def _run(name: str, args: list[str], timeout_s: float) -> subprocess.CompletedPr
 
 
 def _check(name: str, smoke: Smoke, r: subprocess.CompletedProcess[str]) -> None:
-    if name == "triton_overhead" and r.returncode == 2 and "cannot run:" in r.stderr:
+    triton = ("triton_overhead", "steer_vs_analyzer")
+    if name in triton and r.returncode == 2 and "cannot run:" in r.stderr:
         # the harness could not fetch or set up Triton (triton_harness.SetupError)
         pytest.skip(f"no Triton server available: {r.stderr.strip().splitlines()[-1]}")
     assert r.returncode == 0, f"{name} --smoke exited {r.returncode}:\n{r.stderr[-3000:]}"

@@ -23,11 +23,14 @@ Where things are:
   :func:`batcher_from_dict`;
 * ``_stop.py``: :class:`EarlyStop`, ``simulate(stop=...)``: end a run once its percentile
   latency is certain to exceed the SLO (the planner's infeasible candidates);
+* ``_admission.py``: :class:`EstimatorAdmission` (``EstimatorOptions.admission``) and the
+  admission arithmetic the live queue shares (:func:`predict_completion`);
 * ``_prepare.py``: inputs checked and laid out as the kernel's arrays; ``_state.py``: the
   kernel's state (created, grown, read back); ``_draws.py``: the seeded visit and
   service-spread draws.
 """
 
+from ._admission import DEFAULT_BUFFER_S, EstimatorAdmission, dispatch_late, predict_completion
 from ._batchers import ServerBatcher, TFServingBatcher, TritonBatcher, batcher_from_dict
 from ._control import Controller, StageSwitch, SystemState
 from ._draws import SPREAD_Z_CLIP, draw_visits, spread_floor, spread_params
@@ -37,10 +40,12 @@ from ._simulate import simulate, simulate_plan
 from ._stop import EarlyStop, miss_allowance
 
 __all__ = [
+    "DEFAULT_BUFFER_S",
     "MAX_SHARERS_PER_UNIT",
     "SPREAD_Z_CLIP",
     "Controller",
     "EarlyStop",
+    "EstimatorAdmission",
     "EstimatorOptions",
     "ModelSimStats",
     "ServerBatcher",
@@ -50,8 +55,10 @@ __all__ = [
     "TFServingBatcher",
     "TritonBatcher",
     "batcher_from_dict",
+    "dispatch_late",
     "draw_visits",
     "miss_allowance",
+    "predict_completion",
     "simulate",
     "simulate_plan",
     "spread_floor",

@@ -66,15 +66,22 @@ I_STOP = 10
 I_SWEEP = 11
 I_DROPS = 12
 I_DALLOW = 13
+# admission (``EstimatorOptions.admission``): on, the refusals counted and allowed (early stop)
+I_ADM = 14
+I_REF = 15
+I_RALLOW = 16
 F_NOW = 0
 F_HOP = 1
 F_SLO = 2  # early stop: the SLO a query's latency is judged against
 F_STOPT = 3  # early stop: the instant the run stopped at
+F_ASLO = 4  # admission: a query's deadline is its arrival plus this
+F_ABUF = 5  # admission: the buffer subtracted from the deadline
 # server batcher kinds and what befell a dropped query
 SB_TRITON = 1
 SB_TF = 2
 DROP_REJECTED = 1  # Triton: its queue time reached the queue policy's timeout
 DROP_REFUSED = 2  # TF Serving: the batch queue was full
+DROP_LATE = 4  # admission: predicted late at arrival, or dropped late when a batch was cut
 
 INF = np.inf
 
@@ -289,7 +296,9 @@ def _loop(  # type: ignore[no-untyped-def]
         if t >= t_stop or t == INF:
             return t
         if allow >= 0 and (
-            _sweep(arr, left, drop, ist, t, slo) > allow or ist[I_DROPS] > ist[I_DALLOW]
+            _sweep(arr, left, drop, ist, t, slo) > allow
+            or ist[I_DROPS] > ist[I_DALLOW]
+            or ist[I_REF] > ist[I_RALLOW]
         ):
             ist[I_STOP] = 1  # the verdict is known: over the SLO (nothing of t is applied)
             fst[F_STOPT] = t
@@ -475,6 +484,66 @@ def _loop(  # type: ignore[no-untyped-def]
                     wake_x, wake_n, pool_cap, pool_dem, pool_n, pool_list, pool_next, busy,
                     nbatch, inflight,
                 )  # fmt: skip
+                continue
+            if ist[I_ADM]:  # admission, then Clockwork's cuts (as the live ``_cut_admitted``)
+                if qlen[m] == 0:
+                    continue
+                _adm_arrivals(
+                    m, t, N, M, arr, maxb, table, qheap, qlen, enq, drop, ist, fst, rep_st,
+                    rep_m, rep_fin, cur_row,
+                )  # fmt: skip
+                base = m * N
+                h = 0  # the queue is sorted: batches come off its front
+                n = qlen[m]
+                aslo = fst[F_ASLO]
+                abuf = fst[F_ABUF]
+                while idle_head[m] >= 0 and h < n:
+                    s = idle_head[m]
+                    r = rep_row[s]
+                    take = n - h
+                    if take > maxb[r]:
+                        take = maxb[r]
+                    cut = table[r, take]  # the rule's latency: the batch before any drop
+                    b = 0
+                    while h < n and b < take:
+                        i = qheap[base + h]
+                        h += 1
+                        if arr[i] + aslo - abuf < t + cut:
+                            _adm_drop(drop, ist, i)
+                        else:
+                            rep_batch[s, b] = i
+                            qd[i * M + m] = t - enq[i * M + m]
+                            b += 1
+                    if b == 0:
+                        continue
+                    idle_head[m] = rep_next[s]
+                    rep_st[s] = BUSY
+                    rep_b[s] = b
+                    sg = spr_sig[r, b]
+                    if sg > 0.0:  # drawn with the normal of the batch's first (EDF) visit
+                        lat = np.exp(spr_mu[r, b] + sg * zs[rep_batch[s, 0] * M + m])
+                    else:
+                        lat = table[r, b]
+                    if wake_n[r] > 0:
+                        lat += _wake_extra(wake_g, wake_x, wake_n[r], r, t - rep_fin[s])
+                    p = rep_pool[s]
+                    if p >= 0:
+                        _pool_join(
+                            pool_cap, pool_dem, pool_n, pool_list, pool_next, rep_ppos, rep_fin,
+                            p, s, rep_units[s], t, lat,
+                        )  # fmt: skip
+                        rep_t0[s] = t
+                    else:
+                        done = t + lat
+                        rep_fin[s] = done
+                        _ev_push(ev_t, ev_k, ev_a, ist, done, COMPLETE, s)
+                        busy[m] += lat
+                    nbatch[m] += 1
+                    inflight[m] += b
+                rest = n - h
+                for k in range(rest):  # still sorted, so still a heap
+                    qheap[base + k] = qheap[base + h + k]
+                qlen[m] = rest
                 continue
             base = m * N
             w = waitv[m]
@@ -900,3 +969,106 @@ def apply_switch(S: KState, m: int, row: int, n: int, t: float, delay: float) ->
             elif st == IDLE or st == BUSY:
                 _ev_push(S.ev_t, S.ev_k, S.ev_a, S.ist, t + delay, RETIRE, s)
     apply_scale(S, m, n, t, delay)
+
+
+# -- admission by predicted completion (``EstimatorOptions.admission``, ``_admission.py``) ------
+@njit(cache=True, inline="always")
+def _adm_drop(drop, ist, i):  # type: ignore[no-untyped-def]
+    """Query ``i`` was refused (at arrival or at a batch cut): it never finishes; a
+    refusal is also a miss for the early stop (drops are misses, its deadline sweep)."""
+    if drop[i] == 0:
+        ist[I_INSYS] -= 1
+        ist[I_REF] += 1
+        if ist[I_ALLOW] >= 0:
+            if ist[I_SWEEP] == 0:
+                ist[I_DROPS] += 1
+            elif i >= ist[I_OLD]:
+                ist[I_MISS] += 1
+    drop[i] |= DROP_LATE
+
+
+@njit(cache=True)
+def predict_done(now, position, queued, free, nf, max_batch, lat_row):  # type: ignore[no-untyped-def]
+    """``_admission.predict_completion`` over arrays: ``free[:nf]`` the replicas' free times
+    (overwritten), ``lat_row[size]`` the batch latency (<= 0: none). ``-1.0``: no prediction
+    (the pure function's None). The same float operations, so the same result."""
+    if nf == 0 or position < 0 or position >= queued:
+        return -1.0
+    for k in range(nf):
+        if free[k] < now:
+            free[k] = now
+    start = 0
+    while True:
+        j = 0  # the earliest free replica (any of a tie: the same time)
+        for k in range(1, nf):
+            if free[k] < free[j]:
+                j = k
+        size = queued - start
+        if size > max_batch:
+            size = max_batch
+        lat = lat_row[size]
+        if lat <= 0.0:
+            return -1.0
+        done = free[j] + lat
+        if start + size > position:
+            return done
+        start += size
+        free[j] = done
+
+
+@njit(cache=True, inline="always")
+def _adm_arrivals(
+    m, t, N, M, arr, maxb, table, qheap, qlen, enq, drop, ist, fst, rep_st, rep_m, rep_fin, cur_row
+):  # type: ignore[no-untyped-def]
+    """Admission at instant ``t`` of the queries that entered model ``m``'s queue at ``t``,
+    in EDF (index) order, each seeing the queue before ``t`` and those admitted before it.
+    Leaves the queue sorted (a valid heap), refused ones out."""
+    base = m * N
+    n = qlen[m]
+    q = qheap[base : base + n]
+    old = 0
+    ordered = True
+    for k in range(n):  # left sorted by the last cut; new entries may break the order
+        if enq[q[k] * M + m] < t:
+            old += 1
+        if k > 0 and q[k - 1] > q[k]:
+            ordered = False
+    if old == n and ordered:
+        return  # nothing entered at t: nothing to decide
+    if not ordered:
+        q.sort()
+    slo = fst[F_ASLO]
+    buf = fst[F_ABUF]
+    ns = ist[I_NSLOTS]
+    free0 = np.empty(ns)
+    nf = 0
+    idle = False
+    for s in range(ns):
+        if rep_m[s] == m and (rep_st[s] == IDLE or rep_st[s] == BUSY):
+            free0[nf] = t if rep_st[s] == IDLE else rep_fin[s]
+            if free0[nf] <= t:
+                idle = True
+            nf += 1
+    r = cur_row[m]
+    free = np.empty(nf)
+    w = 0
+    nadm = 0
+    for k in range(n):
+        i = q[k]
+        if enq[i * M + m] < t:
+            q[w] = i
+            w += 1
+            continue
+        ahead = old + nadm  # queued before it arrived
+        ok = ahead == 0 and idle  # an idle replica, nothing queued: run it (as the live queue)
+        if not ok:
+            free[:nf] = free0[:nf]
+            done = predict_done(t, w, ahead + 1, free, nf, maxb[r], table[r])
+            ok = done < 0.0 or done <= arr[i] + slo - buf
+        if ok:
+            q[w] = i
+            w += 1
+            nadm += 1
+        else:
+            _adm_drop(drop, ist, i)
+    qlen[m] = w

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._validate import as_float, as_int, as_mapping, as_str, no_extra_keys
 from ..errors import ValidationError
+from ._admission import EstimatorAdmission
 from ._batchers import ServerBatcher, TFServingBatcher, TritonBatcher, batcher_from_dict
 
 __all__ = ["MAX_SHARERS_PER_UNIT", "EstimatorOptions"]
@@ -46,6 +47,10 @@ class EstimatorOptions:
     (:class:`TritonBatcher`, :class:`TFServingBatcher`; rules in ``_batchers.py``): that
     model is batched by the server's rules and may reject or refuse queries
     (``SimResult.rejected``, ``SimResult.refused``). Models not named keep the estimator's.
+    ``admission``: the live queue's admission by predicted completion and Clockwork's
+    dispatch rule (:class:`EstimatorAdmission`, docs/deadlines.md) at every model without a
+    server batcher; refused queries never finish (``SimResult.refused_late``). ``None``, the
+    default, is the estimator without it. Not with a batch wait (delayed batching).
     """
 
     hop_overhead_s: float = 0.0
@@ -58,6 +63,7 @@ class EstimatorOptions:
     replica_units: Mapping[str, float] = field(default_factory=dict)
     pinned_cores: Mapping[str, int] = field(default_factory=dict)
     server_batchers: Mapping[str, ServerBatcher] = field(default_factory=dict)
+    admission: EstimatorAdmission | None = None
 
     def __post_init__(self) -> None:
         as_float(self.hop_overhead_s, "hop_overhead_s", nonneg=True)
@@ -90,6 +96,8 @@ class EstimatorOptions:
                 raise ValidationError(where, "a TritonBatcher or TFServingBatcher", b)
             batchers[k] = b.check(f"{where}.")
         object.__setattr__(self, "server_batchers", batchers)
+        if self.admission is not None and not isinstance(self.admission, EstimatorAdmission):
+            raise ValidationError("admission", "an EstimatorAdmission or None", self.admission)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -105,6 +113,8 @@ class EstimatorOptions:
         }
         if self.server_batchers:  # only when set: documents from before stay as they were
             out["server_batchers"] = {k: b.to_dict() for k, b in self.server_batchers.items()}
+        if self.admission is not None:  # the same: only when set
+            out["admission"] = self.admission.to_dict()
         return out
 
     @classmethod
@@ -123,9 +133,11 @@ class EstimatorOptions:
                 "replica_units",
                 "pinned_cores",
                 "server_batchers",
+                "admission",
             },
             "",
         )
+        adm = m.get("admission")
         batchers = {
             k: batcher_from_dict(v, f"server_batchers.{k}")
             for k, v in as_mapping(m.get("server_batchers", {}), "server_batchers").items()
@@ -146,6 +158,7 @@ class EstimatorOptions:
             replica_units=m.get("replica_units", {}),
             pinned_cores=m.get("pinned_cores", {}),
             server_batchers=batchers,
+            admission=None if adm is None else EstimatorAdmission.from_dict(adm),
         )
 
 

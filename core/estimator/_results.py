@@ -68,7 +68,9 @@ class SimResult:
     from the activation delay later). ``rejected`` / ``refused``: per query, whether a server
     batcher (``EstimatorOptions.server_batchers``) rejected it (Triton's queue timeout) or
     refused it (TF Serving's full batch queue); such a query never finishes (latency inf).
-    All false without server batchers.
+    All false without server batchers. ``refused_late``: per query, whether admission
+    (``EstimatorOptions.admission``) refused it, at arrival at a model or when a batch was
+    cut; such a query never finishes either (latency inf; all false without admission).
 
     ``stopped_early``: the run had ``simulate(stop=EarlyStop(slo_s, p))`` and stopped at
     simulated time ``stopped_at_s``, once ``certain_misses`` (more than the allowance) had
@@ -87,12 +89,13 @@ class SimResult:
     variant_switches: tuple[tuple[float, str, str], ...] = ()
     rejected: np.ndarray | None = None  # None: none (all false)
     refused: np.ndarray | None = None
+    refused_late: np.ndarray | None = None
     stopped_early: bool = False
     stopped_at_s: float | None = None
     certain_misses: int | None = None  # None: no early stop asked for
 
     def __post_init__(self) -> None:
-        for name in ("rejected", "refused"):
+        for name in ("rejected", "refused", "refused_late"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros(self.latencies_s.shape[0], dtype=bool))
 
@@ -110,7 +113,8 @@ class SimResult:
 
     def summary(self, slo_s: float, percentile: float = 99.0) -> dict[str, Any]:
         """The figures as JSON; ``rejected_queries`` and ``refused_queries`` only where a
-        server batcher dropped some (summaries without server batchers stay as they were)."""
+        server batcher dropped some, ``refused_late_queries`` only where admission refused
+        some (summaries without them stay as they were)."""
         out: dict[str, Any] = {
             _pct_key(percentile): self.percentile(percentile),
             "slo_miss_rate": self.miss_rate(slo_s),
@@ -122,4 +126,7 @@ class SimResult:
         if self.rejected.any() or self.refused.any():
             out["rejected_queries"] = int(np.count_nonzero(self.rejected))
             out["refused_queries"] = int(np.count_nonzero(self.refused))
+        assert self.refused_late is not None
+        if self.refused_late.any():
+            out["refused_late_queries"] = int(np.count_nonzero(self.refused_late))
         return out

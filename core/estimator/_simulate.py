@@ -84,14 +84,7 @@ def simulate(
                     f"at least 1 replica ({m!r} receives traffic and nothing scales it)",
                     0,
                 )
-    S = new_state(prep, arr, vis, rem, left, options.hop_overhead_s, options.seed)
-    if stop is not None:
-        if not isinstance(stop, EarlyStop):
-            raise ValidationError("stop", "an EarlyStop or None", stop)
-        S.ist[K.I_ALLOW] = stop.allowance(N)
-        S.ist[K.I_SWEEP] = int(stop.drops_are_misses)
-        S.ist[K.I_DALLOW] = N if stop.max_drops is None else stop.max_drops
-        S.fst[K.F_SLO] = stop.slo_s
+    S = _start(prep, arr, vis, rem, left, options, stop)
     place(S, prep, 0)
     delay = options.activation_delay_s
     switches: list[tuple[float, str, str]] = []
@@ -100,6 +93,36 @@ def simulate(
     else:
         S = _drive(S, arr, order, pos, sched, controller, interval, delay, prep, configs, switches)
     return _result(S, prep, arr, vis, tuple(switches), stop is not None)
+
+
+def _start(
+    prep: Prep,
+    arr: np.ndarray,
+    vis: np.ndarray,
+    rem: np.ndarray,
+    left: np.ndarray,
+    options: EstimatorOptions,
+    stop: EarlyStop | None,
+) -> K.KState:
+    """The kernel's state at the start, with the admission and early stop set."""
+    adm = options.admission
+    if adm is not None and np.any(prep.waitv > 0.0):
+        raise ValidationError(
+            "options.admission", "no batch wait (batch_wait_s, batch_wait_ms) with admission", adm
+        )
+    a = None if adm is None else (adm.slo_s, adm.buffer_s)
+    S = new_state(prep, arr, vis, rem, left, options.hop_overhead_s, options.seed, a)
+    if stop is not None:
+        if not isinstance(stop, EarlyStop):
+            raise ValidationError("stop", "an EarlyStop or None", stop)
+        N = arr.shape[0]
+        S.ist[K.I_ALLOW] = stop.allowance(N)
+        S.ist[K.I_SWEEP] = int(stop.drops_are_misses)
+        S.ist[K.I_DALLOW] = N if stop.max_drops is None else stop.max_drops
+        S.fst[K.F_SLO] = stop.slo_s
+        if stop.max_refused is not None:
+            S.ist[K.I_RALLOW] = stop.max_refused
+    return S
 
 
 def _check_schedule(
@@ -319,6 +342,7 @@ def _result(
         variant_switches=switches,
         rejected=_dropped(S, N, K.DROP_REJECTED),
         refused=_dropped(S, N, K.DROP_REFUSED),
+        refused_late=_dropped(S, N, K.DROP_LATE),
         stopped_early=bool(S.ist[K.I_STOP]),
         stopped_at_s=float(S.fst[K.F_STOPT]) if S.ist[K.I_STOP] else None,
         certain_misses=int(S.ist[K.I_MISS]) if early else None,
@@ -326,8 +350,8 @@ def _result(
 
 
 def _dropped(S: K.KState, N: int, why: int) -> np.ndarray:
-    """Per query, whether a server batcher dropped it for ``why``."""
-    if S.drop.shape[0] != N:  # no server batcher: none
+    """Per query, whether a server batcher (or admission) dropped it for ``why``."""
+    if S.drop.shape[0] != N:  # no server batcher, no admission: none
         return np.zeros(N, dtype=bool)
     return (S.drop & why) != 0
 

@@ -21,6 +21,7 @@ def new_state(
     left: np.ndarray,
     hop: float,
     seed: int = 0,
+    admission: tuple[float, float] | None = None,
 ) -> K.KState:
     N = arr.shape[0]
     M = len(p.order)
@@ -35,11 +36,7 @@ def new_state(
     calls = int(visf.sum(dtype=np.int64)) if kmax > 1 else NM
     S0 = int(p.replicas.sum())
     cap = max(16, 2 * S0)
-    ist = np.zeros(16, dtype=np.int64)
-    ist[K.I_NSLOTS] = S0
-    ist[K.I_ALLOW] = -1  # early stop off unless ``simulate(stop=...)`` sets it
-    fst = np.zeros(4, dtype=np.float64)
-    fst[K.F_HOP] = hop
+    ist, fst = _scalars(S0, N, hop, admission)
     P = p.pool_cap.shape[0]
     ecap = 2 * cap + M + 8  # per slot: a completion or activation, and a switch's retirement
     return K.KState(
@@ -89,8 +86,24 @@ def new_state(
         ist=ist,
         fst=fst,
         **_replica_slots(p.replicas, cap, B),
-        **_server_state(p, N, server),
+        **_server_state(p, N, server or admission is not None),
     )
+
+
+def _scalars(
+    S0: int, N: int, hop: float, admission: tuple[float, float] | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's scalar slots (``ist``, ``fst``); ``admission``: (slo_s, buffer_s)."""
+    ist = np.zeros(17, dtype=np.int64)
+    ist[K.I_NSLOTS] = S0
+    ist[K.I_ALLOW] = -1  # early stop off unless ``simulate(stop=...)`` sets it
+    ist[K.I_RALLOW] = N  # refusals allowed (early stop): all unless the stop limits them
+    fst = np.zeros(6, dtype=np.float64)
+    fst[K.F_HOP] = hop
+    if admission is not None:
+        ist[K.I_ADM] = 1
+        fst[K.F_ASLO], fst[K.F_ABUF] = admission
+    return ist, fst
 
 
 def _server_state(p: Prep, N: int, server: bool) -> dict[str, np.ndarray]:

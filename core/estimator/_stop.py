@@ -55,12 +55,15 @@ class EarlyStop:
 
     ``drops_are_misses``: a query a server batcher drops is a miss (latency inf, as
     ``SimResult.percentile`` counts it). Off: the percentile of the served queries is meant
-    (see the module doc); ``max_drops`` then also stops the run past that many drops."""
+    (see the module doc); ``max_drops`` then also stops the run past that many drops.
+    ``max_refused``: also stop past that many admission refusals (``SimResult.refused_late``;
+    they only grow, so the run is then certain to exceed it)."""
 
     slo_s: float
     percentile: float = 99.0
     drops_are_misses: bool = True
     max_drops: int | None = None
+    max_refused: int | None = None
 
     def __post_init__(self) -> None:
         as_float(self.slo_s, "stop.slo_s", nonneg=True)
@@ -73,6 +76,8 @@ class EarlyStop:
                     "stop.max_drops", "None while drops are misses (they count as misses)", 0
                 )
             as_int(self.max_drops, "stop.max_drops", minimum=0)
+        if self.max_refused is not None:
+            as_int(self.max_refused, "stop.max_refused", minimum=0)
 
     def allowance(self, n: int) -> int:
         return miss_allowance(n, self.percentile)

@@ -36,8 +36,9 @@ from .._plan import ModelConfig, Plan
 from .._profiles import Profiles
 from ..estimator import simulate
 from ._options import PlannerOptions, ProgressFn
+from ._parallel import stop
 from ._server import ServerSearch
-from ._space import Configs, Key
+from ._space import Configs, Key, admitted_percentile
 from ._tuner_inputs import tuner_inputs
 
 __all__ = ["Planner", "plan_inferline"]
@@ -147,7 +148,16 @@ class Planner(ServerSearch):
 
     # -- everything ----------------------------------------------------------------------
     def plan(self) -> Plan:
-        final = self._search_within_inventory() if self._inventory else self._search()
+        try:
+            final = self._search_within_inventory() if self._inventory else self._search()
+            if not self.confirm(self._key(final)):  # screened plan infeasible: search exactly
+                self._actions.append("screen fallback")
+                stop(self._running)  # their results are screened ones
+                self._running = []
+                final = self._search_within_inventory() if self._inventory else self._search()
+        finally:
+            stop(self._running)  # workers ahead of a search that has ended
+            self._running = []
         key = self._key(final)
         self._report("done", len(self._actions), key, "plan ready")
         plan = Plan(
@@ -200,7 +210,7 @@ class Planner(ServerSearch):
         """The plan's estimate on the sample itself (what a user compares with a measurement);
         with a rate margin the search judged it on the compressed trace."""
         if self.trace is self.sample:
-            return self._latency(key)
+            return self._exact_latency(key)
         if self._server:
             return self._judge(self._simulate(key, self.sample))
         r = simulate(
@@ -211,6 +221,8 @@ class Planner(ServerSearch):
             options=self.options.estimator,
             catalog=self.catalog,
         )
+        if self.options.admission:  # refusals are misses (max_refused: the search's test)
+            return admitted_percentile(r, self.percentile, None)
         return r.percentile(self.percentile)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .._validate import as_float, as_int, as_mapping, no_extra_keys
 from ..errors import ValidationError
-from ..estimator import EstimatorOptions
+from ..estimator import DEFAULT_BUFFER_S, EstimatorOptions
 from ._nodes import NodeInventory, nodes_from_dicts
 
 __all__ = [
@@ -104,6 +104,21 @@ class PlannerOptions:
     once more queries have certainly missed the SLO than the percentile allows (the
     estimator's ``EarlyStop``: the same verdict, the same plan, less simulation; off: every
     candidate runs the whole trace).
+    ``admission``: plan for the live queue with admission by predicted completion on
+    (``queue.admission: "predicted"``, docs/deadlines.md): every candidate is simulated with
+    the estimator's admission (the planning SLO, ``admission_buffer_s``), and a refused query
+    counts as a miss, so a plan is feasible when SLO misses plus refusals stay within the
+    percentile. ``max_refused``: with admission, also at most this share of the queries
+    refused (``None``: no bound beyond the percentile's). Not with ``server`` (the servers'
+    batchers have their own rules) and without batch waits (``batch_wait`` is skipped).
+    ``screen``: on a planning trace of at least ``screen_min_queries`` queries, judge
+    candidates on a representative part of it (the busiest windows and a random sample of the
+    rest, ``_screen.py``), confirming on the whole trace every candidate whose estimated miss
+    share is within ``screen_margin`` (relative) of the percentile's allowance, and the final
+    plan; a final plan that fails that is searched again exactly. Not with ``admission`` or
+    ``server`` (those run every candidate on the whole trace). ``workers``: processes that
+    evaluate the search's next candidates ahead of it on a trace of 200,000 queries or more
+    (``_parallel.py``; the plan does not depend on their number; 1: one process).
     """
 
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
@@ -125,6 +140,13 @@ class PlannerOptions:
     refuse_late: bool = True
     drops_are_misses: bool = True
     early_stop: bool = True
+    admission: bool = False
+    admission_buffer_s: float = DEFAULT_BUFFER_S
+    max_refused: float | None = None
+    screen: bool = True
+    screen_min_queries: int = 500_000
+    screen_margin: float = 0.5
+    workers: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.estimator, EstimatorOptions):
@@ -144,6 +166,28 @@ class PlannerOptions:
         for k in ("refuse_late", "drops_are_misses"):
             if not isinstance(getattr(self, k), bool):
                 raise ValidationError(k, "true or false", getattr(self, k))
+        self._check_admission()
+        if not isinstance(self.screen, bool):
+            raise ValidationError("screen", "true or false", self.screen)
+        as_int(self.screen_min_queries, "screen_min_queries", minimum=2)
+        as_float(self.screen_margin, "screen_margin", nonneg=True)
+        as_int(self.workers, "workers", minimum=1)
+
+    def _check_admission(self) -> None:
+        if not isinstance(self.admission, bool):
+            raise ValidationError("admission", "true or false", self.admission)
+        b = as_float(self.admission_buffer_s, "admission_buffer_s", lo=0.0, hi=10.0)
+        object.__setattr__(self, "admission_buffer_s", b)
+        if self.max_refused is not None:
+            v = as_float(self.max_refused, "max_refused", lo=0.0, hi=1.0)
+            object.__setattr__(self, "max_refused", v)
+            if not self.admission:
+                raise ValidationError("max_refused", "null unless admission is on", v)
+        if self.estimator.admission is not None and not self.admission:
+            # the planner sets it from the SLO it plans for (``SearchSpace``)
+            raise ValidationError("estimator.admission", "null unless admission is on", "set")
+        if self.admission and self.server is not None:
+            raise ValidationError("admission", "false with a server batcher (server)", True)
 
     def server_of(self, model: str) -> str | None:
         """The server whose batcher is planned for ``model`` (None: inferline's batching)."""
@@ -195,6 +239,16 @@ class PlannerOptions:
         }
         if not self.early_stop:  # only when off: documents from before stay as they were
             out["early_stop"] = False
+        if self.admission:  # the same: only when on
+            out["admission"] = True
+            out["admission_buffer_s"] = self.admission_buffer_s
+            out["max_refused"] = self.max_refused
+        if (self.screen, self.screen_min_queries, self.screen_margin) != (True, 500_000, 0.5):
+            out["screen"] = self.screen  # only when changed, as above
+            out["screen_min_queries"] = self.screen_min_queries
+            out["screen_margin"] = self.screen_margin
+        if self.workers != 2:
+            out["workers"] = self.workers
         if self.server is not None:  # only when set: documents from before stay as they were
             out["server"] = self.server if isinstance(self.server, str) else dict(self.server)
             out["refuse_late"] = self.refuse_late
@@ -209,9 +263,11 @@ class PlannerOptions:
         extra = {"escape_cost_factor", "escape_rounds", "escape_budget", "rate_margin"}
         extra |= {"inventory", "replica_units", "gpu_host_units", "nodes"}
         extra |= {"server", "refuse_late", "drops_are_misses", "early_stop"}
+        extra |= {"admission", "admission_buffer_s", "max_refused"}
+        extra |= {"screen", "screen_min_queries", "screen_margin", "workers"}
         no_extra_keys(m, keys | extra, "")
         flags = ("prune", "reuse_infeasible", "escape", "widen", "batch_wait", "refuse_late")
-        for k in (*flags, "drops_are_misses", "early_stop"):
+        for k in (*flags, "drops_are_misses", "early_stop", "screen"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
         return cls(
@@ -236,6 +292,15 @@ class PlannerOptions:
             refuse_late=m.get("refuse_late", True),
             drops_are_misses=m.get("drops_are_misses", True),
             early_stop=m.get("early_stop", True),
+            admission=m.get("admission", False),
+            admission_buffer_s=m.get("admission_buffer_s", DEFAULT_BUFFER_S),
+            max_refused=m.get("max_refused"),
+            screen=m.get("screen", True),
+            screen_min_queries=as_int(
+                m.get("screen_min_queries", 500_000), "screen_min_queries", minimum=2
+            ),
+            screen_margin=as_float(m.get("screen_margin", 0.5), "screen_margin", nonneg=True),
+            workers=as_int(m.get("workers", 2), "workers", minimum=1),
         )
 
 

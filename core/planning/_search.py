@@ -81,6 +81,7 @@ from dataclasses import dataclass, field, replace
 
 from .._plan import ModelConfig
 from ..errors import InfeasibleError, ValidationError
+from ._parallel import PARALLEL_MIN_QUERIES, collect, start
 from ._space import _EPS, Configs, Key, SearchSpace
 
 __all__ = ["PlannerCore"]
@@ -299,9 +300,15 @@ class PlannerCore(SearchSpace):
             if memo is None or memo.get((c.kind, c.model, c.hardware)) != epoch
         ]
         heapq.heapify(heap)
+        started: set[tuple[str, str, str]] = set()
         while heap:
             c = heapq.heappop(heap)
             if c.pending:
+                self._start_ahead(key, heap, started)
+                if self._running:  # a worker on this one: its results, not a second run
+                    self._running = collect(
+                        self, self._running, wait_for=(key, c.kind, c.model, c.hardware)
+                    )
                 k2 = self._resolve(key, c)
                 if k2 is None:
                     if memo is not None:
@@ -315,6 +322,22 @@ class PlannerCore(SearchSpace):
             if memo is not None:
                 memo[(c.kind, c.model, c.hardware)] = epoch
         return None
+
+    def _start_ahead(self, key: Key, heap: list[_Cand], started: set[tuple[str, str, str]]) -> None:
+        """Workers on the pending candidates after the one being resolved, while fewer than
+        ``workers - 1`` run; first the results of those done (``_parallel.py``)."""
+        n = self.options.workers - 1
+        if n < 1 or self.trace.size < PARALLEL_MIN_QUERIES:
+            return
+        self._running = collect(self, self._running)
+        n -= len(self._running)
+        nxt = [c for c in heapq.nsmallest(max(0, n), heap) if c.pending]
+        nxt = [c for c in nxt if (c.kind, c.model, c.hardware) not in started]
+        started.update((c.kind, c.model, c.hardware) for c in nxt)
+        self._running += start(
+            self,
+            [((key, c.kind, c.model, c.hardware), lambda c=c: self._resolve(key, c)) for c in nxt],
+        )
 
     def _resolve(self, key: Key, c: _Cand) -> Key | None:
         if c.kind == "batch":

@@ -5,13 +5,17 @@ feasibility judgement, the inventory's room, and each model's hardware and batch
 every feasibility judgement is the estimator's ``percentile``-th latency on the planning trace
 being at most the SLO, cached by configuration, with the sound miss bound (``_bound.py``)
 skipping simulations whose answer it knows, and a configuration that needs more than the
-inventory never feasible.
+inventory never feasible. With ``PlannerOptions.admission`` every simulation has the
+estimator's admission (the planning SLO) and a refused query is a miss (its latency inf), so
+the judgement is SLO misses plus refusals within the percentile, and a run refusing more than
+``max_refused`` of the queries is infeasible (:func:`admitted_percentile`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
@@ -22,7 +26,14 @@ from .._profiles import Profiles
 from .._trace import compress
 from .._validate import as_float
 from ..errors import ValidationError
-from ..estimator import MAX_SHARERS_PER_UNIT, EarlyStop, simulate, spread_floor
+from ..estimator import (
+    MAX_SHARERS_PER_UNIT,
+    EarlyStop,
+    EstimatorAdmission,
+    SimResult,
+    simulate,
+    spread_floor,
+)
 from ._bound import MissBound
 from ._margin import resolve_margin
 from ._nodes import bin_replicas, describe_nodes
@@ -35,8 +46,30 @@ from ._placement import (
     total_inventory,
     usable_hardware,
 )
+from ._screen import Screen, build_screen
 
-__all__ = ["Configs", "Key", "SearchSpace"]
+__all__ = ["Configs", "Key", "SearchSpace", "admitted_percentile"]
+
+# a refused query's latency in the percentile: above any SLO, finite so that numpy's
+# interpolation next to it never gives inf - inf (nan) where the percentile is finite
+_REFUSED_S = 1e300
+
+
+def admitted_percentile(res: SimResult, percentile: float, max_refused: int | None) -> float:
+    """The percentile a plan with admission is judged by: refused queries (and unfinished
+    ones) count as misses; inf when more than ``max_refused`` were refused or the run
+    stopped early."""
+    assert res.refused_late is not None
+    if res.stopped_early:
+        return math.inf
+    if max_refused is not None and np.count_nonzero(res.refused_late) > max_refused:
+        return math.inf
+    if res.latencies_s.size == 0:
+        return 0.0
+    lat = np.where(np.isinf(res.latencies_s), _REFUSED_S, res.latencies_s)
+    v = float(np.percentile(lat, percentile))
+    return math.inf if v >= 1e200 else v  # interpolated towards a refusal: above any SLO
+
 
 _EPS = 1e-9
 
@@ -78,6 +111,15 @@ class SearchSpace:
         # rate_margin "auto": the margin the sample's own variability asks for (_margin.py)
         self.options = resolve_margin(options or PlannerOptions(), self.sample)
         self.trace = compress(self.sample, 1.0 + self.options.rate_margin)
+        self._max_refused: int | None = None
+        if self.options.admission:  # the estimator refuses as the live queue (planning SLO)
+            o = self.options
+            adm = EstimatorAdmission(self.slo_s, o.admission_buffer_s)
+            self.options = replace(o, estimator=replace(o.estimator, admission=adm))
+            self.options = replace(self.options, batch_wait=False)  # not with admission
+            if o.max_refused is not None:
+                self._max_refused = math.floor(o.max_refused * self.trace.size + _EPS)
+        self._init_screen()
         self._models = tuple(pipeline.models)
         self._index = {m: i for i, m in enumerate(self._models)}
         self._hw = {m: usable_hardware(profiles, m, catalog) for m in self._models}
@@ -108,6 +150,26 @@ class SearchSpace:
             if hw not in catalog:
                 raise ValidationError("inventory", f"hardware of the catalog {catalog.names()}", hw)
 
+    def _init_screen(self) -> None:
+        """Screening (``_screen.py``: judge on part of a long trace, confirm close verdicts)
+        and its counters, and the workers' results."""
+        o = self.options
+        self._screen: Screen | None = None
+        if o.screen and not o.admission and o.server is None:
+            if self.trace.size >= o.screen_min_queries:
+                self._screen = build_screen(self.trace, self.percentile, o.estimator.seed)
+        self._exact: dict[Key, float] = {}  # whole-trace judgements (with or without screen)
+        # raw results simulated ahead by worker processes (``_parallel.py``): taken instead
+        # of simulating, so the search and its counters are those of one process
+        self._pre_screen: dict[Key, tuple[float, float]] = {}
+        self._pre_exact: dict[Key, float] = {}
+        self._log: list[tuple[str, Key, object]] | None = None  # a worker's results
+        # workers running ahead of the search (``_parallel.py``)
+        self._running: list[tuple[object, object, object]] = []
+        self.taken = 0  # simulations a worker ran ahead that the search took
+        self.screened = 0  # screen simulations
+        self.confirmed = 0  # whole-trace simulations asked for by a close screen verdict
+
     # -- the estimator, cached -----------------------------------------------------------
     def _key(self, configs: Mapping[str, ModelConfig]) -> Key:
         return tuple(configs[m] for m in self._models)
@@ -129,22 +191,84 @@ class SearchSpace:
         if self.options.prune and self.bound.infeasible(configs):
             self._pruned += 1
             value = math.inf
+        elif self._screen is not None:
+            value = self._screened(key, configs, self._screen)
         else:
-            self._sims += 1
-            # a stopped run is certainly infeasible: its percentile is inf (same verdict)
-            stop = EarlyStop(self.slo_s, self.percentile) if self.options.early_stop else None
+            value = self._exact_latency(key)
+        self._cache[key] = value
+        return value
+
+    def _exact_latency(self, key: Key) -> float:
+        """The judgement on the whole planning trace (cached apart from screen verdicts)."""
+        hit = self._exact.get(key)
+        if hit is not None:
+            return hit
+        self._sims += 1
+        value = self._pre_exact.pop(key, None)
+        if value is None:
+            value = self._simulate_exact(key)
+        else:
+            self.taken += 1
+        if self._log is not None:
+            self._log.append(("x", key, value))
+        self._exact[key] = value
+        return value
+
+    def _simulate_exact(self, key: Key) -> float:
+        # a stopped run is certainly infeasible: its percentile is inf (same verdict)
+        stop = None
+        if self.options.early_stop:
+            stop = EarlyStop(self.slo_s, self.percentile, max_refused=self._max_refused)
+        res = simulate(
+            self.pipeline,
+            self._configs(key),
+            self.profiles,
+            self.trace,
+            options=self.options.estimator,
+            catalog=self.catalog,
+            stop=stop,
+        )
+        if self.options.admission:
+            return admitted_percentile(res, self.percentile, self._max_refused)
+        return res.percentile(self.percentile)
+
+    def _screened(self, key: Key, configs: Configs, screen: Screen) -> float:
+        """The screen's weighted percentile, or the whole trace's when the screen's estimated
+        miss share is close to the allowance (``_screen.py``)."""
+        self._sims += 1
+        self.screened += 1
+        pre = self._pre_screen.pop(key, None)
+        if pre is None:
             res = simulate(
                 self.pipeline,
                 configs,
                 self.profiles,
-                self.trace,
+                screen.trace,
                 options=self.options.estimator,
                 catalog=self.catalog,
-                stop=stop,
             )
-            value = res.percentile(self.percentile)
-        self._cache[key] = value
-        return value
+            pre = (screen.miss_share(res.latencies_s, self.slo_s), screen.value(res.latencies_s))
+        else:
+            self.taken += 1
+        if self._log is not None:
+            self._log.append(("s", key, pre))
+        share, v = pre
+        if screen.close(share, self.options.screen_margin):
+            self.confirmed += 1
+            return self._exact_latency(key)
+        # the share decides; the value only orders candidates (widen), on the same side
+        if share > screen.allowance:
+            return max(v, math.nextafter(self.slo_s, math.inf))
+        return min(v, self.slo_s)
+
+    def confirm(self, key: Key) -> bool:
+        """Whether ``key`` is feasible on the whole trace; if not, screening is turned off
+        and the judgements made with it are forgotten (the caller searches again exactly)."""
+        if self._screen is None or self._exact_latency(key) <= self.slo_s:
+            return True
+        self._screen = None
+        self._cache = dict(self._exact)
+        return False
 
     def feasible(self, configs: Mapping[str, ModelConfig]) -> bool:
         return self._feasible(self._key(configs))

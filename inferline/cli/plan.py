@@ -107,6 +107,12 @@ def _planner_options(args: argparse.Namespace) -> PlannerOptions:
         nodes=args.inventory_nodes,
         server=args.server,
         early_stop=args.early_stop,
+        screen=args.screen,
+        screen_margin=args.screen_margin,
+        workers=args.search_workers,
+        admission=args.admission,
+        admission_buffer_s=args.admission_buffer_ms / 1e3,
+        max_refused=args.max_refused,
     )
 
 
@@ -404,6 +410,10 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
     if args.accuracy_floor is not None and args.variants is None:
         # without variants there is no choice for the floor to steer: it was silently ignored
         return "argument --accuracy-floor: needs --variants"
+    if args.max_refused is not None and not args.admission:
+        return "argument --max-refused: needs --admission"
+    if args.admission and args.server is not None:
+        return "argument --admission: not with --server (the server's batcher has its own rules)"
     return check_inventory_args(args)
 
 
@@ -474,6 +484,31 @@ def _add_planner_options(p: argparse.ArgumentParser) -> None:
         "the percentile allows (the same verdict and plan, less time; default on)",
     )
     p.add_argument(
+        "--screen",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a trace of 500,000 queries or more, judge candidates on its busiest windows "
+        "plus a random sample of the rest, confirming close verdicts and the final plan on "
+        "the whole trace (a failed plan is searched again exactly; default on; "
+        "docs/planner.md)",
+    )
+    p.add_argument(
+        "--screen-margin",
+        type=float,
+        default=0.5,
+        help="a screened candidate whose estimated miss share is within this fraction of the "
+        "percentile's allowance is judged on the whole trace (default %(default)s)",
+    )
+    p.add_argument(
+        "--search-workers",
+        type=int,
+        default=2,
+        help="processes evaluating the search's next candidates ahead of it on a trace of "
+        "200,000 queries or more (the plan does not depend on their number; default "
+        "%(default)s)",
+    )
+    _add_admission_options(p)
+    p.add_argument(
         "--batch-wait",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -494,6 +529,29 @@ def _add_planner_options(p: argparse.ArgumentParser) -> None:
         "100 q/s, 0.13 at CV 4. A number overrides it; 0 is the paper's test. The cheapest plan for one "
         "sample can sit near saturation and miss the SLO on the next realization of the same "
         "process (benchmarks/plan_generalization.py)",
+    )
+
+
+def _add_admission_options(p: argparse.ArgumentParser) -> None:
+    """Planning for the live queue's admission by predicted completion (docs/deadlines.md)."""
+    p.add_argument(
+        "--admission",
+        action="store_true",
+        help='plan for queue.admission "predicted": the estimator refuses as the live queue '
+        "does, a refusal counts as a miss (misses plus refusals within the percentile); "
+        "no batch waits",
+    )
+    p.add_argument(
+        "--admission-buffer-ms",
+        type=number_in(0, 1000, "milliseconds"),
+        default=2.0,
+        help="admission's buffer before the deadline, ms (default 2, as the live queue's)",
+    )
+    p.add_argument(
+        "--max-refused",
+        type=number_in(0, 1, "a share of the queries"),
+        default=None,
+        help="with --admission: at most this share of the queries refused (0.001: 0.1%%)",
     )
 
 
