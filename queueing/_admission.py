@@ -18,13 +18,13 @@ not know it still answers "overloaded, retry").
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from inferline.core.errors import OverloadedError, ValidationError
+from inferline.core.estimator import DEFAULT_BUFFER_S, dispatch_late, predict_completion
 
 __all__ = [
     "ADMISSION_MODES",
@@ -37,9 +37,8 @@ __all__ = [
 ]
 
 ADMISSION_MODES = ("off", "predicted")
-# Clockwork's buffer between the internal and the client's deadline: a prediction is a P99,
-# so a small margin keeps the admitted ones on time when a batch runs slightly longer.
-DEFAULT_BUFFER_S = 0.002
+# DEFAULT_BUFFER_S and predict_completion's arithmetic live in the estimator's package, which
+# simulates the same rules (EstimatorOptions.admission); re-exported here unchanged.
 LatencyFn = Callable[[int], float | None]
 
 
@@ -74,12 +73,15 @@ class AdmissionConfig:
     """A model queue's admission settings. ``mode``: ``"off"`` (today's queue) or
     ``"predicted"`` (both rules on). ``buffer_s``: subtracted from each deadline.
     ``min_samples``: batches of one size measured before the live P99 is trusted for it.
-    ``window``: how many recent batches per size the P99 is taken over."""
+    ``window``: how many recent batches per size the P99 is taken over. ``tail_quantile``:
+    the quantile of the recent batches' excess over their size's median that is added to
+    it (Clockwork's 0.99; higher where batches overrun it, at the cost of more refusals)."""
 
     mode: str = "off"
     buffer_s: float = DEFAULT_BUFFER_S
     min_samples: int = 5
     window: int = 1000
+    tail_quantile: float = 0.99
 
     def __post_init__(self) -> None:
         if self.mode not in ADMISSION_MODES:
@@ -88,6 +90,10 @@ class AdmissionConfig:
         if isinstance(b, bool) or not isinstance(b, int | float) or not 0 <= b < 10:
             raise ValidationError("admission_buffer_s", "a number of seconds in [0, 10)", b)
         object.__setattr__(self, "buffer_s", float(b))
+        t = self.tail_quantile
+        if isinstance(t, bool) or not isinstance(t, int | float) or not 0.5 <= t <= 1:
+            raise ValidationError("tail_quantile", "a number in [0.5, 1]", t)
+        object.__setattr__(self, "tail_quantile", float(t))
         for name in ("min_samples", "window"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -103,15 +109,17 @@ class AdmissionConfig:
             "buffer_s": self.buffer_s,
             "min_samples": self.min_samples,
             "window": self.window,
+            "tail_quantile": self.tail_quantile,
         }
 
     @classmethod
     def from_dict(cls, d: Any) -> AdmissionConfig:
         if not isinstance(d, dict):
             raise ValidationError("admission", "an object", d)
-        extra = set(d) - {"mode", "buffer_s", "min_samples", "window"}
+        keys = {"mode", "buffer_s", "min_samples", "window", "tail_quantile"}
+        extra = set(d) - keys
         if extra:
-            raise ValidationError("admission", "keys mode, buffer_s, min_samples, window", extra)
+            raise ValidationError("admission", f"keys {sorted(keys)}", extra)
         return cls(**d)
 
 
@@ -124,36 +132,6 @@ class AdmissionDecision:
     predicted: float = math.inf
     late_by_s: float = 0.0
     retry_after_s: float = 0.0
-
-
-def predict_completion(
-    now: float,
-    position: int,
-    queued: int,
-    free_at: Sequence[float],
-    max_batch: int,
-    latency: LatencyFn,
-) -> float | None:
-    """When the query at ``position`` (0-based, EDF order) of ``queued`` queries finishes, if
-    each replica, when free (``free_at``, clock times; past ones mean now), takes the next
-    ``min(max_batch, left)`` queries at once (the fixed-batching rule). ``None`` when a batch
-    size has no latency estimate or there is no replica."""
-    if not free_at or not 0 <= position < queued:
-        return None
-    free = [max(now, t) for t in free_at]
-    heapq.heapify(free)
-    start = 0
-    while True:
-        t = heapq.heappop(free)
-        size = min(max_batch, queued - start)
-        lat = latency(size)
-        if lat is None:
-            return None
-        done = t + lat
-        if start + size > position:
-            return done
-        start += size
-        heapq.heappush(free, done)
 
 
 def admit(
@@ -190,4 +168,4 @@ def late_at_dispatch(
     without an estimate."""
     if not config.enabled or batch_latency is None:
         return False
-    return deadline - config.buffer_s < now + batch_latency
+    return dispatch_late(deadline, config.buffer_s, now, batch_latency)

@@ -32,15 +32,27 @@ class BatchLatency:
     pooled tail refreshes with every batch whatever its size.
     """
 
-    __slots__ = ("_dirty", "_med", "_min", "_profile", "_samples", "_sizes", "_tail", "_tails")
+    __slots__ = (
+        "_dirty",
+        "_med",
+        "_min",
+        "_profile",
+        "_q",
+        "_samples",
+        "_sizes",
+        "_tail",
+        "_tails",
+    )
 
     def __init__(
         self,
         window: int = 1000,
         min_samples: int = 5,
         profile: Callable[[int], float] | None = None,
+        tail_quantile: float = 0.99,
     ) -> None:
         self._min = min_samples
+        self._q = tail_quantile  # of the pooled excess: higher holds on a noisier machine
         self._profile = profile
         self._samples: dict[int, deque[float]] = {}
         self._med: dict[int, float] = {}  # sizes with enough samples: their median
@@ -66,7 +78,7 @@ class BatchLatency:
     def _p99(self, size: int) -> float:
         if self._dirty:
             xs = sorted(self._tails)
-            self._tail = max(0.0, xs[max(0, math.ceil(0.99 * len(xs)) - 1)])
+            self._tail = max(0.0, xs[max(0, math.ceil(self._q * len(xs)) - 1)])
             self._dirty = False
         return self._med[size] + self._tail
 

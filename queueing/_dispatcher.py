@@ -165,7 +165,9 @@ class Dispatcher:
         if profile is None:  # Rafiki's policy carries its profiled c(b)
             profile = getattr(q.policy, "latency_fn", None)
         q.admission = admission
-        q.latency = BatchLatency(admission.window, admission.min_samples, profile)
+        q.latency = BatchLatency(
+            admission.window, admission.min_samples, profile, admission.tail_quantile
+        )
 
     def admission(self, model: str) -> AdmissionConfig:
         """The model queue's admission settings (mode ``"off"`` when none)."""

@@ -210,7 +210,8 @@ class Planner(ServerSearch):
         """The plan's estimate on the sample itself (what a user compares with a measurement);
         with a rate margin the search judged it on the compressed trace."""
         if self.trace is self.sample:
-            return self._exact_latency(key)
+            # the server batchers' judgement is their own (never screened); the rest exact
+            return self._latency(key) if self._server else self._exact_latency(key)
         if self._server:
             return self._judge(self._simulate(key, self.sample))
         r = simulate(

@@ -12,8 +12,9 @@ The knobs and how they are searched, per model:
   pass like the batch waits' (a start per knob setting, Algorithm 2 from each, the cheapest
   result adopted), after which a knob the plan stays feasible without is dropped;
 * derived, not searched: with ``refuse_late`` Triton's ``default_timeout_microseconds`` is the
-  SLO minus the model's fastest batch (a request that has waited that long cannot make the
-  SLO, so only such requests are rejected), and TF Serving's ``max_enqueued_batches`` is the
+  SLO minus the fastest path of batches through the pipeline that passes the model (a request
+  that has waited that long in its queue cannot make the SLO, so only such requests are
+  rejected, and as early as that is certain), and TF Serving's ``max_enqueued_batches`` is the
   queue past which a request cannot make it either; TF Serving's ``num_batch_threads`` is the
   instance count (fewer threads leave instances idle that could be removed at lower cost,
   more run nothing); ``allowed_batch_sizes`` are the profiled sizes up to the max (a batch is
@@ -144,18 +145,34 @@ class ServerSearch(WaitSearch):
     def batchers(self, key: Key) -> dict[str, ServerBatcher]:
         """The server batcher of each planned model in ``key``."""
         out: dict[str, ServerBatcher] = {}
+        floors = self._path_floors(key)
         for m, c in zip(self._models, key, strict=True):
             kind = self._server.get(m)
             if kind is None:
                 continue
             assert isinstance(c, ServerConfig)
-            out[m] = self._triton(m, c) if kind == "triton" else self._tfserving(m, c)
+            out[m] = self._triton(c, floors[m]) if kind == "triton" else self._tfserving(m, c)
         return out
 
-    def _triton(self, m: str, c: ServerConfig) -> TritonBatcher:
+    def _path_floors(self, key: Key) -> dict[str, float]:
+        """Per model, the fastest a query can go through the longest path of fastest batches
+        that passes through it: a query that has waited in the model's queue longer than the
+        SLO minus this cannot make the SLO (it arrived after its upstream path, and its
+        downstream path is still ahead), so Triton may refuse it there and then."""
+        fast = {m: self._fastest(m, c) for m, c in zip(self._models, key, strict=True)}
+        pl = self.pipeline
+        up: dict[str, float] = {}
+        for m in pl.topological_order:
+            up[m] = fast.get(m, 0.0) + max((up[p] for p in pl.parents[m]), default=0.0)
+        down: dict[str, float] = {}
+        for m in reversed(pl.topological_order):
+            down[m] = fast.get(m, 0.0) + max((down[c] for c in pl.children[m]), default=0.0)
+        return {m: up[m] + down[m] - fast.get(m, 0.0) for m in pl.topological_order}
+
+    def _triton(self, c: ServerConfig, floor_s: float) -> TritonBatcher:
         tmo = 0
         if self.options.refuse_late:
-            tmo = max(1, math.ceil((self.slo_s - self._fastest(m, c)) * 1e6 - 1e-6))
+            tmo = max(1, math.ceil((self.slo_s - floor_s) * 1e6 - 1e-6))
         return TritonBatcher(
             max_batch_size=c.max_batch_size,
             preferred_batch_size=(c.preferred,) if c.preferred else (),

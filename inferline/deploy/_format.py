@@ -194,7 +194,8 @@ class QueueSpec:
     ``admission``: ``"off"`` (the default) or ``"predicted"``: admission by predicted
     completion and Clockwork's dispatch rule (``inferline.queueing``'s ``AdmissionConfig``,
     docs/deadlines.md). ``admission_buffer_ms``: Clockwork's buffer, subtracted from each
-    deadline (0 to 1000 ms, 2 by default)."""
+    deadline (0 to 1000 ms, 2 by default). ``admission_tail_quantile``: which quantile of the
+    recent batches' overrun the latency estimate adds (0.5 to 1, 0.99 by default)."""
 
     max_queue: int = 1000
     expire_late: bool = False
@@ -203,6 +204,7 @@ class QueueSpec:
     expire_grace_ms: float = DEFAULT_EXPIRE_GRACE_MS
     admission: str = "off"
     admission_buffer_ms: float = DEFAULT_ADMISSION_BUFFER_MS
+    admission_tail_quantile: float = 0.99
 
     def __post_init__(self) -> None:
         g = _grace_ms(self.expire_grace_ms, "queue.expire_grace_ms")
@@ -210,10 +212,16 @@ class QueueSpec:
         _one_of(self.admission, ADMISSION_MODES, "queue.admission")
         b = _ms_in(self.admission_buffer_ms, MAX_ADMISSION_BUFFER_MS, "queue.admission_buffer_ms")
         object.__setattr__(self, "admission_buffer_ms", b)
+        q = as_float(self.admission_tail_quantile, "queue.admission_tail_quantile", lo=0.5, hi=1.0)
+        object.__setattr__(self, "admission_tail_quantile", q)
 
     def admission_config(self) -> AdmissionConfig:
         """The queues' admission settings (``Dispatcher.add_model``'s ``admission``)."""
-        return AdmissionConfig(self.admission, self.admission_buffer_ms / 1e3)
+        return AdmissionConfig(
+            self.admission,
+            self.admission_buffer_ms / 1e3,
+            tail_quantile=self.admission_tail_quantile,
+        )
 
     @property
     def expire_grace_s(self) -> float:
@@ -228,6 +236,12 @@ class QueueSpec:
             "cache_entries": self.cache_entries,
             "admission": self.admission,
             "admission_buffer_ms": self.admission_buffer_ms,
+            # written only when set, so plan and deployment files from before read the same
+            **(
+                {"admission_tail_quantile": self.admission_tail_quantile}
+                if self.admission_tail_quantile != 0.99
+                else {}
+            ),
         }
 
     @classmethod
@@ -241,6 +255,7 @@ class QueueSpec:
             "cache_entries",
             "admission",
             "admission_buffer_ms",
+            "admission_tail_quantile",
         }
         no_extra_keys(m, keys, where)
         return cls(
@@ -256,6 +271,12 @@ class QueueSpec:
                 m.get("admission_buffer_ms", DEFAULT_ADMISSION_BUFFER_MS),
                 MAX_ADMISSION_BUFFER_MS,
                 f"{where}.admission_buffer_ms",
+            ),
+            admission_tail_quantile=as_float(
+                m.get("admission_tail_quantile", 0.99),
+                f"{where}.admission_tail_quantile",
+                lo=0.5,
+                hi=1.0,
             ),
         )
 
