@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from inferline.core import InferlineError, NotFoundError, ValidationError, status_for
+from inferline.queueing import PredictedLate
 
 __all__ = ["Admission", "TokenCheck", "grpc_fail", "unimplemented", "with_unimplemented"]
 
@@ -73,6 +74,12 @@ async def grpc_fail(context: Any, e: BaseException) -> None:
     import grpc
 
     code = grpc.StatusCode.INTERNAL
+    if isinstance(e, PredictedLate):
+        # admission's refusal: HTTP's 429 with Retry-After; gRPC's is RESOURCE_EXHAUSTED, and
+        # the retry hint goes in metadata (gRPC has no Retry-After header)
+        context.set_trailing_metadata((("retry-after-ms", str(round(e.retry_after_s * 1e3))),))
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        return
     if isinstance(e, NotFoundError):
         code = grpc.StatusCode.NOT_FOUND
     elif isinstance(e, ValidationError):
