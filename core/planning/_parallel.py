@@ -33,8 +33,9 @@ def _child(conn: Any, space: SearchSpace, task: Callable[[], object]) -> None:
     space._progress = None
     try:
         task()
-    except Exception:
+    except Exception:  # a failed worker only loses its head start: the search recomputes
         pass
+    # the pipe pickles, but only between forks of this one process (never a socket)
     conn.send(space._log)
     conn.close()
 

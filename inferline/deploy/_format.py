@@ -310,6 +310,13 @@ def _backend_field(value: Any) -> str:
     return as_str(value, "backend")
 
 
+def _backend_out(backend: str) -> Any:
+    """The file's form of ``backend``: a fleet's URLs as the list they were written as."""
+    if backend.startswith("["):
+        return json.loads(backend)
+    return backend
+
+
 @dataclass(frozen=True)
 class Deployment:
     """What to serve: a backend, its models, the apps over them (format ``inferline.deployment/1``)."""
@@ -372,7 +379,7 @@ class Deployment:
         d: dict[str, Any] = {
             "format": DEPLOYMENT_FORMAT,
             "name": self.name,
-            "backend": self.backend,
+            "backend": _backend_out(self.backend),
             "models": [
                 {
                     **m.to_dict(),

@@ -286,3 +286,21 @@ def test_fleet_bookkeeping_on_a_refused_deploy_and_a_server_away() -> None:
         await fleet.close()
 
     asyncio.run(main())
+
+
+def test_a_fleet_deployment_file_round_trips_with_its_list() -> None:
+    """The list a user wrote comes back a list (not the JSON text it is kept as)."""
+    from inferline.deploy import Deployment
+
+    d = Deployment.from_dict(
+        {
+            "format": "inferline.deployment/1",
+            "name": "f",
+            "backend": ["local://", "local://?cores=1"],
+            "models": [{"name": "m", "source": "inferline.adapters.local.examples:sleep"}],
+            "apps": {},
+        }
+    )
+    out = d.to_dict()
+    assert out["backend"] == ["local://", "local://?cores=1"]
+    assert Deployment.from_dict(out) == d
