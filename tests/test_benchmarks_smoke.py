@@ -154,7 +154,7 @@ SMOKES: dict[str, Smoke] = {
         (
             "planning at scale",
             "queries x models",
-            "plans the same with early stop: 1 of 1 (0 differ)",
+            "plans the same as today's (early stop, new): 2 of 2 (0 differ)",
             _reproduce("planning_scale"),
         ),
         ("--out", "{tmp}"),

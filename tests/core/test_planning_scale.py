@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,20 +106,33 @@ def test_screen_options_round_trip_and_validate() -> None:
     assert Planner(p, prof, trace, SLO_S, options=o)._screen is None
 
 
-def test_workers_do_not_change_the_plan() -> None:
-    """Candidates evaluated ahead in forked workers: the same plan, estimate and counters as
-    one process (the search takes their results in its own order)."""
+def _plan_with_workers(workers: int) -> tuple[dict, dict, int, int, int]:
     p, prof, _ = _case()
     trace = np.asarray(gamma_trace(1000.0, 2.0, 205.0, np.random.default_rng(5)))
     assert trace.size >= PARALLEL_MIN_QUERIES
-    out = []
-    for workers in (1, 3):
-        o = PlannerOptions(screen_min_queries=2, workers=workers)
-        pl = Planner(p, prof, trace, SLO_S, options=o)
-        plan = pl.plan()
-        out.append((plan.to_dict(), pl.stats(), pl.screened, pl.confirmed))
-        assert (pl.taken > 0) == (workers > 1)
-    assert out[0] == out[1]
+    o = PlannerOptions(screen_min_queries=2, workers=workers)
+    pl = Planner(p, prof, trace, SLO_S, options=o)
+    plan = pl.plan()
+    return plan.to_dict(), pl.stats(), pl.screened, pl.confirmed, pl.taken
+
+
+def test_workers_do_not_change_the_plan() -> None:
+    """Candidates evaluated ahead in forked workers: the same plan, estimate and counters as
+    one process (the search takes their results in its own order). Run in a fresh process:
+    the planner does not fork from a process with other threads (forking one can deadlock),
+    and earlier tests of a suite leave threads behind, so in-process it would test nothing."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_planning_scale as t; "
+        "print(json.dumps([t._plan_with_workers(1), t._plan_with_workers(3)], default=repr))"
+    )
+    here = str(Path(__file__).resolve().parent)
+    r = subprocess.run(
+        [sys.executable, "-c", code, here], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    one, three = json.loads(r.stdout.strip().splitlines()[-1])
+    assert one[4] == 0 and three[4] > 0  # the workers' results were taken
+    assert one[:4] == three[:4]
     assert PlannerOptions.from_dict({"workers": 3}).workers == 3
     with pytest.raises(ValidationError, match="workers"):
         PlannerOptions(workers=0)
