@@ -134,11 +134,14 @@ def _plan_with_progress(
         TimeElapsedColumn(),
         console=_console(),
         transient=True,
+        # no refresh thread: the planner forks its search workers only from a process with
+        # one thread (forking a threaded one can deadlock), so the bar redraws on each step
+        auto_refresh=False,
     ) as bar:
         task = bar.add_task("starting", total=None, strategy=args.strategy)
 
         def say(description: str) -> None:
-            bar.update(task, description=description)
+            bar.update(task, description=description, refresh=True)
 
         def progress(p: PlanProgress) -> None:
             say(
