@@ -18,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,6 +233,49 @@ def _run(name: str, args: list[str], timeout_s: float) -> subprocess.CompletedPr
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 
+# Rows whose smoke run is mostly waiting (fixed-rate replays against live servers, measured in
+# wall time): all started together when the first of them is reached, so that their waiting
+# overlaps the rows that run after; each row then checks its own finished run. Together they
+# took ~75 s one after another (2026-11-28); started together they overlap the next rows.
+BACKGROUND = ("admission", "rafiki_live", "switching_live")
+
+
+def _start(name: str, args: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    cmd = [sys.executable, str(BENCH / f"{name}.py"), "--smoke", *args]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def background(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """The BACKGROUND rows' runs, started at once (those this machine can run)."""
+    procs: dict[str, subprocess.Popen[str]] = {}
+    for name in BACKGROUND:
+        smoke = SMOKES[name]
+        if _missing(smoke.needs) is None:
+            out = str(tmp_path_factory.mktemp(name))
+            procs[name] = _start(name, [a.replace("{tmp}", out) for a in smoke.args])
+    yield procs
+    for p in procs.values():  # a row that failed before collecting its run
+        if p.poll() is None:
+            p.kill()
+        p.communicate()
+
+
+def _collect(p: subprocess.Popen[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = p.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
 def _check(name: str, smoke: Smoke, r: subprocess.CompletedProcess[str]) -> None:
     triton = ("triton_overhead", "steer_vs_analyzer")
     if name in triton and r.returncode == 2 and "cannot run:" in r.stderr:
@@ -267,6 +311,9 @@ def test_benchmark_smoke_run(name: str, tmp_path: Path, request: pytest.FixtureR
         pytest.skip(why)
     if name == "fidelity":
         _check(name, smoke, request.getfixturevalue("fidelity_run")[1])
+        return
+    if name in BACKGROUND:
+        _check(name, smoke, _collect(request.getfixturevalue("background")[name], 300.0))
         return
     subs = {"{tmp}": str(tmp_path)}
     if any("{fidelity}" in a for a in smoke.args):
