@@ -40,6 +40,8 @@ from inferline.core import ModelConfig, ModelSpec
 EX = "inferline.adapters.local.examples"
 SPIN_S = 0.004  # CPU seconds per query of the pipeline's model
 BATCH = 4
+# batch sizes of the --crossover sweep (bytes): where Ray's object store overtakes the port
+CROSSOVER_BYTES = tuple(sorted({1 << k for k in range(10, 25)} | {3 << 17, 3 << 18, 3 << 19}))
 
 
 def _cores() -> int:
@@ -52,9 +54,45 @@ def _cores() -> int:
 # -- hop overhead ----------------------------------------------------------------------------
 
 
+class _Path:
+    """One way to send a batch: a handle, and for ``ray://`` the data path it is held to."""
+
+    def __init__(self, handle: Any, min_bytes: int | None = None) -> None:
+        self.handle = handle
+        self.min_bytes = min_bytes
+
+    async def __call__(self, batch: list[Any]) -> None:
+        if self.min_bytes is not None:  # the same replica, held to one path
+            self.handle.object_store_min_bytes = self.min_bytes
+        await self.handle.predict_batch(batch)
+
+
+async def _interleaved(paths: dict[str, _Path], batch: list[Any], rounds: int) -> dict[str, float]:
+    """The median ms of each path, timed in turns (``rounds`` x 40 calls each)."""
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for _ in range(rounds):
+        for k, send in paths.items():
+            for _ in range(5):  # warm this path up again after the other ones
+                await send(batch)
+            for _ in range(40):
+                t = time.perf_counter()
+                await send(batch)
+                times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
 async def hop_overhead(
-    ray_url: str, payloads: list[tuple[str, np.ndarray]], batches: tuple[int, ...], rounds: int
+    ray_url: str,
+    payloads: list[tuple[str, np.ndarray]],
+    batches: tuple[int, ...],
+    rounds: int,
+    crossover: tuple[int, ...] = (),
 ) -> list[dict[str, Any]]:
+    """Rows of median ms per batch: ``local_ms`` (``local://``), ``ray_ms`` (``ray://`` as
+    configured: the gRPC port below ``object_store_min_bytes``), ``store_ms`` (the same actor
+    held to Ray's object store, the path every batch took before the direct path). With
+    ``crossover`` (sizes in bytes), also rows ``payload="crossover"`` of one random float32
+    vector of each size: ``grpc_ms`` (held to the port) and ``store_ms``."""
     from inferline.adapters.local import LocalBackend
     from inferline.adapters.ray import RayBackend
 
@@ -65,22 +103,29 @@ async def hop_overhead(
     try:
         await local.deploy(spec, ModelConfig("cpu", max(batches), 1))
         await ray_b.deploy(spec, ModelConfig("cpu", max(batches), 1))
-        handles = {"local": local.replicas("noop")[0], "ray": ray_b.replicas("noop")[0]}
+        r = ray_b.replicas("noop")[0]
+        default = r.object_store_min_bytes  # type: ignore[attr-defined]
+        paths = {
+            "local": _Path(local.replicas("noop")[0]),
+            "ray": _Path(r, default),
+            "store": _Path(r, 0),
+        }
         for label, x in payloads:
             for b in batches:
-                batch = [x] * b
-                times: dict[str, list[float]] = {k: [] for k in handles}
-                for _ in range(rounds):
-                    for k, h in handles.items():
-                        for _ in range(5):  # warm this handle up again after the other one
-                            await h.predict_batch(batch)
-                        for _ in range(40):
-                            t = time.perf_counter()
-                            await h.predict_batch(batch)
-                            times[k].append(time.perf_counter() - t)
-                local_ms = statistics.median(times["local"]) * 1e3
-                ray_ms = statistics.median(times["ray"]) * 1e3
-                rows.append({"payload": label, "batch": b, "local_ms": local_ms, "ray_ms": ray_ms})
+                ms = await _interleaved(paths, [x] * b, rounds)
+                rows.append(
+                    {"payload": label, "batch": b, "local_ms": ms["local"], "ray_ms": ms["ray"]}
+                    | {"store_ms": ms["store"]}
+                )
+        held = {"grpc": _Path(r, 1 << 62), "store": _Path(r, 0)}
+        rng = np.random.default_rng(1)
+        for size in crossover:  # random values: zeros would be served from the zero page
+            x = rng.random(max(1, size // 4), dtype=np.float32)
+            ms = await _interleaved(held, [x], rounds)
+            rows.append(
+                {"payload": "crossover", "bytes": size} | {f"{k}_ms": v for k, v in ms.items()}
+            )
+        r.object_store_min_bytes = default  # type: ignore[attr-defined]
     finally:
         await local.close()
         await ray_b.close()
@@ -172,13 +217,29 @@ def print_tables(
         f"{sys.version.split()[0]}, Ray {ray_version}"
     )
     print("\nper-batch round trip, noop container (median ms); target ray/local <= 1.5x")
-    print(f"{'payload':>12} {'batch':>5} {'local:// gRPC':>14} {'ray:// actor':>13} {'ratio':>6}")
+    print(
+        f"{'payload':>12} {'batch':>5} {'local:// gRPC':>14} {'ray:// actor':>13} {'ratio':>6} "
+        f"{'ray:// object store':>20} {'ratio':>6}"
+    )
     for r in hops:
-        ratio = r["ray_ms"] / r["local_ms"]
+        if r["payload"] == "crossover":
+            continue
         print(
             f"{r['payload']:>12} {r['batch']:>5} {r['local_ms']:>14.3f} {r['ray_ms']:>13.3f} "
-            f"{ratio:>5.2f}x"
+            f"{r['ray_ms'] / r['local_ms']:>5.2f}x {r['store_ms']:>20.3f} "
+            f"{r['store_ms'] / r['local_ms']:>5.2f}x"
         )
+    cross = [r for r in hops if r["payload"] == "crossover"]
+    if cross:
+        print("\nray:// data path by batch size, one float32 vector (median ms)")
+        print(f"{'bytes':>9} {'gRPC port':>10} {'object store':>13} {'store/gRPC':>11}")
+        for r in cross:
+            print(
+                f"{r['bytes']:>9} {r['grpc_ms']:>10.3f} {r['store_ms']:>13.3f} "
+                f"{r['store_ms'] / r['grpc_ms']:>10.2f}x"
+            )
+    if not scale:
+        return
     print(
         f"\nCPU-bound pipeline ({SPIN_S * 1e3:g} ms CPU per query, batch {BATCH}, closed loop "
         f"of 8 clients per replica, {seconds:g} s); target >= 0.80 of linear"
@@ -209,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="an existing cluster's GCS address HOST:PORT (default: start one on this machine)",
     )
+    ap.add_argument(
+        "--crossover",
+        action="store_true",
+        help="also time ray://'s gRPC port against its object store from 1 KiB to 16 MiB",
+    )
+    ap.add_argument("--hops-only", action="store_true", help="skip the scale-out part")
     args = ap.parse_args(argv)
     args.quick |= args.smoke
     max_nodes = args.max_nodes or (min(2, _cores()) if args.quick else _cores())
@@ -223,8 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     cluster = None if args.address else _local_cluster(max_nodes)
     url = f"ray://{args.address or cluster.address}"  # type: ignore[union-attr]
     try:
-        hops = asyncio.run(hop_overhead(url, payloads, batches, rounds))
-        scale = asyncio.run(scale_out(url, max_nodes, seconds))
+        cross = CROSSOVER_BYTES if args.crossover else ()
+        hops = asyncio.run(hop_overhead(url, payloads, batches, rounds, cross))
+        scale = [] if args.hops_only else asyncio.run(scale_out(url, max_nodes, seconds))
     finally:
         if cluster is not None:
             cluster.shutdown()
@@ -235,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "reproduce: .venv/bin/python benchmarks/ray_scaleout.py" + (
         " --smoke" if args.smoke else " --quick" if args.quick else ""
     )
+    cmd += " --crossover" * args.crossover + " --hops-only" * args.hops_only
     if args.max_nodes:
         cmd += f" --max-nodes {args.max_nodes}"
     if args.seconds:

@@ -7,7 +7,9 @@ worker nodes on this machine, one CPU each, one of them declaring a ``gpu-v100``
 * a node removed under load: in-flight batches fail with ``ReplicaError`` and are retried by a
   real ``Dispatcher``, every query is answered, the lost replica comes back on a surviving node;
 * a lost replica with no room left is a recorded shortfall (``CapacityError`` on the next
-  scale) that a node joining fills; a scale-up then uses the new node.
+  scale) that a node joining fills; a scale-up then uses the new node;
+* the data path: small batches to the actor's gRPC port, large ones through Ray's object
+  store, the batch deadline carried on both, a port that fails falling back to Ray.
 
 One cluster for the module (starting one costs seconds); every Ray process binds 127.0.0.1.
 """
@@ -31,9 +33,12 @@ from ray_cluster import RayCluster, ray_cluster  # noqa: E402
 from inferline.adapters import PluginHost  # noqa: E402
 from inferline.adapters.checks import run_conformance  # noqa: E402
 from inferline.adapters.ray import NodeInfo, RayBackend  # noqa: E402
+from inferline.adapters.ray._direct import DirectPath  # noqa: E402
 from inferline.core import (  # noqa: E402
+    BATCH_DEADLINE,
     BackendError,
     CapacityError,
+    DeadlineExceededError,
     ModelConfig,
     ModelSpec,
     ReplicaError,
@@ -267,20 +272,65 @@ def test_shortfall_then_a_node_joins(cluster: RayCluster) -> None:
     run(cluster, body)
 
 
+def test_data_paths_deadlines_and_a_broken_port(cluster: RayCluster) -> None:
+    """A small batch takes the actor's gRPC port, a large one Ray's object store; a call past
+    the batch's deadline is cut on either path, counted, and answered DeadlineExceededError;
+    a port that fails (here: the wrong token) sends the batch through Ray, and the replica
+    keeps to Ray from then on."""
+
+    async def body(b: RayBackend) -> None:
+        await b.deploy(ModelSpec("s", f"{EX}:sleep", {"base_s": 0.0}), ModelConfig("cpu", 2, 1))
+        await b.deploy(ModelSpec("slow", f"{EX}:sleep", {"base_s": 3.0}), ModelConfig("cpu", 1, 1))
+        [r], [slow] = b.replicas("s"), b.replicas("slow")
+        small = "x"
+        big = np.zeros(b.object_store_min_bytes // 4 + 1, dtype=np.float32)
+        assert [o["x"] for o in await r.predict_batch([small, small])] == ["x", "x"]
+        assert (await r.predict_batch([big]))[0]["n"] == 1
+        path = r.describe()["data_path"]
+        assert path["grpc"] and (path["grpc_batches"], path["object_store_batches"]) == (1, 1)
+
+        loop = asyncio.get_running_loop()
+        for x in (small, big):  # the port, then the object store
+            token = BATCH_DEADLINE.set(loop.time() + 0.1)
+            try:
+                t0 = loop.time()
+                with pytest.raises(DeadlineExceededError, match="by its deadline"):
+                    await slow.predict_batch([x])
+                assert loop.time() - t0 < 2.0  # cut at the deadline, not the 3 s batch
+            finally:
+                BATCH_DEADLINE.reset(token)
+        [rep] = (await b.stats("slow"))["replicas"]
+        assert (rep["late_calls"], rep["late_items"]) == (2, 2)
+
+        old = r.direct  # type: ignore[attr-defined]
+        r.direct = DirectPath(old.target, "not the token", 1 << 20)  # type: ignore[attr-defined]
+        await old.close()
+        assert [o["x"] for o in await r.predict_batch([small])] == ["x"]
+        path = r.describe()["data_path"]
+        assert path["grpc"] is None and "UNAUTHENTICATED" in path["error"]
+        assert path["object_store_batches"] == 2 and r.alive
+
+    run(cluster, body)
+
+
 def test_scaleout_benchmark_runs(cluster: RayCluster, capsys: pytest.CaptureFixture[str]) -> None:
     """``benchmarks/ray_scaleout.py``'s measurements on this cluster, briefly, and its tables."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks import ray_scaleout
 
     x = np.zeros(8, dtype=np.float32)
-    hops = asyncio.run(ray_scaleout.hop_overhead(cluster.url, [("f32", x)], (1, 8), 1))
-    assert [(r["batch"], r["local_ms"] > 0, r["ray_ms"] > 0) for r in hops] == [
-        (1, True, True),
-        (8, True, True),
+    hops = asyncio.run(ray_scaleout.hop_overhead(cluster.url, [("f32", x)], (1, 8), 1, (1024,)))
+    assert [
+        (r["batch"], r["local_ms"] > 0, r["ray_ms"] > 0, r["store_ms"] > 0) for r in hops[:2]
+    ] == [
+        (1, True, True, True),
+        (8, True, True, True),
     ]
+    assert hops[2]["payload"] == "crossover" and hops[2]["grpc_ms"] > 0 < hops[2]["store_ms"]
     scale = asyncio.run(ray_scaleout.scale_out(cluster.url, 2, 0.3))
     assert [(r["nodes"], r["replicas"]) for r in scale] == [(1, 1), (2, 2)]
     assert all(r["qps"] > 0 and r["p99_ms"] > 0 for r in scale) and scale[0]["vs_linear"] == 1.0
     ray_scaleout.print_tables(hops, scale, 0.3, ray.__version__)
     out = capsys.readouterr().out
     assert "target ray/local <= 1.5x" in out and "target >= 0.80 of linear" in out
+    assert "object store" in out and "store/gRPC" in out

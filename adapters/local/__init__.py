@@ -5,9 +5,10 @@ on 127.0.0.1; see ``_backend.py`` for the life cycle and ``examples.py`` for con
 """
 
 from ._backend import LocalBackend
+from ._convert import from_pb, to_pb_strict
 from ._handle import LocalReplica
 from ._inventory import Inventory, Placement, detect_cores, detect_gpus
-from ._server import ContainerStats, load_container, run_container
+from ._server import ContainerStats, load_container, run_container, serve_grpc
 
 __all__ = [
     "ContainerStats",
@@ -17,6 +18,9 @@ __all__ = [
     "Placement",
     "detect_cores",
     "detect_gpus",
+    "from_pb",
     "load_container",
     "run_container",
+    "serve_grpc",
+    "to_pb_strict",
 ]

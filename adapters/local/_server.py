@@ -131,7 +131,13 @@ class ContainerStats:
         }
 
 
-def _make_servicer(container: Any, cfg: dict[str, Any], stats: ContainerStats) -> Any:
+def _make_servicer(
+    container: Any,
+    cfg: dict[str, Any],
+    stats: ContainerStats,
+    lock: threading.Lock | None = None,
+    busy: threading.Event | None = None,
+) -> Any:
     from inferline.core import encode_error
 
     from . import _convert
@@ -139,8 +145,10 @@ def _make_servicer(container: Any, cfg: dict[str, Any], stats: ContainerStats) -
     from . import replica_pb2_grpc as pbg
 
     model = cfg["model"]
-    lock = threading.Lock()  # containers need not be thread-safe; the queue sends one at a time
-    busy = threading.Event()
+    # containers need not be thread-safe; the queue sends one at a time. A caller that runs
+    # the container another way too (a Ray actor's own method) passes its lock and flag.
+    lock = threading.Lock() if lock is None else lock
+    busy = threading.Event() if busy is None else busy
 
     class Servicer(pbg.ReplicaServicer):
         def PredictBatch(self, request: Any, context: Any) -> Any:
@@ -239,6 +247,42 @@ class _TokenCheck:
         return self._deny
 
 
+def serve_grpc(
+    container: Any,
+    cfg: dict[str, Any],
+    stats: ContainerStats,
+    *,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    lock: threading.Lock | None = None,
+    busy: threading.Event | None = None,
+) -> tuple[Any, int]:
+    """Serve the replica service for a loaded ``container`` on ``host`` (a port the OS picks):
+    ``(started grpc.Server, port)``. ``token``: every call must carry it; ``lock``/``busy``:
+    shared with another caller of the container (see ``_make_servicer``)."""
+    import grpc
+
+    from . import replica_pb2_grpc as pbg
+
+    limit = int(cfg.get("max_message_bytes", 64 << 20))
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="replica"),
+        interceptors=[_TokenCheck(token)] if token else [],
+        options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    pbg.add_ReplicaServicer_to_server(_make_servicer(container, cfg, stats, lock, busy), server)
+    bind = f"[{host}]" if ":" in host else host
+    port = server.add_insecure_port(f"{bind}:0")
+    if port == 0:
+        raise OSError(f"could not bind a port on {host}")
+    server.start()
+    return server, port
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -262,25 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         container = load_container(cfg["source"], dict(cfg.get("params") or {}), cfg["threads"])
         stats.load_s = time.perf_counter() - t0
 
-        import grpc
-
-        from . import replica_pb2_grpc as pbg
-
-        limit = int(cfg.get("max_message_bytes", 64 << 20))
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="replica"),
-            interceptors=[_TokenCheck(token)] if token else [],
-            options=[
-                ("grpc.max_receive_message_length", limit),
-                ("grpc.max_send_message_length", limit),
-                ("grpc.so_reuseport", 0),
-            ],
-        )
-        pbg.add_ReplicaServicer_to_server(_make_servicer(container, cfg, stats), server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        if port == 0:
-            raise OSError("could not bind a port on 127.0.0.1")
-        server.start()
+        server, port = serve_grpc(container, cfg, stats, token=token)
     except BaseException as e:  # report why, then exit: the parent decides about restarts
         msg = {"type": type(e).__name__, "message": str(e)}
         sys.stdout.write(ERROR + json.dumps(msg) + "\n")

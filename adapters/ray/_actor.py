@@ -7,6 +7,12 @@ threaded (``max_concurrency``) so that ``ping`` and ``info`` answer while a batc
 themselves run one at a time under a lock (the queue sends one at a time anyway, and
 containers need not be thread-safe).
 
+With ``cfg["token"]`` set, the actor also serves the container over the bundled runtime's
+replica gRPC service (``inferline.adapters.local.serve_grpc``, the same servicer a ``local://``
+replica process runs) on its node's IP, sharing the container's lock and counters; ``ready()``
+reports that address and the backend sends small batches there, past Ray's task path (see
+``_handle``). Every call must carry the token.
+
 Every node of the cluster needs inferline (and the containers' packages) importable in the
 Python environment its Ray workers run: Ray imports this module there by name.
 """
@@ -21,7 +27,7 @@ from typing import Any
 
 import ray
 
-from inferline.adapters.local import ContainerStats, load_container, run_container
+from inferline.adapters.local import ContainerStats, load_container, run_container, serve_grpc
 
 from ._values import pack_outputs, writable
 
@@ -41,7 +47,9 @@ class ReplicaActor:
     to the GCS (a served model makes hundreds of calls a second; the dashboard's task list
     does not show them).
 
-    ``cfg``: ``model``, ``replica``, ``source``, ``params``, ``threads``, ``gpu`` (bool).
+    ``cfg``: ``model``, ``replica``, ``source``, ``params``, ``threads``, ``gpu`` (bool),
+    ``token`` (the backend's secret for the gRPC port; absent: no gRPC server),
+    ``max_message_bytes``.
     A container that fails to load does not fail the actor's creation (Ray would report it
     as an opaque death); ``ready()`` returns the error and the backend stops the actor.
     """
@@ -70,6 +78,30 @@ class ReplicaActor:
         except BaseException as e:  # reported by ready(); the backend decides
             self._error = {"type": type(e).__name__, "message": str(e)}
         self._stats.load_s = time.perf_counter() - t0
+        self._grpc: dict[str, Any] = {}
+        self._server: Any = None
+        if self._container is not None and cfg.get("token"):
+            self._serve(cfg)
+
+    def _serve(self, cfg: dict[str, Any]) -> None:
+        """Start the gRPC server; a failure is reported (``ready()["grpc"]["error"]``) and the
+        backend keeps to Ray's path for this replica."""
+        host = ray.util.get_node_ip_address()
+        try:
+            self._server, port = serve_grpc(
+                self._container,
+                {"model": self._model, "replica": self._replica, "threads": self._threads}
+                | {"max_message_bytes": int(cfg.get("max_message_bytes", 64 << 20))},
+                self._stats,
+                host=host,
+                token=str(cfg["token"]),
+                lock=self._lock,
+                busy=self._busy,
+            )
+        except Exception as e:
+            self._grpc = {"error": f"{type(e).__name__}: {e}"}
+            return
+        self._grpc = {"host": host, "port": port}
 
     def ready(self) -> dict[str, Any]:
         """Where the actor runs and whether its container loaded."""
@@ -79,6 +111,7 @@ class ReplicaActor:
             "load_s": self._stats.load_s,
             "error": self._error,
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "grpc": dict(self._grpc),
         }
 
     @ray.method(enable_task_events=False)

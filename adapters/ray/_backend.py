@@ -8,6 +8,11 @@ what it already holds there, and pins the actor to it (``NodeAffinitySchedulingS
 soft), so a request that does not fit is a ``CapacityError`` at once instead of an actor
 pending forever.
 
+Batches below ``object_store_min_bytes`` (768 KiB by default, the measured crossover) go
+straight to the replica service's gRPC port inside the actor (``_direct``), past Ray's task
+path; larger ones through the actor call and Ray's object store. Ray still places, starts,
+pings and replaces the actors.
+
 Ray's own retries are off (``max_restarts=0``, ``max_task_retries=0``): retries belong to the
 dispatcher, which knows deadlines. A dead actor or a lost node fails the in-flight batch with
 ``ReplicaError`` (the dispatcher retries it on another replica); the backend drops the replica
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -45,12 +51,17 @@ from .._supervised import ACTIVE, DRAINING, STARTING, STOPPED
 from ._actor import ReplicaActor
 from ._address import parse_address
 from ._cluster import connect, disconnect, read_nodes
+from ._direct import close_soon, wait_closed
 from ._handle import RayReplica
 from ._healing import Healing, ModelRecord, Slot
 from ._nodes import PLACEMENTS, NodeInfo
 from ._table import NodeTable
 
-__all__ = ["RayBackend"]
+__all__ = ["OBJECT_STORE_MIN_BYTES", "RayBackend"]
+
+# Batches below this many bytes go to the actor's gRPC port, larger ones through Ray's object
+# store: the crossover measured with `benchmarks/ray_scaleout.py --crossover` (README.md).
+OBJECT_STORE_MIN_BYTES = 768 << 10
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +89,12 @@ class RayBackend(Healing):
         max_start_failures: consecutive failed replacements of a slot before giving up.
         max_concurrency: actor threads (one batch at a time, plus pings and stats).
         log_to_driver: forward the actors' stdout/stderr to this process (when it connects).
+        object_store_min_bytes: a batch of fewer bytes than this (array data, strings; see
+            ``_values.payload_bytes``) goes straight to the actor's gRPC port, a larger one
+            through Ray's object store (``OBJECT_STORE_MIN_BYTES`` by default, the measured
+            crossover). 0: every batch through Ray, and the actors serve no gRPC port.
+        max_message_bytes: the gRPC message limit of that port (both directions); an answer
+            past it is fetched again through Ray.
     """
 
     def __init__(
@@ -98,9 +115,22 @@ class RayBackend(Healing):
         max_start_failures: int = 5,
         max_concurrency: int = 4,
         log_to_driver: bool = False,
+        object_store_min_bytes: int = OBJECT_STORE_MIN_BYTES,
+        max_message_bytes: int = 64 << 20,
     ) -> None:
         if placement not in PLACEMENTS:
             raise ValidationError("placement", f"one of {list(PLACEMENTS)}", placement)
+        for name, v in (
+            ("object_store_min_bytes", object_store_min_bytes),
+            ("max_message_bytes", max_message_bytes),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValidationError(name, "an integer >= 0 (bytes)", v)
+        self.object_store_min_bytes = object_store_min_bytes
+        self.max_message_bytes = max_message_bytes
+        # the secret every call to the actors' gRPC ports must carry (they listen on the
+        # nodes' IPs, reachable from the cluster's network)
+        self._token = secrets.token_urlsafe(24)
         self._url = url
         self._address = parse_address(url)
         self._table = NodeTable(
@@ -270,6 +300,7 @@ class RayBackend(Healing):
             self._replica_failed,
             self._table.address_of(node),
         )
+        r.object_store_min_bytes = self.object_store_min_bytes
         s.replica = r
         self._table.hold(node, r.demand)
         return r
@@ -284,7 +315,10 @@ class RayBackend(Healing):
             "params": dict(m.spec.params),
             "threads": m.spec.threads,
             "gpu": r.demand.gpus > 0,
+            "max_message_bytes": self.max_message_bytes,
         }
+        if self.object_store_min_bytes > 0:  # some batches take the gRPC port
+            cfg["token"] = self._token
         t0 = time.monotonic()
         try:
             await r.start(_RemoteReplica, cfg, self.max_concurrency, self.start_timeout_s)
@@ -320,6 +354,8 @@ class RayBackend(Healing):
         for t in r.tasks:
             if t is not asyncio.current_task():
                 t.cancel()
+        close_soon(r.direct)
+        r.direct = None
         if r.actor is not None and ray.is_initialized():
             with contextlib.suppress(Exception):
                 ray.kill(r.actor, no_restart=True)
@@ -391,6 +427,7 @@ class RayBackend(Healing):
         self._models.clear()
         current = asyncio.current_task()
         await asyncio.gather(*(t for t in tasks if t is not current), return_exceptions=True)
+        await wait_closed()
         self._release_connection()
 
     def _release_connection(self) -> None:

@@ -3,20 +3,41 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import grpc
+import grpc.aio
+import ray
 from ray.actor import ActorClass, ActorHandle
 from ray.exceptions import RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from inferline.core import BackendError, ReplicaError
+from inferline.core import (
+    BATCH_DEADLINE,
+    BackendError,
+    DeadlineExceededError,
+    ReplicaError,
+    batch_call_timeout,
+)
 
 from .._supervised import ACTIVE, DEAD, DRAINING, STARTING, STOPPED, SupervisedReplica
+from ._direct import REQUEST_FAULTS, DirectPath, close_soon, target_of
 from ._nodes import Demand
-from ._values import split_inputs, unpack_outputs
+from ._values import payload_bytes, split_inputs, unpack_outputs
 
 __all__ = ["ACTIVE", "DEAD", "DRAINING", "STARTING", "STOPPED", "RayReplica"]
+
+log = logging.getLogger(__name__)
+
+# what an idle direct path's first check may take before the replica keeps to Ray's path
+_CHECK_TIMEOUT_S = 5.0
+
+
+async def _answer(call: Any) -> Any:
+    return await call
 
 
 def ray_reason(e: BaseException) -> str:
@@ -28,7 +49,9 @@ def ray_reason(e: BaseException) -> str:
 class RayReplica(SupervisedReplica):
     """One replica actor of a model (a ``ReplicaHandle``).
 
-    ``node`` is the Ray node id the actor runs on (hex), ``address`` that node's IP. A replaced
+    ``node`` is the Ray node id the actor runs on (hex), ``address`` that node's IP. Batches
+    go to the actor's own gRPC port (``direct``) below ``object_store_min_bytes`` and through
+    Ray's object store at or above it; pings, stats and the actor's life stay with Ray. A replaced
     replica is a new ``RayReplica`` with a new ``id``, so a queue that keys its pullers by id
     never confuses the dead incarnation with its successor. ``on_failure(replica, reason)`` is
     the backend's word that the replica is gone (called when a batch finds the actor dead).
@@ -53,6 +76,16 @@ class RayReplica(SupervisedReplica):
         self.demand = demand
         self.actor: ActorHandle | None = None
         self.released = False  # its resources given back to the backend's bookkeeping
+        # the data path: the actor's gRPC port below this many bytes per batch, else Ray's
+        # object store (the backend sets it; 0: always the object store)
+        self.object_store_min_bytes = 0
+        self.direct: DirectPath | None = None
+        self.direct_error = ""  # why this replica has no direct path (or stopped using it)
+        self.grpc_batches = 0
+        self.object_store_batches = 0
+        # batch calls cut at the batch's deadline (core.BATCH_DEADLINE) and their queries
+        self.late_calls = 0
+        self.late_items = 0
 
     # -- ReplicaHandle (id, model, hardware, alive: SupervisedReplica) ---------------------
 
@@ -61,19 +94,101 @@ class RayReplica(SupervisedReplica):
 
     async def predict_batch(self, inputs: Sequence[Any]) -> list[Any]:
         """One output (or ``InferlineError``) per input; ``ReplicaError`` if the batch failed
-        because the replica did (actor dead, node lost), so the queue retries it elsewhere."""
-        url = self._url
+        because the replica did (actor dead, node lost), so the queue retries it elsewhere;
+        ``DeadlineExceededError`` for a call cut at the batch's deadline
+        (``core.BATCH_DEADLINE``). A batch of fewer than ``object_store_min_bytes`` goes to
+        the actor's gRPC port, a larger one (or every one, without a port) through Ray."""
         if self.state != ACTIVE or self.died.done() or self.actor is None:
-            raise ReplicaError(url, self._id, f"not accepting batches (state {self.state})")
+            raise ReplicaError(self._url, self._id, f"not accepting batches (state {self.state})")
+        self.inflight += 1
+        self.idle.clear()
+        try:
+            limit = self.object_store_min_bytes
+            if self.direct is not None and payload_bytes(inputs, limit) < limit:
+                return await self._via_grpc(self.direct, inputs)
+            return await self._via_ray(inputs)
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self.idle.set()
+
+    async def _via_grpc(self, d: DirectPath, inputs: Sequence[Any]) -> list[Any]:
+        n = len(inputs)
+        req, bad = d.encode(inputs)
+        if bad and len(bad) == n:
+            return [bad[i] for i in range(n)]
+        timeout, bound = batch_call_timeout(None)
+        if bound and not timeout:
+            raise self._late(n, "no time was left to send it")
+        call = d.call(req, timeout)
+        fut = asyncio.ensure_future(_answer(call))
+        try:
+            # the loop's timer as well as grpc's deadline: grpc's first one can lag ~0.2 s
+            done, _ = await asyncio.wait(
+                {fut, self.died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if self.died.done():
+                raise ReplicaError(
+                    self._url, self._id, f"died during a batch of {n}: {self.died.result()}"
+                )
+            if not done:  # only with a timeout, which is then the batch's deadline
+                raise self._late(n, "the gRPC call was cancelled")
+            if fut.cancelled():  # its channel was closed under it (the replica is going)
+                raise ReplicaError(self._url, self._id, f"batch of {n} cancelled: channel closed")
+            resp = fut.result()
+        except grpc.aio.AioRpcError as e:
+            return await self._grpc_failed(inputs, e, bound)
+        finally:
+            if not fut.done():  # cut, the replica died, or the caller was cancelled
+                call.cancel()
+                fut.cancel()
+        out = d.decode(resp, n, bad, self._model)
+        if out.batch_error:
+            raise BackendError(self._url, out.batch_error)
+        self.grpc_batches += 1
+        return out.outputs
+
+    async def _grpc_failed(
+        self, inputs: Sequence[Any], e: grpc.aio.AioRpcError, bound: bool
+    ) -> list[Any]:
+        """What a failed direct call means. The port is the actor's, so Ray knows whether
+        the replica lives: the batch is sent again through Ray, which reports a dead actor
+        (``ReplicaError``, the replica replaced) or answers; then the port alone failed and
+        this replica keeps to Ray's path from here on."""
+        code = e.code()
+        why = f"{code.name}: {e.details()}"
+        if bound and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise self._late(len(inputs), "the gRPC call passed it")
+        if code in REQUEST_FAULTS:  # another replica would refuse it too: not retried
+            raise BackendError(self._url, f"model {self._model!r} refused the batch: {why}")
+        if code == grpc.StatusCode.RESOURCE_EXHAUSTED:  # past the message limit: Ray has none
+            return await self._via_ray(inputs)
+        if self.died.done():
+            raise ReplicaError(self._url, self._id, f"failed during a batch: {why}")
+        out = await self._via_ray(inputs)
+        self.drop_direct(f"its gRPC port failed ({why}) while the actor answered through Ray")
+        return out
+
+    async def _via_ray(self, inputs: Sequence[Any]) -> list[Any]:
+        url = self._url
         n = len(inputs)
         good, bad = split_inputs(inputs)
         if bad and len(bad) == n:
             return [bad[i] for i in range(n)]
-        self.inflight += 1
-        self.idle.clear()
-        fut = asyncio.wrap_future(self.actor.predict.remote(good).future())
+        timeout, bound = batch_call_timeout(None)
+        if bound and not timeout:
+            raise self._late(n, "no time was left to send it")
+        assert self.actor is not None
+        ref = self.actor.predict.remote(good)
+        fut = asyncio.wrap_future(ref.future())
         try:
-            done, _ = await asyncio.wait({fut, self.died}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {fut, self.died}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:  # only with a timeout, which is then the batch's deadline
+                with contextlib.suppress(Exception):  # best effort: a running task finishes
+                    ray.cancel(ref)
+                raise self._late(n, "the actor call was cancelled")
             if fut not in done:
                 raise ReplicaError(
                     url, self._id, f"died during a batch of {n}: {self.died.result()}"
@@ -93,20 +208,39 @@ class RayReplica(SupervisedReplica):
         finally:
             if not fut.done():  # the caller was cancelled or the replica died: stop waiting
                 fut.cancel()
-            self.inflight -= 1
-            if self.inflight == 0:
-                self.idle.set()
         if batch_error:
             raise BackendError(url, batch_error)
         if len(values) != len(good):
             raise BackendError(
                 url, f"model {self._model!r} returned {len(values)} outputs for {len(good)} inputs"
             )
+        self.object_store_batches += 1
         outs = unpack_outputs(values, errors)
         if bad:
             it = iter(outs)
             outs = [bad[i] if i in bad else next(it) for i in range(n)]
         return outs
+
+    def _late(self, items: int, how: str) -> DeadlineExceededError:
+        """A batch cut at its deadline: counted, and the error its queries get (the queue's
+        expiry answer, not retried: another replica could only be later)."""
+        self.late_calls += 1
+        self.late_items += items
+        return DeadlineExceededError(
+            self._model,
+            max(0.0, asyncio.get_running_loop().time() - BATCH_DEADLINE.get()),
+            f"model {self._model!r}: replica {self._id} did not answer a batch of {items} "
+            f"by its deadline ({how})",
+        )
+
+    def drop_direct(self, why: str) -> None:
+        """Stop using the gRPC port (its channel closed in the background)."""
+        if self.direct is None:
+            return
+        log.warning("replica %s of %r: %s; using Ray's path only", self._id, self._model, why)
+        self.direct_error = why
+        close_soon(self.direct)
+        self.direct = None
 
     # -- used by the backend ----------------------------------------------------------------
 
@@ -154,7 +288,27 @@ class RayReplica(SupervisedReplica):
         self.node = str(info.get("node") or self.node)
         self.pid = int(info.get("pid") or 0)
         self.load_s = float(info.get("load_s") or 0.0)
+        if cfg.get("token"):
+            await self._connect(info.get("grpc") or {}, cfg, min(timeout_s, _CHECK_TIMEOUT_S))
         return info
+
+    async def _connect(self, grpc_info: dict[str, Any], cfg: dict[str, Any], wait_s: float) -> None:
+        """Open the direct path to the port the actor reported and check it answers; else log
+        why and keep to Ray's path (a replica that works without it is still a replica)."""
+        target = target_of(grpc_info)
+        if not target:
+            self.direct_error = f"the actor serves no gRPC port: {grpc_info.get('error')}"
+        else:
+            d = DirectPath(target, str(cfg["token"]), int(cfg["max_message_bytes"]))
+            why = await d.check(wait_s)
+            if not why:
+                self.direct = d
+                return
+            close_soon(d)
+            self.direct_error = f"its gRPC port {target} does not answer from here: {why}"
+        log.warning(
+            "replica %s of %r: %s; using Ray's path only", self._id, self._model, self.direct_error
+        )
 
     async def ping(self, timeout_s: float) -> bool:
         """True when the actor answered within ``timeout_s``; raises ``RayError`` if it is
@@ -180,3 +334,17 @@ class RayReplica(SupervisedReplica):
 
     def _where(self) -> dict[str, Any]:
         return {"node": self.node, "address": self.address, "resources": self.demand.resources()}
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d["data_path"] = {
+            "grpc": self.direct.target if self.direct is not None else None,
+            "object_store_min_bytes": self.object_store_min_bytes,
+            "grpc_batches": self.grpc_batches,
+            "object_store_batches": self.object_store_batches,
+        }
+        if self.direct_error:
+            d["data_path"]["error"] = self.direct_error
+        d["late_calls"] = self.late_calls
+        d["late_items"] = self.late_items
+        return d

@@ -10,6 +10,9 @@ exception) comes back as an error value in its slot. Errors cross as the wire's 
 
 Arrays that Ray hands over are read-only views of its object store; ``writable`` copies those,
 so containers and callers get writable arrays as they do from ``local://``.
+
+``payload_bytes`` sizes a batch for the choice of path (the replica's gRPC port below
+``object_store_min_bytes``, Ray's object store at or above it).
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ import numpy as np
 
 from inferline.core import ValidationError, decode_error, encode_error, encode_value
 
-__all__ = ["check_value", "pack_outputs", "split_inputs", "unpack_outputs", "writable"]
+__all__ = [
+    "check_value",
+    "pack_outputs",
+    "payload_bytes",
+    "split_inputs",
+    "unpack_outputs",
+    "writable",
+]
 
 _SCALARS = (str, bytes, bool, int, float, type(None))
 
@@ -34,6 +44,28 @@ def check_value(v: Any) -> None:
         encode_value(np.empty(0, dtype=v.dtype))  # the dtype rule, without copying the data
         return
     encode_value(v)
+
+
+def payload_bytes(values: Sequence[Any], limit: int) -> int:
+    """About how many bytes ``values`` carry: array data, string and bytes lengths, 8 per
+    other scalar, lists and dicts summed. Stops counting once past ``limit`` (the caller only
+    asks which side of it a batch is on), so a huge nested input costs little."""
+    total = 0
+    stack: list[Any] = list(values)
+    while stack and total <= limit:
+        v = stack.pop()
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, str | bytes | bytearray):
+            total += len(v)
+        elif isinstance(v, dict):
+            total += 8 * len(v)
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+        else:
+            total += 8
+    return total
 
 
 def writable(v: Any) -> Any:

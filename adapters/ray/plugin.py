@@ -30,7 +30,14 @@ _FLOATS = {
     "start_timeout_s",
     "drain_timeout_s",
 }
-_INTS = {"heartbeat_misses", "busy_heartbeat_misses", "max_start_failures", "max_concurrency"}
+_INTS = {
+    "heartbeat_misses",
+    "busy_heartbeat_misses",
+    "max_start_failures",
+    "max_concurrency",
+    "object_store_min_bytes",
+    "max_message_bytes",
+}
 _KEYS = {"placement", "namespace", "kinds", "log_to_driver"} | _FLOATS | _INTS
 
 
