@@ -37,12 +37,14 @@ TARGET_QPS = 3000.0
 # ---------------------------------------------------------------- server side
 
 
-def serve(mode: str, port_file: str) -> None:
+def serve(mode: str, port_file: str, door_workers: int = 0) -> None:
     """Serve app ``noop`` in this process: an in-process no-op replica behind the queue
-    (``inproc``), or a ``local://`` no-op replica process (``local``)."""
+    (``inproc``), or a ``local://`` no-op replica process (``local``); also over KServe v2
+    (``/v2/models/noop/infer``). ``door_workers``: HTTP door worker processes in front."""
     from inferline.core import ModelConfig, ModelSpec
     from inferline.queueing import Dispatcher, FixedBatching, InProcessReplica, NoOpModel
     from inferline.server import App, Service, bind_socket, create_app, run_loop, serve_app
+    from inferline.server.frontdoors import make_kserve_router
 
     async def main() -> None:
         d = Dispatcher()
@@ -69,21 +71,24 @@ def serve(mode: str, port_file: str) -> None:
             backend=backend,
             models=["noop"],
         )
-        sock = bind_socket("127.0.0.1", 0)
+        workers = door_workers > 0
+        sock = bind_socket("127.0.0.1", 0, reuse_port=workers, listen=not workers)
 
         def ready() -> None:
             tmp = port_file + ".tmp"
             Path(tmp).write_text(str(sock.getsockname()[1]))
             os.replace(tmp, port_file)
 
-        await serve_app(create_app(svc), sock, ready=ready)
+        app = create_app(svc, routers=[make_kserve_router(svc)])
+        await serve_app(app, sock, ready=ready, door_workers=door_workers)
 
     run_loop(main())
 
 
 class Server:
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, door_workers: int = 0) -> None:
         self.mode = mode
+        self.door_workers = door_workers
         self.tmp = tempfile.TemporaryDirectory()
         self.port_file = os.path.join(self.tmp.name, "port")
 
@@ -94,7 +99,16 @@ class Server:
     def __enter__(self) -> str:
         self.log = open(os.path.join(self.tmp.name, "server.log"), "w+b")
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, "--serve", self.mode, "--port-file", self.port_file],
+            [
+                sys.executable,
+                __file__,
+                "--serve",
+                self.mode,
+                "--port-file",
+                self.port_file,
+                "--door-workers",
+                str(self.door_workers),
+            ],
             stdout=subprocess.DEVNULL,
             stderr=self.log,
         )
@@ -138,8 +152,7 @@ def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
     proc = psutil.Process(server_pid)
 
     def cpu() -> float:
-        t = proc.cpu_times()
-        return t.user + t.system
+        return server_cpu_s(proc)
 
     async def main() -> dict[str, Any]:
         # warm up (imports, connections, first requests)
@@ -195,6 +208,156 @@ def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
     return run_loop(main())  # type: ignore[no-any-return]
 
 
+def server_cpu_s(proc: Any) -> float:
+    """CPU seconds of the server process and its door worker processes (not its replicas)."""
+    return sum(server_cpu_split(proc))
+
+
+def server_cpu_split(proc: Any) -> tuple[float, float]:
+    """CPU seconds of the server (queue) process, and of its door worker processes."""
+    import psutil
+
+    main = workers = 0.0
+    for p in [proc, *proc.children()]:
+        try:
+            if p is not proc and "inferline.server._door_worker" not in p.cmdline():
+                continue
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        if p is proc:
+            main += t.user + t.system
+        else:
+            workers += t.user + t.system
+    return main, workers
+
+
+# ---------------------------------------------------------------- door workers (issue 44.3)
+
+KSERVE_PATH = "/v2/models/noop/infer"
+KSERVE_BODY = json.dumps(
+    {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 8], "data": [0.5] * 8}]}
+).encode()
+
+
+async def kserve_closed_loop(url: str, concurrency: int, duration_s: float) -> dict[str, Any]:
+    """KServe v2 JSON infer requests, ``concurrency`` keep-alive connections each sending as
+    soon as answered (a raw-socket client: little CPU per request, as perf_analyzer's C++)."""
+    import asyncio
+
+    host, port = url.split("//", 1)[1].split(":")
+    head = (
+        f"POST {KSERVE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(KSERVE_BODY)}\r\n\r\n"
+    )
+    request = head.encode() + KSERVE_BODY
+    loop = asyncio.get_running_loop()
+    lat: list[float] = []
+    bad = 0
+    stop_at = loop.time() + duration_s
+    done = loop.create_future()
+    open_conns = concurrency
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.t, self.buf = transport, b""
+            self.send()
+
+        def send(self) -> None:
+            self.sent = loop.time()
+            self.t.write(request)
+
+        def data_received(self, data: bytes) -> None:
+            nonlocal bad, open_conns
+            self.buf += data
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            length = int(self.buf.lower().split(b"content-length:", 1)[1].split(b"\r\n", 1)[0])
+            if len(self.buf) < end + 4 + length:
+                return
+            status = int(self.buf[9:12])
+            self.buf = self.buf[end + 4 + length :]
+            lat.append(loop.time() - self.sent)
+            bad += status != 200
+            if loop.time() < stop_at:
+                self.send()
+            else:
+                self.t.close()
+                open_conns -= 1
+                if open_conns == 0 and not done.done():
+                    done.set_result(None)
+
+    t0 = loop.time()
+    for _ in range(concurrency):
+        await loop.create_connection(Conn, host, int(port))
+    await done
+    elapsed = loop.time() - t0
+    return {
+        "qps": (len(lat) - bad) / elapsed,
+        "errors": bad,
+        "answered": len(lat),
+        "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+        "p99_ms": float(np.percentile(lat, 99)) * 1e3,
+    }
+
+
+def measure_workers(url: str, server_pid: int, dur: float) -> dict[str, Any]:
+    """Per route (native predict, KServe v2 JSON): closed-loop throughput at concurrency 32,
+    its P50/P99, and the server's CPU (queue process + door workers) per answered query."""
+    import psutil
+
+    from inferline.measure import closed_loop, encode_bodies
+    from inferline.server import run_loop
+
+    proc = psutil.Process(server_pid)
+    bodies = encode_bodies([[0.5] * 8, [1.0] * 8, [0.0] * 8])
+
+    async def main() -> dict[str, Any]:
+        await closed_loop(url, "noop", bodies, concurrency=8, duration_s=0.5)  # warm up
+        await kserve_closed_loop(url, 8, 0.5)
+        c0 = server_cpu_split(proc)
+        r = await closed_loop(url, "noop", bodies, concurrency=32, duration_s=dur)
+        c1 = server_cpu_split(proc)
+        k = await kserve_closed_loop(url, 32, dur)
+        c2 = server_cpu_split(proc)
+
+        def per_query(a: tuple[float, float], b: tuple[float, float], n: float) -> dict:
+            return {
+                "cpu_us": (sum(b) - sum(a)) / max(1, n) * 1e6,
+                "queue_cpu_us": (b[0] - a[0]) / max(1, n) * 1e6,
+            }
+
+        return {
+            "native": {"qps": r["qps"] * r["ok_fraction"], **per_query(c0, c1, r["answered"])},
+            "kserve": {**k, **per_query(c1, c2, k["answered"])},
+        }
+
+    return run_loop(main())  # type: ignore[no-any-return]
+
+
+def compare_workers(counts: list[int], rounds: int, dur: float) -> list[dict[str, Any]]:
+    """``measure_workers`` for each door worker count, ``rounds`` times, the order reversed
+    every other round (so that other work on a shared machine hits every count alike)."""
+    rows = []
+    for rnd in range(rounds):
+        for n in counts if rnd % 2 == 0 else counts[::-1]:
+            srv = Server("inproc", n)
+            with srv as url:
+                r = measure_workers(url, srv.pid, dur)
+            rows.append({"round": rnd, "door_workers": n, "load": os.getloadavg()[0], **r})
+            k, nat = r["kserve"], r["native"]
+            print(
+                f"round {rnd} door workers {n}: KServe {k['qps']:.0f} q/s (P50 {k['p50_ms']:.1f} "
+                f"P99 {k['p99_ms']:.1f} ms, CPU-us/q {k['cpu_us']:.0f} of which queue process "
+                f"{k['queue_cpu_us']:.0f}), native {nat['qps']:.0f} q/s (CPU-us/q "
+                f"{nat['cpu_us']:.0f}, queue process {nat['queue_cpu_us']:.0f}), "
+                f"load {rows[-1]['load']:.1f}",
+                flush=True,
+            )
+    return rows
+
+
 def queue_figures(size: str) -> str:
     script = HERE / "queue_throughput.py"
     if not script.exists():
@@ -226,6 +389,13 @@ def main() -> int:
     )
     ap.add_argument("--serve", choices=["inproc", "local"], help=argparse.SUPPRESS)
     ap.add_argument("--port-file", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--door-workers",
+        default=None,
+        help="compare door worker counts instead (e.g. 0,1,2,4): KServe v2 and native "
+        "closed-loop throughput and server CPU per query, in-process no-op replica",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="with --door-workers: rounds")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument(
         "--nice",
@@ -238,9 +408,21 @@ def main() -> int:
     if args.nice and not args.serve:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
     if args.serve:
-        serve(args.serve, args.port_file)
+        serve(args.serve, args.port_file, int(args.door_workers or 0))
         return 0
     size = "smoke" if args.smoke else "quick" if args.quick else "full"
+    if args.door_workers is not None:
+        counts = [int(x) for x in args.door_workers.split(",")]
+        dur = {"smoke": 0.5, "quick": 2.0}.get(size, 4.0)
+        rows = compare_workers(counts, args.rounds, dur)
+        print(
+            f"on {os.cpu_count()} cores; reproduce: .venv/bin/python benchmarks/frontend.py "
+            f"--door-workers {args.door_workers} --rounds {args.rounds}"
+            + (f" --{size}" if size != "full" else "")
+        )
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+        return 0
     results = {}
     import os as _os
 

@@ -52,6 +52,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
         tuner=tuner,
         variant_switching=variant_switching,
         drift=drift,
+        door_workers=getattr(args, "door_workers", 0),
     )
     loops = Loops(tuner, variant_switching, drift, profiles, pipeline, switching)
     run_loop(

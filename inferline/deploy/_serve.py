@@ -69,6 +69,7 @@ async def serve(
     profiles: Profiles | None = None,
     pipeline: Pipeline | None = None,
     model_switching: Any = None,
+    door_workers: int = 0,
 ) -> None:
     """Start ``dep`` with ``plan`` and serve it until SIGINT/SIGTERM or until ``stop`` is set
     (``serve_deployment`` with these keyword arguments as its ``ServeSettings``).
@@ -88,6 +89,7 @@ async def serve(
         tuner=tuner,
         variant_switching=variant_switching,
         drift=drift,
+        door_workers=door_workers,
     )
     loops = Loops(tuner, variant_switching, drift, profiles, pipeline, model_switching)
     await serve_deployment(dep, plan, settings, loops=loops, ready=ready, stop=stop)
@@ -189,7 +191,8 @@ def _door_samples(dep: Deployment) -> dict[str, list[Any]] | None:
 
 def bind(settings: ServeSettings) -> socket.socket:
     """The HTTP socket, bound now (a port in use fails before anything starts)."""
-    return bind_socket(settings.host, settings.port)
+    workers = settings.door_workers > 0  # the workers listen; this process holds the port
+    return bind_socket(settings.host, settings.port, reuse_port=workers, listen=not workers)
 
 
 async def start_grpc(
@@ -231,7 +234,14 @@ async def run_http(
         allowed_hosts=settings.allowed_hosts,
     )
     try:
-        await serve_app(app, sock, ready=ready, stop=stop, read_timeout_s=settings.read_timeout_s)
+        await serve_app(
+            app,
+            sock,
+            ready=ready,
+            stop=stop,
+            read_timeout_s=settings.read_timeout_s,
+            door_workers=settings.door_workers,
+        )
     finally:
         if grpc is not None:
             await grpc.stop()

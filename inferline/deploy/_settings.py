@@ -27,7 +27,8 @@ class ServeSettings:
     None: none); ``grpc_max_inflight``: inference calls in flight on the gRPC doors, past
     which a call is answered RESOURCE_EXHAUSTED at once (counted); ``allowed_hosts``: the ``Host`` names answered (None: the bound address and
     localhost); ``tuner``: the live tuner's configuration (None: no tuner; it runs only for a
-    plan with tuner inputs); ``drift``: the drift loop's (None: off)."""
+    plan with tuner inputs); ``drift``: the drift loop's (None: off); ``door_workers``: HTTP door worker processes
+    in front of the one queue process (0: the single process; docs/triton-overhead.md)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -42,6 +43,7 @@ class ServeSettings:
     tuner: TunerConfig | None = TunerConfig()  # noqa: RUF009 (frozen)
     variant_switching: bool = True
     drift: DriftConfig | None = None
+    door_workers: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -52,6 +54,7 @@ class ServeSettings:
         if self.grpc_port is not None:
             _int("grpc_port", self.grpc_port, 0)
         _int("grpc_max_inflight", self.grpc_max_inflight, 1)
+        _int("door_workers", self.door_workers, 0)
         rt = self.read_timeout_s
         if isinstance(rt, bool) or not isinstance(rt, int | float) or not rt > 0:
             raise ValidationError("read_timeout_s", "a number of seconds > 0", rt)

@@ -338,6 +338,13 @@ def create_app(
     app.add_middleware(
         PredictRoute, service=service, max_body_bytes=max_body_bytes, fast_paths=fast_paths
     )
+    # what door worker processes (``_workers``) need to guard and answer the same way
+    app.state.door = {
+        "token": token,
+        "max_body_bytes": max_body_bytes,
+        "allowed_hosts": None if allowed_hosts is None else list(allowed_hosts),
+        "fast_paths": fast_paths,
+    }
     app.add_middleware(
         Guard,
         token=token,

@@ -25,7 +25,7 @@ from inferline.server._predict import handle_predict
 from inferline.server._replies import INTERNAL_ERROR, send_json, too_large
 from inferline.server._service import Service
 
-__all__ = ["FastPath", "PredictRoute", "predict_app_name"]
+__all__ = ["FastPath", "PredictRoute", "predict_app_name", "read_body", "send_answer"]
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class PredictRoute:
             log.exception("unexpected error serving %s %s", scope["method"], scope["path"])
             await send_json(send, 500, INTERNAL_ERROR)
             return
-        await _send_answer(send, status, body, media, extra)
+        await send_answer(send, status, body, media, extra)
 
     async def _predict(self, name: str, receive: Receive, send: Send) -> None:
         try:
@@ -131,24 +131,28 @@ class PredictRoute:
             with contextlib.suppress(Exception):
                 await send_json(send, 503, _EXITING)
             return
-        await _send_answer(send, status, data, "application/json", extra)
+        await send_answer(send, status, data, "application/json", extra)
 
     async def _body(self, receive: Receive) -> bytes | None:
-        """The whole body, or None on a disconnect; ``BodyTooLarge`` past the limit (a client
-        that sent more than its Content-Length said)."""
-        chunks = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return None
-            body = msg.get("body", b"")
-            size += len(body)
-            if size > self.limit:
-                raise BodyTooLarge(self.limit)
-            chunks.append(body)
-            if not msg.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await read_body(receive, self.limit)
+
+
+async def read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole body, or None on a disconnect; ``BodyTooLarge`` past ``limit`` (a client
+    that sent more than its Content-Length said)."""
+    chunks = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        body = msg.get("body", b"")
+        size += len(body)
+        if size > limit:
+            raise BodyTooLarge(limit)
+        chunks.append(body)
+        if not msg.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _has_length(scope: Scope) -> bool:
@@ -158,7 +162,7 @@ def _has_length(scope: Scope) -> bool:
     return False
 
 
-async def _send_answer(
+async def send_answer(
     send: Send, status: int, body: bytes, media: str, extra: dict[str, str] | None
 ) -> None:
     """The headers a Starlette ``Response`` of the same answer carries, in its order (extra

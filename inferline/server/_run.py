@@ -13,8 +13,14 @@ from fastapi import FastAPI
 from inferline.core import ValidationError
 
 
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
-    """A listening TCP socket (``port=0``: a free port; read it from ``getsockname()``)."""
+def bind_socket(
+    host: str = "127.0.0.1", port: int = 0, *, reuse_port: bool = False, listen: bool = True
+) -> Any:
+    """A listening TCP socket (``port=0``: a free port; read it from ``getsockname()``).
+    ``reuse_port``: ``SO_REUSEPORT``, so that door worker processes bind the same port (the
+    kernel spreads connections over the listening ones); ``listen=False``: bound only (the
+    queue process holds the port that way while its workers accept: a socket that does not
+    listen gets no connections)."""
     import socket
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -22,6 +28,8 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
     # protocol says TCP; with 0 every response waited ~40 ms for the client's delayed ACK
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:  # in use, not an address of this machine, privileged port
@@ -29,7 +37,8 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> Any:
         raise ValidationError(
             "--host/--port", "an address this server can listen on", f"{host}:{port} ({e.strerror})"
         ) from None
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     # Not inheritable (Python's default, said here because it matters): uvloop's subprocess
     # spawn keeps inheritable fds open, and replicas holding the listening socket kept the
     # port accepting connections that nobody would answer after the server stopped.
@@ -76,7 +85,7 @@ def _server_class() -> type:
 
 
 async def serve_app(
-    app: FastAPI,
+    app: FastAPI | Any,
     sock: Any,
     *,
     log_level: str = "warning",
@@ -84,13 +93,30 @@ async def serve_app(
     stop: asyncio.Event | None = None,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
     shutdown_grace_s: float = DEFAULT_SHUTDOWN_GRACE_S,
+    door_workers: int = 0,
 ) -> None:
     """Serve ``app`` with uvicorn on ``sock`` in the running event loop until SIGINT/SIGTERM
     (main thread) or until ``stop`` is set. ``ready()`` is called once it accepts connections.
     ``read_timeout_s``: how long a request may take to send its headers, and its body (408).
     ``shutdown_grace_s``: how long a SIGTERM waits for running requests; those still running
-    then get a 503 ``ShuttingDown``, and the replicas are stopped.
+    then get a 503 ``ShuttingDown``, and the replicas are stopped. ``door_workers``: that
+    many door worker processes accept on ``sock``'s port instead (``_workers``; ``sock``
+    bound with ``reuse_port=True, listen=False``) and this process runs the queue.
     """
+    if door_workers:
+        from inferline.server._workers import serve_with_workers
+
+        await serve_with_workers(
+            app,
+            sock,
+            door_workers,
+            log_level=log_level,
+            ready=ready,
+            stop=stop,
+            read_timeout_s=read_timeout_s,
+            shutdown_grace_s=shutdown_grace_s,
+        )
+        return
     import uvicorn
 
     from inferline.server._http_timeouts import timed_http_protocol

@@ -51,10 +51,18 @@ from inferline.server.frontdoors._door import (
     Signature,
     TensorInfo,
     check_max_rows,
+    decode_off_loop,
 )
 from inferline.server.frontdoors._grpc import DEFAULT_MAX_INFLIGHT, FrontDoorGrpc
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
-from inferline.server.frontdoors._kserve_http import make_kserve_router
+from inferline.server.frontdoors._kserve_http import (
+    InferFastPath,
+    encode_answer,
+    infer_model,
+    kserve_error,
+    make_kserve_router,
+    requested_outputs,
+)
 from inferline.server.frontdoors._tfserving_rest import make_tfserving_router
 
 __all__ = [
@@ -64,12 +72,18 @@ __all__ = [
     "TF_DTYPES",
     "FrontDoor",
     "FrontDoorGrpc",
+    "InferFastPath",
     "Signature",
     "TensorInfo",
     "check_max_rows",
+    "decode_off_loop",
+    "encode_answer",
     "header_length",
+    "infer_model",
     "kserve_decode",
     "kserve_encode",
+    "kserve_error",
     "make_kserve_router",
     "make_tfserving_router",
+    "requested_outputs",
 ]

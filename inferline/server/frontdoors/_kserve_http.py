@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
@@ -21,7 +22,15 @@ from inferline.server.frontdoors._door import (
 )
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 
-__all__ = ["InferFastPath", "KServeRoutes", "make_kserve_router"]
+__all__ = [
+    "InferFastPath",
+    "KServeRoutes",
+    "encode_answer",
+    "infer_model",
+    "kserve_error",
+    "make_kserve_router",
+    "requested_outputs",
+]
 
 _JSON = "application/json"
 
@@ -224,24 +233,68 @@ class KServeRoutes:
         self, model: str, raw: bytes, hl: str | None
     ) -> tuple[int, bytes, str, dict[str, str] | None]:
         """One infer request, start to end: ``(status, body, media type, extra headers)``,
-        what the FastAPI route and the raw ASGI fast path (``InferFastPath``) both send."""
+        what the FastAPI route and the raw ASGI fast path (``InferFastPath``) both send. A
+        door worker process (``inferline.server._door_worker``) runs the same three steps,
+        the decode and the encode in the worker and ``run_decoded`` in the queue process."""
         try:
             req, tensors = await decode_off_loop(
                 len(raw), kserve_decode, raw, header_length(hl, len(raw)), self.door.max_rows
             )
-            limits = kserve_limits(req.get("parameters"))
-            self.door.check_datatypes(model, tensors)
-            outs = await self.door.run(model, self.door.queries(model, tensors), limits)
-            wanted = [
-                o["name"] for o in req.get("outputs") or [] if isinstance(o, dict) and "name" in o
-            ]
-            body, header_len = kserve_encode(model, req, self.door.stack(model, outs, wanted))
+            outs = await self.run_decoded(
+                model, req.get("parameters"), tensors, requested_outputs(req)
+            )
+            return encode_answer(model, req, outs)
         except InferlineError as e:
             return _kserve_error_parts(e)
-        if header_len is None:
-            return 200, body, "application/json", None
-        headers = {"Inference-Header-Content-Length": str(header_len)}
-        return 200, body, "application/octet-stream", headers
+
+    async def run_decoded(
+        self,
+        model: str,
+        params: Any,
+        tensors: dict[str, np.ndarray],
+        wanted: list[str],
+    ) -> dict[str, np.ndarray]:
+        """A decoded request's outputs, stacked: its limits, datatypes and rows checked, its
+        queries through the queue. Raises ``InferlineError`` for what is answered 4xx/5xx."""
+        limits = kserve_limits(params)
+        self.door.check_datatypes(model, tensors)
+        outs = await self.door.run(model, self.door.queries(model, tensors), limits)
+        return self.door.stack(model, outs, wanted)
+
+
+def requested_outputs(req: dict[str, Any]) -> list[str]:
+    """The output names a decoded request asks for (none: every output)."""
+    return [o["name"] for o in req.get("outputs") or [] if isinstance(o, dict) and "name" in o]
+
+
+def encode_answer(
+    model: str, req: dict[str, Any], outs: dict[str, np.ndarray]
+) -> tuple[int, bytes, str, dict[str, str] | None]:
+    """The 200 answer of ``outs`` (JSON, or JSON + binary tensors as the request asked).
+    Raises ``InferlineError`` for an output the protocol cannot carry."""
+    body, header_len = kserve_encode(model, req, outs)
+    if header_len is None:
+        return 200, body, "application/json", None
+    headers = {"Inference-Header-Content-Length": str(header_len)}
+    return 200, body, "application/octet-stream", headers
+
+
+def kserve_error(e: BaseException) -> tuple[int, bytes, str, dict[str, str] | None]:
+    """The answer of an infer request refused with ``e``."""
+    return _kserve_error_parts(e)
+
+
+def infer_model(path: str) -> str | None:
+    """The model of a ``/v2/models/{model}[/versions/{version}]/infer`` path, else None
+    (what FastAPI's ``{model}`` would match: one non-empty segment)."""
+    if not path.startswith("/v2/models/") or not path.endswith("/infer"):
+        return None
+    parts = path[len("/v2/models/") : -len("/infer")].split("/")
+    if len(parts) == 1 and parts[0]:
+        return parts[0]
+    if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
+        return parts[0]
+    return None
 
 
 class InferFastPath:
@@ -253,16 +306,7 @@ class InferFastPath:
         self.routes = routes
 
     def match(self, path: str) -> str | None:
-        """The model of an infer path, else None (what FastAPI's ``{model}`` would match:
-        one non-empty segment)."""
-        if not path.startswith("/v2/models/") or not path.endswith("/infer"):
-            return None
-        parts = path[len("/v2/models/") : -len("/infer")].split("/")
-        if len(parts) == 1 and parts[0]:
-            return parts[0]
-        if len(parts) == 3 and parts[0] and parts[1] == "versions" and parts[2]:
-            return parts[0]
-        return None
+        return infer_model(path)
 
     async def answer(
         self, model: str, raw: bytes, headers: list[tuple[bytes, bytes]]
