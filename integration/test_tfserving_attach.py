@@ -65,6 +65,9 @@ def attached(
         "0",
         "--grpc-port",
         "0",
+        # the attached door in worker processes (inferline serve's tests cover one process)
+        "--door-workers",
+        "2",
         "--ready-file",
         str(ready),
         "--summary-out",

@@ -116,6 +116,15 @@ def add_listen_args(
         "(default %(default)s)",
     )
     p.add_argument(
+        "--door-workers",
+        type=int_in(0, 64, "a process count"),
+        default=0,
+        metavar="N",
+        help="HTTP door worker processes: N processes accept on the port (SO_REUSEPORT), "
+        "parse, guard, decode and encode, and hand the requests to this process's one EDF "
+        "queue over a local socket (default 0: this process serves HTTP itself)",
+    )
+    p.add_argument(
         "--ready-file",
         type=output_path(),
         default=None,
@@ -126,15 +135,6 @@ def add_listen_args(
 def add_server_args(p: argparse.ArgumentParser) -> None:
     # the gRPC doors of a deployment's "front_doors" start only when a port is asked for
     add_listen_args(p, grpc=True, grpc_default=-1)
-    p.add_argument(
-        "--door-workers",
-        type=int_in(0, 64, "a process count"),
-        default=0,
-        metavar="N",
-        help="HTTP door worker processes: N processes accept on the port (SO_REUSEPORT), "
-        "parse, guard, decode and encode, and hand the requests to this process's one EDF "
-        "queue over a local socket (default 0: this process serves HTTP itself)",
-    )
     p.add_argument(
         "--tuner",
         choices=("inferline", "none"),

@@ -300,6 +300,7 @@ async def _serve(
         grpc_max_inflight=args.grpc_max_inflight,
         token=token,
         max_body_bytes=args.max_body_bytes,
+        door_workers=args.door_workers,
         allowed_hosts=args.allowed_hosts,
         ready=lambda info: _ready(info, snapshot, args),
         read_timeout_s=args.read_timeout_s,

@@ -481,6 +481,7 @@ async def serve_attachment(
     grpc_max_inflight: int = DEFAULT_MAX_INFLIGHT,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    door_workers: int = 0,
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
@@ -493,7 +494,8 @@ async def serve_attachment(
 
     A backend that can put the operator's settings back (``restore_operator_settings``) gets
     ``POST /admin/detach``: restore, then stop. ``restore_on_exit``: restore too when serving
-    stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done."""
+    stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done.
+    ``door_workers``: HTTP door worker processes (``ServeSettings.door_workers``)."""
     from inferline.deploy._serve import bind, run_http, start_grpc
     from inferline.deploy._settings import ServeSettings
     from inferline.server.frontdoors import make_kserve_router, make_tfserving_router
@@ -508,6 +510,7 @@ async def serve_attachment(
         grpc_max_inflight=grpc_max_inflight,
         read_timeout_s=read_timeout_s,
         tuner=None,
+        door_workers=door_workers,
     )
     stop = stop if stop is not None else asyncio.Event()
     restorer = _Restorer(svc.backend, stop, restored)

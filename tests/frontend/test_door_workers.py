@@ -291,3 +291,20 @@ def _workers_of_gone(pids: list[int]) -> bool:
     import psutil
 
     return not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_serve_deploy_and_attach_all_take_door_workers() -> None:
+    """attach carries requests too (an attached Triton or TF Serving model through the door),
+    so it takes the same option as serve and deploy; 0 (one process) by default."""
+    from inferline.cli import build_parser
+
+    p = build_parser()
+    for argv in (
+        ["serve", "--deployment", "d.json"],
+        ["deploy", "plan.json", "--deployment", "d.json"],
+        ["attach", "triton://127.0.0.1:8001"],
+    ):
+        args, _ = p.parse_known_args(argv)
+        assert args.door_workers == 0, argv
+        args, _ = p.parse_known_args([*argv, "--door-workers", "3"])
+        assert args.door_workers == 3, argv
