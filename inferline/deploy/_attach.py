@@ -7,8 +7,7 @@ The steps ``inferline attach`` runs, for operations scripts (``docs/operations-s
     plan = plan_attachment(att, pipeline, prof.profiles, trace, slo_s=0.2)
     svc, door = await start_attachment_service(att, plan, pipeline)    # queue + front doors
     ...                                                   # serve (serve_attachment does HTTP)
-    await att.backend.restore_operator_settings()         # the operator's settings back
-    await svc.close()                                     # leaves the server's models loaded
+    await att.backend.restore_operator_settings(); await svc.close()  # settings back; models stay
 
 Nothing restarts the backend: models are adopted as they are (``adopt``), profiled on the
 replicas they already have, and the plan is applied in place (replica counts through the
@@ -481,7 +480,7 @@ async def serve_attachment(
     grpc_max_inflight: int = DEFAULT_MAX_INFLIGHT,
     token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    door_workers: int = 0,
+    door_workers: int = 0,  # HTTP door worker processes (ServeSettings.door_workers)
     ready: Callable[[dict[str, Any]], None] | None = None,
     stop: asyncio.Event | None = None,
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
@@ -494,8 +493,7 @@ async def serve_attachment(
 
     A backend that can put the operator's settings back (``restore_operator_settings``) gets
     ``POST /admin/detach``: restore, then stop. ``restore_on_exit``: restore too when serving
-    stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done.
-    ``door_workers``: HTTP door worker processes (``ServeSettings.door_workers``)."""
+    stops otherwise (SIGTERM, SIGINT, ``stop``); ``restored()`` is called once it is done."""
     from inferline.deploy._serve import bind, run_http, start_grpc
     from inferline.deploy._settings import ServeSettings
     from inferline.server.frontdoors import make_kserve_router, make_tfserving_router
