@@ -13,7 +13,8 @@ Catches: combining at arrival + SLO with no margin (the issue measured 35 of 80 
 a 100 ms SLO, P99 103.7 ms; here, on a 2-core machine, 120 of 120 over, P50 102.5 ms, P99
 105 ms); only the fixed 5 ms allowance without the measured part (P99 101.7 ms, 4 over);
 a selection app that waits for the straggler (answers at ~1 s). With the default allowance:
-P50 95 ms, P99 96.6-98.9 ms, none over. ``INFERLINE_TEST_COMBINE_MARGIN_MS`` sets another
+P50 93-95 ms, P99 96.0-98.9 ms, none over (7 ms fixed since 5 ms put 2-3 of 120 over by
+0.3-0.6 ms in 1 of 3 runs on a busier day). ``INFERLINE_TEST_COMBINE_MARGIN_MS`` sets another
 fixed allowance, for measuring.
 """
 

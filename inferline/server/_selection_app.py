@@ -7,7 +7,7 @@ A deployment app with a ``selection`` block instead of (or besides) a ``pipeline
         "selection": {"policy": "exp4", "models": ["nb", "tree", "logreg"],
                       "params": {"eta": 0.3}, "confidence_threshold": 0.6,
                       "per_user": true, "store": "selection.sqlite", "seed": 0,
-                      "combine_margin_ms": 5, "measure_combine_margin": true}}}
+                      "combine_margin_ms": 7, "measure_combine_margin": true}}}
 
 runs every query through a ``SelectionService``: the policy (resolved through the plugin host,
 so third-party policies work the same) picks the models, their calls go through the interposed
@@ -95,7 +95,7 @@ class SelectionAppSpec:
     store: str | None = None
     seed: int = 0
     log_capacity: int = 100_000
-    combine_margin_ms: float = 5.0
+    combine_margin_ms: float = 7.0
     measure_combine_margin: bool = True
 
     def allowance(self) -> CombineAllowance:
@@ -133,7 +133,7 @@ class SelectionAppSpec:
         store = m.get("store")
         if store is not None:
             store = as_str(store, f"{where}.store")
-        margin = as_float(m.get("combine_margin_ms", 5.0), f"{where}.combine_margin_ms")
+        margin = as_float(m.get("combine_margin_ms", 7.0), f"{where}.combine_margin_ms")
         if not 0.0 <= margin < math.inf:
             raise ValidationError(f"{where}.combine_margin_ms", "a number of ms >= 0", margin)
         measure = m.get("measure_combine_margin", True)

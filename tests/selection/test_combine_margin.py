@@ -34,7 +34,7 @@ def test_round_trips() -> None:
     assert SelectionAppSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
     assert spec.allowance() == CombineAllowance(0.0025, False)
     default = SelectionAppSpec.from_dict({"policy": "exp4", "models": ["a"]})
-    assert default.allowance() == CombineAllowance(0.005, True)
+    assert default.allowance() == CombineAllowance(0.007, True)
 
 
 @pytest.mark.parametrize(
