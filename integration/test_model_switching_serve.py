@@ -1,8 +1,9 @@
 """Model-Switching through a real ``inferline serve --switching model-switching``: two digits
 classifiers trained in their replica processes (an RBF SVM made expensive by 30 ms per batch,
-and naive Bayes), accuracy measured here on the held-out split. A rate step moves the app to the
-cheap variant. Queries are held-out images on which the two models disagree, so each answer
-says which real model produced it."""
+and naive Bayes), their accuracy measured by the server on held-out images at start (declared 0.5
+each). A rate step moves the app to the cheap variant; the table is rebuilt from live timings.
+Queries are held-out images on which the two models disagree, so each answer says which real
+model produced it."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ pytestmark = pytest.mark.integration
 SLO_MS = 150.0
 
 
-def _files(tmp_path, acc):
+def _files(tmp_path, acc, held_x, held_y):
+    np.savez(tmp_path / "held_out.npz", x=held_x.astype(np.float32), y=held_y)
     dep = {
         "format": "inferline.deployment/1",
         "name": "switching-it",
@@ -45,9 +47,11 @@ def _files(tmp_path, acc):
             }
         },
     }
-    prof = Profiles.from_latencies(
-        {"big": {"cpu": {1: 0.036}}, "small": {"cpu": {1: 0.004}}}
-    )  # what the two containers cost per query here (sleep + model + RPC)
+    # big: what its container costs per query here (sleep + model + RPC); small: 1 ms, half its
+    # cost or less (2-2.5 ms measured), so the live table must correct it (a rebuild the test can
+    # count on). Not lower: the table's rate grid starts at 1/50 of the fastest option's
+    # capacity, and a grid starting above big's capacity would start on small.
+    prof = Profiles.from_latencies({"big": {"cpu": {1: 0.036}}, "small": {"cpu": {1: 0.001}}})
     sw = {
         "format": "inferline.switching/1",
         "app": "digits",
@@ -59,6 +63,8 @@ def _files(tmp_path, acc):
         "interval_s": 0.1,
         "min_dwell_s": 0.5,
         "sim_queries": 600,
+        "held_out": "held_out.npz",
+        "rebuild_s": 1.0,
     }
     (tmp_path / "profiles.json").write_text(json.dumps(prof.to_dict()))
     (tmp_path / "dep.json").write_text(json.dumps(dep))
@@ -77,7 +83,8 @@ def test_rate_step_switches_to_the_cheap_real_model(tmp_path):
     assert acc["big"] > acc["small"] + 0.05
     differ = np.flatnonzero(pred["big"] != pred["small"])
     assert differ.size >= 20
-    dep, sw = _files(tmp_path, acc)
+    held = slice(0, 60)  # the declared accuracy is 0.5: the measured one must replace it
+    dep, sw = _files(tmp_path, {"big": 0.5, "small": 0.5}, xte[held], yte[held])
 
     rng = np.random.default_rng(0)
     calm = np.cumsum(rng.exponential(1 / 4.0, 12))  # ~3 s at 4 q/s
@@ -101,6 +108,7 @@ def test_rate_step_switches_to_the_cheap_real_model(tmp_path):
         import httpx
 
         metrics = httpx.get(f"{srv.url}/metrics", timeout=10).text
+        table = httpx.get(f"{srv.url}/admin/switching", timeout=10).json()
     text = log.read_text()
     assert res.ok.mean() > 0.95, res.summary()
     # every answer is one of the two real models' predictions for its image
@@ -120,3 +128,13 @@ def test_rate_step_switches_to_the_cheap_real_model(tmp_path):
     # one variant active (after the replay the lull may already have brought "big" back)
     active = re.findall(r'inferline_switching_active\{app="digits",variant="\w+"\} (\S+)', metrics)
     assert sorted(float(a) for a in active) == [0.0, 1.0], metrics
+    # accuracy measured through the server on the held-out images, as the fits predict it
+    for k, p in pred.items():
+        a = table["accuracy"][k]
+        assert a["value"] == pytest.approx(np.mean(p[held] == yte[held])), a
+        assert a["source"] == "measured on 60 held-out queries"
+    # the table was rebuilt from the live timings: small's profile was under half its cost
+    assert table["built"]["source"] == "live", table["rebuilds"]
+    assert table["rebuilds"][0]["source"] == "startup"
+    assert table["built"]["factors"]["small"] > 1.1, table["built"]
+    assert re.search(r"switching table rebuilt from live timings: .*small service", text)

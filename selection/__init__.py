@@ -28,6 +28,15 @@ from ._switching import (
     build_switching_table,
     thread_hardware,
 )
+from ._switching_live import (
+    RebuildDecision,
+    TableInfo,
+    TableRebuildConfig,
+    TableRebuildPolicy,
+    VariantTiming,
+    scaled_profiles,
+    timings_by_batch,
+)
 
 __all__ = [
     "BUILTIN_POLICIES",
@@ -47,6 +56,7 @@ __all__ = [
     "RafikiPolicy",
     "RafikiTrainConfig",
     "RateEstimator",
+    "RebuildDecision",
     "RedisStore",
     "SQLiteStore",
     "SelectionConfig",
@@ -59,8 +69,12 @@ __all__ = [
     "SwitchingConfig",
     "SwitchingController",
     "SwitchingTable",
+    "TableInfo",
+    "TableRebuildConfig",
+    "TableRebuildPolicy",
     "TrainLog",
     "Variant",
+    "VariantTiming",
     "WeightState",
     "as_label",
     "build_switching_table",
@@ -71,8 +85,10 @@ __all__ = [
     "make_policy",
     "open_store",
     "run_baseline",
+    "scaled_profiles",
     "sine_arrivals",
     "sine_rate",
     "thread_hardware",
+    "timings_by_batch",
     "zero_one_loss",
 ]

@@ -191,9 +191,11 @@ def build_switching_table(
     profiles: Profiles,
     config: SwitchingConfig,
     progress: Callable[[int, int], None] | None = None,
+    extra_rates: Sequence[float] = (),
 ) -> SwitchingTable:
     """Estimate each option's deadline-meet probability over a grid of rates (the estimator,
-    single-stage pipeline, gamma arrivals with the configured CV)."""
+    single-stage pipeline, gamma arrivals with the configured CV). ``extra_rates`` (a
+    measured arrival rate, say) join the grid, so the table has a column exactly there."""
     from inferline.core import simulate  # the estimator; imported here to keep import time low
 
     options = _options(variants, profiles, config)
@@ -206,6 +208,9 @@ def build_switching_table(
     if not rates:
         cap = max(o.replicas * profiles.throughput(o.variant, o.hardware, 1) for o in options)
         rates = tuple(float(r) for r in np.geomspace(max(cap / 50, 0.1), cap * 1.5, 24))
+    extra = [float(r) for r in extra_rates if math.isfinite(r) and r > 0]
+    if extra:
+        rates = tuple(sorted(set(rates) | set(extra)))
     rng_seed = config.seed
     meet: list[tuple[float, ...]] = []
     p99: list[tuple[float, ...]] = []

@@ -23,6 +23,7 @@ from inferline.deploy._drift import make_drift_router
 from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._format import Deployment, import_object
 from inferline.deploy._settings import ServeSettings
+from inferline.deploy._switching_table import make_switching_router
 from inferline.server import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_READ_TIMEOUT_S,
@@ -154,7 +155,7 @@ async def _routers(
     svc: Service, dep: Deployment, plan: Plan | None, max_rows: int
 ) -> tuple[list[Any], FrontDoor | None]:
     """The routers ``dep`` asks for, and its protocol front door (None: it names none)."""
-    routers: list[Any] = [make_admin_router, make_drift_router]
+    routers: list[Any] = [make_admin_router, make_drift_router, make_switching_router]
     if any(a.selection is not None for a in dep.apps):  # feedback + per-user routes
         from inferline.server import make_selection_router
 

@@ -6,7 +6,14 @@ the profiles the effective-accuracy table is estimated from::
 
     {"format": "inferline.switching/1", "app": "digits", "stage": "f300",
      "variants": [{"name": "f300", "accuracy": 0.91}, {"name": "f10", "accuracy": 0.80}],
-     "profiles": "profiles.json", "core_budget": 2}
+     "profiles": "profiles.json", "core_budget": 2, "held_out": "held_out.npz"}
+
+``held_out`` (optional, relative to the file): a held-out set (``.npz`` with arrays ``x`` and
+``y``, or JSON ``{"inputs", "labels"}``) that each variant answers through the server at start;
+the measured accuracy replaces the declared one (which stays the fallback without a set).
+``rebuild_s`` (default 10, 0: off), ``rebuild_window_s`` (default: the drift loop's window),
+``rebuild_min_batches`` and ``rebuild_threshold``: the table is rebuilt from live service times
+and the measured arrival rate (``TableKeeper``); ``GET /admin/switching`` shows it.
 
 At start the server builds the table (``build_switching_table``, off the event loop), keeps
 every variant deployed (the active one with the chosen replicas x threads split, the others
@@ -26,8 +33,17 @@ from pathlib import Path
 from typing import Any
 
 from inferline.core import NotFoundError, ValidationError, load_json, load_profiles
+from inferline.deploy._drift import drift_monitor
+from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._switching import LiveSwitcher
-from inferline.selection import SwitchingConfig, Variant, build_switching_table
+from inferline.deploy._switching_table import TableKeeper, load_held_out, score_held_out
+from inferline.selection import (
+    SwitchingConfig,
+    TableRebuildConfig,
+    TableRebuildPolicy,
+    Variant,
+    build_switching_table,
+)
 
 __all__ = ["FORMAT", "ServeSwitching", "launch_switching", "load_switching"]
 
@@ -56,6 +72,11 @@ class ServeSwitching:
     warm_replicas: int = 1
     max_batch_size: int = 1
     sim_queries: int = 2000
+    held_out: str | None = None
+    rebuild_s: float = 10.0
+    rebuild_window_s: float | None = None
+    rebuild_min_batches: int = 10
+    rebuild_threshold: float = 0.1
 
     def __post_init__(self) -> None:
         if not self.variants:
@@ -71,6 +92,14 @@ class ServeSwitching:
             raise ValidationError("switching.min_dwell_s", "a number >= 0", self.min_dwell_s)
         # the controller's own checks (core budget, rule, window, deadline) with field names
         self.controller_config(self.deadline_s or 1.0)
+        self.rebuild_config()
+
+    def rebuild_config(self, drift_window_s: float | None = None) -> TableRebuildConfig:
+        """The live table's settings; the window defaults to the drift loop's."""
+        window = self.rebuild_window_s or drift_window_s or DriftConfig().window_s
+        return TableRebuildConfig(
+            self.rebuild_s, window, self.rebuild_min_batches, self.rebuild_threshold
+        )
 
     def controller_config(self, slo_s: float) -> SwitchingConfig:
         try:
@@ -134,7 +163,12 @@ def load_switching(path: str | Path) -> ServeSwitching:
     if not prof.is_absolute():
         prof = Path(path).resolve().parent / prof
     load_profiles(prof)  # fails here, naming the file, before anything starts
-    return ServeSwitching(**{**cfg.__dict__, "profiles": str(prof)})
+    held = cfg.held_out
+    if held is not None:
+        held_p = Path(held)
+        held = str(held_p if held_p.is_absolute() else Path(path).resolve().parent / held_p)
+        load_held_out(held)  # the same: a bad set fails before anything starts
+    return ServeSwitching(**{**cfg.__dict__, "profiles": str(prof), "held_out": held})
 
 
 async def launch_switching(
@@ -151,7 +185,8 @@ async def launch_switching(
     slo = service.app(cfg.app).slo_s
     config = cfg.controller_config(slo)
     profiles = load_profiles(cfg.profiles)
-    table = await asyncio.to_thread(build_switching_table, cfg.variants, profiles, config)
+    variants, source = await _accuracies(cfg, backend, dispatcher)
+    table = await asyncio.to_thread(build_switching_table, variants, profiles, config)
     sw = LiveSwitcher(
         backend,
         dispatcher,
@@ -165,14 +200,57 @@ async def launch_switching(
     )
     await sw.adopt()
     sw.attach(service, cfg.app)
+    _keep_table(service, dispatcher, sw, cfg, profiles, variants, source)
     log.info(
         "model switching on app %r (stage %r): variants %s, %d options, deadline %.0f ms, "
         "starts on %s",
         cfg.app,
         cfg.stage,
-        {v.name: round(v.accuracy, 4) for v in cfg.variants},
+        {v.name: f"{v.accuracy:.4f} ({source[v.name]})" for v in variants},
         len(table.options),
         config.deadline_s * 1e3,
         sw.active,
     )
     return sw
+
+
+async def _accuracies(
+    cfg: ServeSwitching, backend: Any, dispatcher: Any
+) -> tuple[tuple[Variant, ...], dict[str, str]]:
+    """The variants with accuracy measured on the held-out set (when the file names one), and
+    where each accuracy came from ("measured on N held-out queries" or "declared")."""
+    if cfg.held_out is None:
+        return cfg.variants, {v.name: "declared" for v in cfg.variants}
+    xs, ys = load_held_out(cfg.held_out)
+    acc = await score_held_out(dispatcher, backend, [v.name for v in cfg.variants], xs, ys)
+    log.info(
+        "model switching: accuracy on %d held-out queries %s (declared %s)",
+        len(ys),
+        {v: round(a, 4) for v, a in acc.items()},
+        {v.name: v.accuracy for v in cfg.variants},
+    )
+    measured = tuple(Variant(v.name, acc[v.name]) for v in cfg.variants)
+    return measured, {v.name: f"measured on {len(ys)} held-out queries" for v in measured}
+
+
+def _keep_table(
+    service: Any,
+    dispatcher: Any,
+    sw: LiveSwitcher,
+    cfg: ServeSwitching,
+    profiles: Any,
+    variants: tuple[Variant, ...],
+    source: dict[str, str],
+) -> TableKeeper:
+    """Start rebuilding ``sw``'s table from live timings (``rebuild_s`` 0: shown, not rebuilt)."""
+
+    def window_s() -> float:
+        mon = drift_monitor(service)  # the drift loop starts after this: read it each time
+        return cfg.rebuild_config(mon.config.window_s if mon is not None else None).window_s
+
+    policy = TableRebuildPolicy(cfg.rebuild_config(), profiles)
+    keeper = TableKeeper(
+        sw, policy, variants, source, app=cfg.app, window_s=window_s, clock=dispatcher.clock
+    )
+    keeper.launch(service, dispatcher, max(0.25, min(cfg.rebuild_s / 4, 2.0)))
+    return keeper
