@@ -5,16 +5,25 @@ as a JSON list). See docs/fleets.md."""
 
 from ._adopt import adopted_config, check_contracts, member_spec, merge_found
 from ._backend import FleetBackend, fleet_of
+from ._inventory import Hop, hop_of, inventory_source, measure_hop, served_instances
 from ._replica import FleetReplica
-from ._spread import spread
+from ._servers import MemberNode
+from ._spread import cover, spread
 
 __all__ = [
     "FleetBackend",
     "FleetReplica",
+    "Hop",
+    "MemberNode",
     "adopted_config",
     "check_contracts",
+    "cover",
     "fleet_of",
+    "hop_of",
+    "inventory_source",
+    "measure_hop",
     "member_spec",
     "merge_found",
+    "served_instances",
     "spread",
 ]

@@ -4,8 +4,10 @@ A fleet composes member backends that were each built the ordinary way (``local:
 ``triton+grpc://...``, ``tfserving+grpc://...``, mixed; ``inferline.deploy.open_backend``
 builds them and this fleet from a list of URLs). It adds no protocol of its own:
 
-- **Placement.** ``deploy``/``scale`` spread a model's replicas over the open members within
-  each member's ``free()`` (``_spread``); a member asked for 0 replicas is not touched.
+- **Placement.** ``deploy``/``scale`` follow the plan's replicas per member when one was
+  given (``place``: first-fit decreasing over the members' own inventories, as the planner
+  judged it; ``_servers``), else spread a model's replicas over the open members within each
+  member's ``free()`` (``_spread``); a member asked for 0 replicas is not touched.
 - **One queue, replicas anywhere.** ``replicas(model)`` is the union of the members' active
   handles (wrapped as ``FleetReplica``: unique ids, the ``server`` they run on); every change
   a member reports is re-published to the fleet's subscribers (the dispatcher's pullers).
@@ -13,8 +15,9 @@ builds them and this fleet from a list of URLs). It adds no protocol of its own:
   the fleet at once (Triton's and TF Serving's recovery, ``adapters/_recovery.py``); the
   queue retries the failed in-flight batches on the survivors (``max_retries``, within each
   query's deadline). The member's own recovery reloads the model when the server is back and
-  publishes fresh handles, which the fleet passes on. The shortfall (target minus active) is
-  logged when it appears and shown by ``stats()``.
+  publishes fresh handles, which the fleet passes on. Meanwhile the lost replicas are
+  re-placed on the survivors where their room allows (``_relocate``); the shortfall (target
+  minus active) is logged when it appears and shown by ``stats()``.
 - **Drain.** ``drain(server)`` withdraws a member's handles from the published set (no new
   batches go there; those in flight finish) and reports when its last batch is done;
   ``undrain(server)`` publishes them again.
@@ -40,7 +43,9 @@ from inferline.core import (
 
 from .._subscribers import ModelRegistry, ReplicaSubscribers
 from ._adopt import adopted_config, check_contracts, check_members, member_spec, merge_found
+from ._relocate import Relocation
 from ._replica import FleetReplica
+from ._servers import ServerPlanning
 from ._spread import spread
 
 __all__ = ["FleetBackend", "fleet_of"]
@@ -58,13 +63,18 @@ class _FleetModel:
     deployed: set[int] = field(default_factory=set)  # members that hold the model
     short: int = 0  # the shortfall last logged (log a change once, not every publish)
     adopted: bool = False  # found on the servers (attach): never removed to reconfigure
+    cover: dict[int, int] = field(default_factory=dict)  # stand-ins for a lost server's
+    unplaced: int = 0  # lost replicas no survivor had room for
 
 
-class FleetBackend(ModelRegistry):
+class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
     """Member backends as one backend. ``members`` are open backends with distinct URLs; the
-    fleet owns them from here on (``close()`` closes them)."""
+    fleet owns them from here on (``close()`` closes them). ``replace_lost``: re-place a
+    lost server's replicas on the survivors after ``replace_grace_s`` (``_relocate``)."""
 
-    def __init__(self, members: Sequence[Any]) -> None:
+    def __init__(
+        self, members: Sequence[Any], *, replace_lost: bool = True, replace_grace_s: float = 1.0
+    ) -> None:
         members = list(members)
         if not members:
             raise ValidationError("backend", "a non-empty list of backend URLs", [])
@@ -86,6 +96,12 @@ class FleetBackend(ModelRegistry):
         self._wrapped: dict[int, dict[int, FleetReplica]] = {i: {} for i in range(len(members))}
         self._ready_on: dict[str, list[int]] | None = None  # discover(): model -> members
         self._found: list[Mapping[str, Any]] = []  # discover(): each member's own
+        self._planned: dict[str, dict[int, int]] = {}  # place(): the plan's shares
+        self.round_trips: dict[str, float | None] = {}  # measure_round_trips()
+        self._profiled_on: dict[str, str] = {}  # model -> member of its first replica handed out
+        self._unanswered: set[str] = set()
+        self.replace_lost, self.replace_grace_s = bool(replace_lost), float(replace_grace_s)
+        self._pending_cover: dict[str, asyncio.Task[None]] = {}
         for i, m in enumerate(members):
             m.subscribe(lambda model, _hs, i=i: self._member_changed(i, model))
 
@@ -157,6 +173,8 @@ class FleetBackend(ModelRegistry):
         for i in range(len(self._members)):
             if i not in self._draining:
                 out += [w for w in self._wrap(i, self._member_replicas(i, model)) if w.alive]
+        if out:  # a profiler times this one: its server's hop is in the profile (hop_profiles)
+            self._profiled_on.setdefault(model, out[0].server)
         return out
 
     def _member_changed(self, i: int, model: str) -> None:
@@ -167,10 +185,11 @@ class FleetBackend(ModelRegistry):
         self._wrapped[i] = {k: w for k, w in self._wrapped[i].items() if k in live}
         self._report_shortfall(model, fm, i)
         self._notify(model)
+        self._schedule_cover(model)
 
     def _report_shortfall(self, model: str, fm: _FleetModel, i: int) -> None:
         active = {j: len(self._member_replicas(j, model)) for j in range(len(self._members))}
-        short = sum(max(0, fm.shares.get(j, 0) - active[j]) for j in active)
+        short = max(0, fm.config.replicas - sum(active.values()))
         if short != fm.short:
             if short > fm.short:
                 log.warning(
@@ -196,14 +215,18 @@ class FleetBackend(ModelRegistry):
 
     # -- deploy / scale / remove --------------------------------------------------------------
 
-    def _room(self, hardware: str, per: int) -> dict[int, int | None]:
-        """How many more replicas of ``per`` units each member can take on ``hardware``."""
+    def _room(
+        self, hardware: str, per: int, movable: Mapping[int, int] | None = None
+    ) -> dict[int, int | None]:
+        """How many more replicas of ``per`` units each member can take on ``hardware``
+        (plus its ``movable`` ones: cover replicas a new share may take the place of)."""
         room: dict[int, int | None] = {}
         for i, m in enumerate(self._members):
             if getattr(m, "oversubscribe", False):
                 room[i] = None
             elif hardware in m.inventory():
-                room[i] = int(m.free().get(hardware, 0)) // max(per, 1)
+                free = int(m.free().get(hardware, 0)) // max(per, 1)
+                room[i] = free + (movable or {}).get(i, 0)
             else:
                 room[i] = 0
         return room
@@ -226,7 +249,9 @@ class FleetBackend(ModelRegistry):
         if "members" in spec.params:  # before any member deploys
             check_members(spec, self._urls)
         room = self._room(config.hardware, self._per(spec, config.hardware))
-        shares = spread(config.replicas, dict.fromkeys(room, 0), room, self._draining)
+        shares = self._planned_shares(spec.name, config.replicas) or spread(
+            config.replicas, dict.fromkeys(room, 0), room, self._draining
+        )
         fm = _FleetModel(spec, config, shares)
         # 0 replicas: still deployed on one member, so that scale() has a model to grow
         opened = sorted(set(room) - self._draining) or [0]
@@ -257,17 +282,22 @@ class FleetBackend(ModelRegistry):
         return ModelConfig(config.hardware, config.max_batch_size, n)
 
     async def scale(self, model: str, replicas: int) -> None:
-        """Change the model's replica count: grow on the open members with the fewest and
-        room, shrink on draining members first, then on the members with the most."""
+        """Change the model's replica count: the plan's shares when ``place`` gave some for
+        this count; else grow on the open members with the fewest and room, shrink on
+        draining members first, then on the members with the most. The cover for lost
+        replicas is re-derived after."""
         self._check_open()
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValidationError("replicas", "an integer >= 0", replicas)
         fm = self._get(model)
         async with self._control():
-            room = self._room(fm.config.hardware, self._per(fm.spec, fm.config.hardware))
-            shares = spread(replicas, fm.shares, room, self._draining, self._down(model, fm))
+            per = self._per(fm.spec, fm.config.hardware)
+            room = self._room(fm.config.hardware, per, fm.cover)
+            shares = self._planned_shares(model, replicas) or spread(
+                replicas, fm.shares, room, self._draining, self._down(model, fm)
+            )
             try:
-                await self._apply_shares(model, fm, shares)
+                await self._apply(model, fm, shares, self._cover_for(model, fm, shares))
             finally:  # what the members hold now, also after one of them failed
                 fm.config = self._share(fm.config, sum(fm.shares.values()))
         self._notify(model)
@@ -288,11 +318,18 @@ class FleetBackend(ModelRegistry):
             self._lock, self._lock_loop = asyncio.Lock(), loop
         return self._lock
 
-    async def _apply_shares(self, model: str, fm: _FleetModel, shares: dict[int, int]) -> None:
+    async def _apply(
+        self, model: str, fm: _FleetModel, shares: dict[int, int], cover: dict[int, int]
+    ) -> None:
+        """Each member to its share plus its cover (one call per member that changes)."""
+        changed = [
+            i
+            for i in range(len(self._members))
+            if (shares.get(i, 0), cover.get(i, 0)) != (fm.shares.get(i, 0), fm.cover.get(i, 0))
+        ]
         calls = []
-        for i, n in shares.items():
-            if n == fm.shares.get(i, 0):
-                continue
+        for i in changed:
+            n = shares.get(i, 0) + cover.get(i, 0)  # what the member holds: share and cover
             if i in fm.deployed:
                 calls.append(self._members[i].scale(model, n))
             else:
@@ -300,13 +337,12 @@ class FleetBackend(ModelRegistry):
                     self._members[i].deploy(self._spec(i, fm.spec), self._share(fm.config, n))
                 )
         results = await asyncio.gather(*calls, return_exceptions=True)
-        changed = [i for i, n in shares.items() if n != fm.shares.get(i, 0)]
         failed = None
         for i, r in zip(changed, results, strict=True):
             if isinstance(r, BaseException):
                 failed = failed or r
                 continue
-            fm.shares[i] = shares[i]
+            fm.shares[i], fm.cover[i] = shares.get(i, 0), cover.get(i, 0)
             fm.deployed.add(i)
         if failed is not None:
             raise failed
@@ -322,7 +358,7 @@ class FleetBackend(ModelRegistry):
         if not same:
             async with self._control():
                 for i in sorted(fm.deployed):
-                    m, n = self._members[i], fm.shares.get(i, 0)
+                    m, n = self._members[i], fm.shares.get(i, 0) + fm.cover.get(i, 0)
                     if callable(getattr(m, "reconfigure", None)):
                         await m.reconfigure(model, self._share(config, n))
                     elif fm.adopted:  # the operator's model stays loaded as it is (TF
@@ -372,6 +408,7 @@ class FleetBackend(ModelRegistry):
         found = await asyncio.gather(*(self._discover_member(m) for m in self._members))
         merged, self._ready_on = merge_found(found)
         self._found = list(found)
+        await self.measure_round_trips()  # the hop to each server, for planning
         return merged
 
     @staticmethod
@@ -505,6 +542,8 @@ class FleetBackend(ModelRegistry):
                 "active_replicas": len(active),
                 "draining": i in self._draining,
                 "in_flight": self._flight[i],
+                "covering": fm.cover.get(i, 0),
+                "round_trip_ms": _ms(self.round_trips.get(url)),
             }
             if i in fm.deployed:
                 try:
@@ -525,6 +564,7 @@ class FleetBackend(ModelRegistry):
             "target_replicas": target,
             "active_replicas": len(self.replicas(model)),
             "shortfall": max(0, target - len(replicas)),
+            "unplaced": fm.unplaced,
             "replicas": replicas,
             "servers": servers,
         }
@@ -534,9 +574,15 @@ class FleetBackend(ModelRegistry):
         if self._closed:
             return
         self._closed = True
+        for t in list(self._pending_cover.values()):
+            t.cancel()
         for model in list(self._models):
             self._subscribers.notify(model, [])
         await asyncio.gather(*(m.close() for m in self._members), return_exceptions=True)
+
+
+def _ms(s: float | None) -> float | None:
+    return None if s is None else round(s * 1e3, 3)
 
 
 def fleet_of(members: Sequence[Any]) -> FleetBackend:

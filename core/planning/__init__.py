@@ -20,7 +20,8 @@ Where things are:
   Triton's dynamic batcher, TF Serving's batch scheduler);
 * ``_options.py``: :class:`PlannerOptions`, progress and statistics; ``_placement.py``: the
   hardware a model may use and the inventory its replicas take; ``_tuner_inputs.py``: the
-  tuner's inputs every plan carries.
+  tuner's inputs every plan carries; ``_servers.py``: planning across a fleet's servers
+  (each a node; the hop to each server added to the profiles).
 """
 
 from ._baselines import coarse_grained_configs, plan_cg_mean, plan_cg_peak
@@ -62,6 +63,7 @@ from ._placement import (
 )
 from ._search import PlannerCore
 from ._server import ServerConfig, ServerSearch, plan_estimator_options, plan_server_batchers
+from ._servers import add_hops, hop_extras, server_nodes, shares_by_model
 from ._space import SearchSpace
 from ._strategies import STRATEGIES, make_plan
 from ._tuner_inputs import tuner_inputs
@@ -85,11 +87,13 @@ __all__ = [
     "ServerConfig",
     "ServerSearch",
     "VariantPlan",
+    "add_hops",
     "auto_rate_margin",
     "bin_replicas",
     "capacity_factor",
     "coarse_grained_configs",
     "fastest_hardware",
+    "hop_extras",
     "inventory_use",
     "largest_feasible",
     "make_plan",
@@ -109,6 +113,8 @@ __all__ = [
     "plan_with_variants_section",
     "replica_use",
     "resolve_margin",
+    "server_nodes",
+    "shares_by_model",
     "total_inventory",
     "tuner_inputs",
     "usable_hardware",

@@ -11,6 +11,7 @@ from inferline.core import (
     ValidationError,
 )
 from inferline.deploy._batching import with_max_batch
+from inferline.deploy._fleet_plan import place_on_fleet
 from inferline.deploy._format import Deployment
 from inferline.deploy._planned import (
     check_stages_served,
@@ -61,6 +62,7 @@ async def apply_deployment_plan(svc: Service, dep: Deployment, plan: Plan) -> di
     olds = configs_for(dep, svc.plan)
     done: dict[str, str] = {}
     _check_hardware(svc, configs, planned)
+    place_on_fleet(svc.backend, configs, svc.plugins, {s.name: s.threads for s in dep.models})
     # models that shrink do so last: after the others have grown and the stages moved
     leaving = {n for n, c in configs.items() if n in planned and c.replicas < _active(svc, n, olds)}
     for name, cfg in configs.items():

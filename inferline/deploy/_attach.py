@@ -38,9 +38,8 @@ from inferline.core import (
     plan_inferline,
 )
 from inferline.deploy._batching import planned_policy
-from inferline.deploy._planned import (
-    check_stages_served,
-)
+from inferline.deploy._fleet_plan import fleet_planner_options, fleet_profiles, place_on_fleet
+from inferline.deploy._planned import check_stages_served
 from inferline.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S, App, Service
 from inferline.server.frontdoors import (
     DEFAULT_MAX_INFLIGHT,
@@ -248,13 +247,14 @@ def _with_inventory(
     backend: Any, options: PlannerOptions, pipeline: Pipeline, catalog: Any
 ) -> PlannerOptions:
     """``options`` with the backend's inventory, unless it has one already or the backend
-    oversubscribes. A backend with a per-node view (``nodes()``, ``ray://``) gives one
-    inventory per alive node, so the plan bins into its machines (a replica cannot span
-    nodes); as there every replica, GPU or not, asks for its threads in CPUs, a GPU replica
-    holds its ``replica_units`` of ``cpu`` too. Other backends give their flat totals."""
+    oversubscribes. A fleet gives one per server, a backend with a per-node view (``ray://``)
+    one per alive node: the plan bins into them (a replica cannot span nodes); on Ray a GPU
+    replica holds its ``replica_units`` of ``cpu`` too. Others give their flat totals."""
     if options.inventory or options.nodes or getattr(backend, "oversubscribe", 0):
         return options
     units = getattr(backend, "replica_units", dict)()
+    if (per_server := fleet_planner_options(backend, options, catalog, units)) is not None:
+        return per_server
     nodes = getattr(backend, "nodes", None)
     if callable(nodes):
         units = dict(options.replica_units) or units  # a Ray replica's threads: the caller's
@@ -282,19 +282,18 @@ def plan_attachment(
     **kw: Any,
 ) -> Plan:
     """InferLine's planner over the attached models, with the plugins' hardware catalog, within
-    the backend's inventory (unless it oversubscribes): a plan the server cannot place would
-    fail when applied, and one placed by oversubscribing would not meet its estimate."""
+    the backend's inventory unless it oversubscribes (a plan it cannot place would fail)."""
     missing = [m for m in pipeline.models if m not in att.models]
     if missing:
         raise ValidationError("pipeline.models", f"attached models {sorted(att.models)}", missing)
     catalog = kw.setdefault("catalog", att.host.hardware_catalog())
+    profiles = fleet_profiles(att.backend, profiles)  # a fleet: the hop to its servers
     options = kw.get("options") or PlannerOptions()
     options = kw["options"] = _with_inventory(att.backend, options, pipeline, catalog)
     sharing = getattr(att.backend, "core_sharing", None)
     est = options.estimator
     if sharing is not None and not options.nodes and not est.shared_units and not est.pinned_cores:
-        # the estimate shares cores the way the backend places replicas (an oversubscribed
-        # bundled runtime: replicas pinned to the same core slow each other)
+        # cores shared as the backend places replicas (oversubscribed: pinned together)
         found = {k: {h: n for h, n in v.items() if h in catalog} for k, v in sharing().items()}
         kw["options"] = replace(options, estimator=replace(est, **found))
     return plan_inferline(pipeline, profiles, np.asarray(trace, dtype=float), slo_s, **kw)
@@ -373,6 +372,7 @@ async def apply_attachment_plan(svc: Service, att: Attachment, plan: Plan) -> di
                 f"kept: not in the plan ({cfg.replicas} replicas, max batch {cfg.max_batch_size})"
             )
     reconfigure = getattr(att.backend, "reconfigure", None)
+    place_on_fleet(att.backend, plan.models, att.host)  # a fleet: the plan's replicas per server
     for name, cfg in plan.models.items():
         old = att.models[name]
         notes = []

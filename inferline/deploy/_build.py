@@ -23,6 +23,7 @@ from typing import Any
 from inferline.core import Pipeline, Plan, Profiles, TunerConfig
 from inferline.deploy._drift import DriftMonitor
 from inferline.deploy._drift_policy import DriftConfig
+from inferline.deploy._fleet_plan import place_on_fleet
 from inferline.deploy._format import Deployment
 from inferline.deploy._host import open_backend, plugin_host
 from inferline.deploy._planned import (
@@ -173,6 +174,8 @@ def _check_selection(dep: Deployment, apps: Sequence[str] | None, host: Any) -> 
 
 async def _deploy_models(svc: Service, dep: Deployment, configs: dict[str, Any], host: Any) -> None:
     backend = svc.backend
+    # a fleet deploys each model's replicas on the servers where the plan placed them
+    place_on_fleet(backend, configs, host, {s.name: s.threads for s in dep.models})
     await asyncio.gather(*(backend.deploy(s, configs[s.name]) for s in dep.models))
     note = oversubscription(dep, backend, configs)
     if note is not None:

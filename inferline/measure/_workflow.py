@@ -166,6 +166,9 @@ async def profile_deployment(
         backend = dep.open_backend()
     try:
         result = await profile_models(backend, specs, inputs, options, progress=progress)
+        hops = getattr(backend, "hop_profiles", None)
+        if callable(hops):  # a fleet: the hop to its farthest server is in the service time
+            result = replace(result, profiles=await hops(result.profiles))
     finally:
         if own:
             await backend.close()

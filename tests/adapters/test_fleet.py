@@ -261,7 +261,7 @@ class _FakeHandle:
 def test_fleet_bookkeeping_on_a_refused_deploy_and_a_server_away() -> None:
     async def main() -> None:
         a, c = FakeMember("fake://a", 4), FakeMember("fake://c", 4)
-        fleet = FleetBackend([a, c])
+        fleet = FleetBackend([a, c], replace_grace_s=0.05)
         published: list[list[str]] = []
         fleet.subscribe(lambda m, hs: published.append(sorted(h.id for h in hs)))
         c.fail.add("deploy")
@@ -274,11 +274,20 @@ def test_fleet_bookkeeping_on_a_refused_deploy_and_a_server_away() -> None:
         c.lose_server("m")
         assert published[-1] == ["m-0@0", "m-1@0"]  # re-published at once
         assert (await fleet.stats("m"))["shortfall"] == 2
-        await fleet.scale("m", 5)  # c is away: the survivor grows, c keeps its share
-        assert a.shares["m"] == 3 and c.shares["m"] == 2
+        await asyncio.sleep(0.3)  # after the grace, c's 2 are re-placed on a (room for 2)
+        st = await fleet.stats("m")
+        assert a.shares["m"] == 4 and len(published[-1]) == 4
+        assert (st["shortfall"], st["unplaced"], st["servers"][0]["covering"]) == (0, 0, 2)
+        await fleet.scale("m", 5)  # c is away: a's share grows into its cover's place
+        st = await fleet.stats("m")
+        assert a.shares["m"] == 4 and c.shares["m"] == 2  # a: 3 of its own and 1 cover
+        assert (st["shortfall"], st["unplaced"], st["servers"][0]["covering"]) == (1, 1, 1)
         assert not [x for x in c.calls if x[0] == "scale"]
-        c.server_back("m")
-        assert len(published[-1]) == 5 and (await fleet.stats("m"))["shortfall"] == 0
+        c.server_back("m")  # c's replicas are back: the cover goes after the grace
+        await asyncio.sleep(0.3)
+        st = await fleet.stats("m")
+        assert a.shares["m"] == 3 and len(published[-1]) == 5 and st["shortfall"] == 0
+        assert st["servers"][0]["covering"] == 0 and st["unplaced"] == 0
         await fleet.scale("m", 2)  # the larger share shrinks first
         assert (a.shares["m"], c.shares["m"]) == (1, 1)
         with pytest.raises(CapacityError):
