@@ -75,6 +75,25 @@ def group_pids(pgid: int) -> list[int]:
     return out
 
 
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its live descendants (the door process and its door workers)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+    out, frontier = [pid], [pid]
+    while frontier:
+        kids = [c for c, pp in parents.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
 def cpu_seconds(pids: list[int]) -> float:
     """User + system CPU seconds used so far by ``pids`` (those still alive)."""
     total = 0
@@ -147,7 +166,8 @@ def run_point(
     tpids = group_pids(target.triton_pgid)
     c0 = success_count(target.stats_base, target.model)
     t0 = cpu_seconds(tpids)
-    d0 = cpu_seconds([target.door_pid]) if target.door_pid else 0.0
+    dpids = tree_pids(target.door_pid) if target.door_pid else []  # + its door workers
+    d0 = cpu_seconds(dpids)
     err: str | None = None
     try:
         proc = subprocess.run(
@@ -166,7 +186,7 @@ def run_point(
     time.sleep(0.2)  # let the last answers land before counting
     n = max(success_count(target.stats_base, target.model) - c0, 1)
     t_cpu = cpu_seconds(tpids) - t0
-    d_cpu = cpu_seconds([target.door_pid]) - d0 if target.door_pid else None
+    d_cpu = cpu_seconds(dpids) - d0 if target.door_pid else None
     row = {"throughput": 0.0, "p50_ms": float("inf"), "p99_ms": float("inf")}
     if err is None:
         with open(out, newline="") as fh:
@@ -203,6 +223,7 @@ class DoorProcess:
         slo_ms: float,
         workdir: Path,
         max_request_rows: int = 256,
+        door_workers: int = 0,
     ) -> None:
         self.workdir = workdir
         pipe = workdir / "door-pipeline.json"
@@ -260,6 +281,8 @@ class DoorProcess:
             "--ready-file",
             str(self.ready_file),
         ]
+        if door_workers > 0:  # HTTP parsed and encoded in worker processes (docs/serving.md)
+            self.cmd += ["--door-workers", str(door_workers)]
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
 

@@ -256,6 +256,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=1,
         help="BLAS threads of the model processes (0: library default; default %(default)s)",
     )
+    p.add_argument(
+        "--door-workers",
+        type=int,
+        default=0,
+        help="the door's HTTP worker processes (inferline attach --door-workers; default 0: "
+        "one process; their CPU is counted as the door's)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     if args.protocols is None:
@@ -287,6 +294,7 @@ def start_door(server: TritonServer, args: argparse.Namespace, work: Path) -> Do
         replicas=args.instances,
         slo_ms=args.p99_ms,
         workdir=work,
+        door_workers=args.door_workers,
     )
     info = door.start()
     log.info("inferline attach pid %d: HTTP %s, gRPC %s", door.pid, info["url"], info["grpc"])
