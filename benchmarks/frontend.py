@@ -18,8 +18,10 @@ the best or median of a few runs, as stated in the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +34,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 LOW_RATE = 300.0  # a rate far from saturation: the per-query cost of the layer alone
 TARGET_QPS = 3000.0
+RAY_SERVE_PY = HERE.parent / ".cache" / "ray-serve-venv" / "bin" / "python"
+PEER_FACTOR = 4.0  # issue 44: the door's throughput at least 4x Ray Serve's proxy's
 
 
 # ---------------------------------------------------------------- server side
@@ -96,21 +100,30 @@ class Server:
     def pid(self) -> int:
         return self.proc.pid
 
-    def __enter__(self) -> str:
-        self.log = open(os.path.join(self.tmp.name, "server.log"), "w+b")
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--serve",
-                self.mode,
+    def command(self) -> list[str]:
+        if self.mode == "ray-serve":  # the peer, in Ray Serve's own environment
+            return [
+                str(RAY_SERVE_PY),
+                str(HERE / "_ray_serve_noop.py"),
                 "--port-file",
                 self.port_file,
-                "--door-workers",
-                str(self.door_workers),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=self.log,
+            ]
+        return [
+            sys.executable,
+            __file__,
+            "--serve",
+            self.mode,
+            "--port-file",
+            self.port_file,
+            "--door-workers",
+            str(self.door_workers),
+        ]
+
+    def __enter__(self) -> str:
+        self.log = open(os.path.join(self.tmp.name, "server.log"), "w+b")
+        # its own session: Ray's processes (GCS, raylet, workers) go down with the group
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.DEVNULL, stderr=self.log, start_new_session=True
         )
         deadline = time.monotonic() + 120
         while not os.path.exists(self.port_file):
@@ -127,10 +140,12 @@ class Server:
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()
         try:
-            self.proc.wait(20)
+            self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        with contextlib.suppress(ProcessLookupError):  # what Ray left behind in the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.log.close()
         self.tmp.cleanup()
 
@@ -138,9 +153,12 @@ class Server:
 # ---------------------------------------------------------------- client side
 
 
-def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
+def measure(
+    url: str, server_pid: int, size: str = "full", whole_tree: bool = False
+) -> dict[str, Any]:
     """The figures for one server; ``size``: ``full``, ``quick`` or ``smoke`` (a few seconds:
-    0.5 s runs, one closed-loop run at the best concurrency instead of three)."""
+    0.5 s runs, one closed-loop run at the best concurrency instead of three); ``whole_tree``:
+    count the CPU of all the server's descendants (the Ray Serve peer)."""
     import psutil
 
     from inferline.measure import closed_loop, encode_bodies, replay
@@ -152,7 +170,7 @@ def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
     proc = psutil.Process(server_pid)
 
     def cpu() -> float:
-        return server_cpu_s(proc)
+        return server_cpu_s(proc, whole_tree)
 
     async def main() -> dict[str, Any]:
         # warm up (imports, connections, first requests)
@@ -208,8 +226,18 @@ def measure(url: str, server_pid: int, size: str = "full") -> dict[str, Any]:
     return run_loop(main())  # type: ignore[no-any-return]
 
 
-def server_cpu_s(proc: Any) -> float:
-    """CPU seconds of the server process and its door worker processes (not its replicas)."""
+def server_cpu_s(proc: Any, whole_tree: bool = False) -> float:
+    """CPU seconds of the server process and its door worker processes (not its replicas);
+    ``whole_tree``: every descendant (Ray Serve's proxy, controller, replica, raylet, GCS)."""
+    if whole_tree:
+        import psutil
+
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
     return sum(server_cpu_split(proc))
 
 
@@ -396,6 +424,11 @@ def main() -> int:
         "closed-loop throughput and server CPU per query, in-process no-op replica",
     )
     ap.add_argument("--rounds", type=int, default=2, help="with --door-workers: rounds")
+    ap.add_argument(
+        "--no-peer",
+        action="store_true",
+        help="skip the Ray Serve peer row (measured by default when .cache/ray-serve-venv exists)",
+    )
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument(
         "--nice",
@@ -427,10 +460,18 @@ def main() -> int:
     import os as _os
 
     load = _os.getloadavg()[0]
-    for mode in ("inproc", "local"):
+    modes = ["inproc", "local"]
+    if args.no_peer:
+        peer_note = "Ray Serve peer: not measured (--no-peer)"
+    elif not RAY_SERVE_PY.exists():
+        peer_note = f"Ray Serve peer: not measured ({RAY_SERVE_PY} missing; `make` makes it)"
+    else:
+        modes.append("ray-serve")
+        peer_note = ""
+    for mode in modes:
         srv = Server(mode)
         with srv as url:
-            results[mode] = measure(url, srv.pid, size)
+            results[mode] = measure(url, srv.pid, size, whole_tree=mode == "ray-serve")
     print()
     print("HTTP frontend, no-op model (server and client are separate processes on this machine)")
     cols = (("low", "@300 q/s"), ("half_target", "@1500 q/s"), ("half_max", "@max/2"))
@@ -441,6 +482,7 @@ def main() -> int:
     names = {
         "inproc": "HTTP + queue + in-process no-op replica",
         "local": "HTTP + queue + local:// no-op replica (gRPC)",
+        "ray-serve": "Ray Serve 2.60 proxy + no-op (@serve.batch 32)",
     }
     for mode, r in results.items():
         ol = r["open_loop"]
@@ -465,6 +507,17 @@ def main() -> int:
             for k, c in cols
         )
     )
+    if "ray-serve" in results:
+        rs = results["ray-serve"]["throughput_qps"]
+        ratio = ip["throughput_qps"] / rs if rs > 0 else float("inf")
+        print(
+            f"  vs Ray Serve's proxy (same client, same route and body, no-op model): "
+            f"{ip['throughput_qps']:.0f} / {rs:.0f} q/s = {ratio:.1f}x (target >= "
+            f"{PEER_FACTOR:.0f}x: {'met' if ratio >= PEER_FACTOR else 'NOT met'}); "
+            f"Ray Serve's CPU us/q counts all its processes (proxy, controller, replica, raylet)"
+        )
+    elif peer_note:
+        print("  " + peer_note)
     cu = ht["client_cpu_us_per_query"]
     print(f"replay client: {cu:.0f} CPU-us per query (one core: ~{1e6 / cu:.0f} q/s)")
     print(
