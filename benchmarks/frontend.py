@@ -427,8 +427,10 @@ def main() -> int:
     ap.add_argument(
         "--no-peer",
         action="store_true",
-        help="skip the Ray Serve peer row (measured by default when .cache/ray-serve-venv exists)",
+        help="skip the Ray Serve peer row (measured by default when .cache/ray-serve-venv "
+        "exists, except with --smoke)",
     )
+    ap.add_argument("--peer", action="store_true", help="with --smoke: measure the peer too")
     ap.add_argument("--json", default=None, help="also write the figures here")
     ap.add_argument(
         "--nice",
@@ -461,8 +463,9 @@ def main() -> int:
 
     load = _os.getloadavg()[0]
     modes = ["inproc", "local"]
-    if args.no_peer:
-        peer_note = "Ray Serve peer: not measured (--no-peer)"
+    if args.no_peer or (size == "smoke" and not args.peer):
+        why = "--no-peer" if args.no_peer else "--smoke; add --peer to include it"
+        peer_note = f"Ray Serve peer: not measured ({why})"
     elif not RAY_SERVE_PY.exists():
         peer_note = f"Ray Serve peer: not measured ({RAY_SERVE_PY} missing; `make` makes it)"
     else:

@@ -122,6 +122,7 @@ SMOKES: dict[str, Smoke] = {
             "HTTP + queue + in-process no-op replica",
             "HTTP + queue + local:// no-op replica (gRPC)",
             "targets: throughput >= 3000 q/s",
+            "Ray Serve peer: not measured (--smoke",
             "target >= 50,000 q/s with batching",
             _reproduce("frontend"),
         ),
