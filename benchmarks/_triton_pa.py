@@ -7,6 +7,7 @@ run here with its own command line because the harness's helper speaks gRPC only
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -314,3 +315,61 @@ class DoorProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+
+
+RAY_SERVE_PY = Path(__file__).resolve().parents[1] / ".cache" / "ray-serve-venv" / "bin" / "python"
+
+
+class RayServeProcess:
+    """Ray Serve 2.60 (its own venv) with a FastAPI ingress forwarding KServe v2 to Triton
+    over HTTP (``_ray_serve_kserve.py``): the peer column. Its own session, so that Ray's
+    processes (GCS, raylet, workers) are its descendants and go down with it."""
+
+    def __init__(self, triton_http: str, model: str, workdir: Path) -> None:
+        self.port_file = workdir / "ray-serve-port"
+        self.log_path = workdir / "ray-serve.log"
+        self.cmd = [
+            str(RAY_SERVE_PY),
+            str(Path(__file__).resolve().parent / "_ray_serve_kserve.py"),
+            "--triton",
+            triton_http,
+            "--model",
+            model,
+            "--port-file",
+            str(self.port_file),
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+
+    def start(self, timeout_s: float = 120.0) -> str:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while not self.port_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-1500:]
+                self.stop()
+                raise RuntimeError(f"Ray Serve did not start:\n{tail}")
+            time.sleep(0.2)
+        self.address = f"127.0.0.1:{self.port_file.read_text().strip()}"
+        return self.address
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        with contextlib.suppress(ProcessLookupError):  # whatever Ray left in the group
+            os.killpg(self.proc.pid, signal.SIGKILL)
