@@ -211,9 +211,11 @@ def print_headline(args: argparse.Namespace, summary: dict[str, Any]) -> None:
         )
         if s.get("vs_ray_serve") is not None:
             met = "met" if s["vs_ray_serve_met"] else "NOT met"
+            x = s["vs_ray_serve"]
+            ratio = f"{x:.1f}x" if math.isfinite(x) else "unbounded (it sustained no rate tried)"
             print(
                 f"        Ray Serve ingress {_say(s['ray_serve'])}; inferline/Ray Serve = "
-                f"{s['vs_ray_serve']:.1f}x -> target {PEER_FACTOR:.0f}x {met}"
+                f"{ratio} -> target {PEER_FACTOR:.0f}x {met}"
             )
 
 
