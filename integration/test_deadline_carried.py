@@ -161,7 +161,10 @@ def test_triton_batch_call_cut_at_the_deadline_and_counted(triton: Any) -> None:
 
 
 def test_local_replica_call_cancelled_at_the_deadline_and_counted() -> None:
+    from types import SimpleNamespace
+
     from inferline.adapters.local import LocalBackend
+    from inferline.server import ServiceMetrics
 
     async def main() -> None:
         b = LocalBackend(oversubscribe=True)
@@ -171,6 +174,11 @@ def test_local_replica_call_cancelled_at_the_deadline_and_counted() -> None:
             await b.deploy(spec, ModelConfig("cpu", 4, 1))
             d.add_model("slow", batching=FixedBatching(4), expire_late=True)
             d.attach(b)
+            # the server's metrics, watching this dispatcher as ``inferline serve``'s do
+            metrics = ServiceMetrics(
+                SimpleNamespace(models=["slow"], dispatcher=d, backend=b, cache=None)
+            )
+            metrics.watch(d)
             t0 = d.clock()
             with pytest.raises(DeadlineExceededError):
                 await d.submit("slow", 1, deadline=t0 + 0.1)
@@ -178,6 +186,9 @@ def test_local_replica_call_cancelled_at_the_deadline_and_counted() -> None:
             assert took < 0.5, took  # deadline + grace (0.15 s), not the whole batch (0.8 s)
             (rep,) = (await b.stats("slow"))["replicas"]
             assert rep["late_calls"] == 1 and rep["late_items"] == 1
+            text = metrics.render().decode()
+            assert 'inferline_late_calls_total{model="slow"} 1.0' in text, text
+            assert 'inferline_late_items_total{model="slow"} 1.0' in text
             # the replica serves on (its next batch waits for the cut one to finish there)
             out = await d.submit("slow", 2, deadline=d.clock() + 5.0)
             assert out["x"] == 2

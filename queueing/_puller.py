@@ -36,6 +36,7 @@ from typing import Any
 
 from inferline.core.errors import (
     BackendError,
+    DeadlineExceededError,
     InferlineError,
     ReplicaError,
 )
@@ -278,8 +279,11 @@ class _PullerPool:
         self.instant.activity += 1  # a completion: its hand-offs belong to this instant
         if self.listeners:
             errs = prediction_errors(batch, t1) if q.admission and error is None else ()
+            late = isinstance(error, DeadlineExceededError)
             self.emit(
-                BatchEvent(q.name, p.handle.id, n, t0, service, tuple(delays), error is None, errs)
+                BatchEvent(
+                    q.name, p.handle.id, n, t0, service, tuple(delays), error is None, errs, late
+                )
             )
         if isinstance(error, ReplicaError):
             if not p.handle.alive:

@@ -31,6 +31,9 @@ class BatchEvent:
     ok: bool
     # admission's predicted minus actual completion of the batch's predicted queries
     prediction_errors_s: tuple[float, ...] = ()
+    # cut at its deadline by the backend (``DeadlineExceededError``: a late call, counted
+    # as ``inferline_late_calls_total``), not a replica failure
+    late: bool = False
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,20 @@ class ServiceMetrics:
             buckets=PREDICTION_ERROR_BUCKETS_S,
             registry=self.registry,
         )
+        self._late_calls = Counter(
+            "inferline_late_calls",
+            "Backend calls cut at their batch's deadline (the model answered too late, or "
+            "would have): counted, their queries answered DeadlineExceeded, not awaited",
+            ["model"],
+            registry=self.registry,
+        )
+        self._late_items = Counter(
+            "inferline_late_items",
+            "Queries in backend calls cut at their batch's deadline",
+            ["model"],
+            registry=self.registry,
+        )
+        self._late_children: dict[str, tuple[Any, Any]] = {}
         self._goodput_children: dict[str, Any] = {}
         self._batch_children: dict[str, tuple[Any, Any]] = {}
         self._children: dict[tuple[str, str], Any] = {}
@@ -261,6 +275,15 @@ class ServiceMetrics:
                     )
                 ch[0].observe(ev.size)
                 ch[1].observe(ev.service_s)
+                if ev.late:  # cut at its deadline by the backend: counted, not awaited
+                    lc = self._late_children.get(ev.model)
+                    if lc is None:
+                        lc = self._late_children[ev.model] = (
+                            self._late_calls.labels(ev.model),
+                            self._late_items.labels(ev.model),
+                        )
+                    lc[0].inc()
+                    lc[1].inc(ev.size)
                 if ev.prediction_errors_s:
                     h = self._prediction_error.labels(ev.model)
                     for err in ev.prediction_errors_s:
