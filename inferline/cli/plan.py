@@ -24,6 +24,7 @@ from inferline.cli._estimator_args import (
     cores_model,
     rate_margin,
 )
+from inferline.cli._plan_deployment import add_deployment_option, apply_deployment
 from inferline.core import (
     STRATEGIES,
     EstimatorOptions,
@@ -69,6 +70,7 @@ def _plan(args: argparse.Namespace) -> int:
     profiles = load_profiles(args.profiles)
     trace = load_trace(args.trace)
     catalog = load_catalog(args.hardware)
+    apply_deployment(args)
     options = _planner_options(args)
     t0 = time.monotonic()
     plan, vplan = _plan_with_progress(args, pipeline, profiles, trace, catalog, options)
@@ -413,8 +415,8 @@ def _check_plan_args(args: argparse.Namespace) -> str | None:
     if args.accuracy_floor is not None and args.variants is None:
         # without variants there is no choice for the floor to steer: it was silently ignored
         return "argument --accuracy-floor: needs --variants"
-    if args.max_refused is not None and not args.admission:
-        return "argument --max-refused: needs --admission"
+    if args.max_refused is not None and not (args.admission or args.deployment):
+        return "argument --max-refused: needs --admission (or --deployment with admission)"
     if args.admission and args.server is not None:
         return "argument --admission: not with --server (the server's batcher has its own rules)"
     return check_inventory_args(args)
@@ -547,8 +549,8 @@ def _add_admission_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--admission-buffer-ms",
         type=number_in(0, 1000, "milliseconds"),
-        default=2.0,
-        help="admission's buffer before the deadline, ms (default 2, as the live queue's)",
+        default=None,
+        help="admission's buffer before the deadline, ms (default: --deployment's, else 2)",
     )
     p.add_argument(
         "--max-refused",
@@ -556,6 +558,7 @@ def _add_admission_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --admission: at most this share of the queries refused (0.001: 0.1%%)",
     )
+    add_deployment_option(p)
 
 
 def _add_ladder_options(p: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inferline.core import Pipeline, Plan, Profiles, TunerConfig
+from inferline.core import Pipeline, Plan, PlannerOptions, Profiles, TunerConfig
 from inferline.deploy._drift import DriftMonitor
 from inferline.deploy._drift_policy import DriftConfig
 from inferline.deploy._fleet_plan import place_on_fleet
@@ -127,7 +127,7 @@ async def build_service(
         # one controller owns the variants' replica counts: Model-Switching's core budget
         log.info("tuner off: --switching model-switching sets the variants' replicas")
         tuner = None
-    monitor = _drift_monitor(loops, plan, clock)
+    monitor = _drift_monitor(loops, plan, clock, dep)
 
     def live_tuner(dispatcher: Any) -> LiveTuner | None:
         if tuner is None or plan is None or plan.tuner is None:
@@ -262,7 +262,7 @@ async def _launch_loops(
 
 
 def _drift_monitor(
-    loops: Loops, plan: Plan | None, clock: Callable[[], float]
+    loops: Loops, plan: Plan | None, clock: Callable[[], float], dep: Deployment | None = None
 ) -> DriftMonitor | None:
     config, profiles, pipeline = loops.drift, loops.profiles, loops.pipeline
     if config is None or config.mode == "off":
@@ -275,4 +275,6 @@ def _drift_monitor(
     if missing or profiles is None or pipeline is None:
         log.info("drift loop off: it needs %s to estimate with", ", ".join(missing))
         return None
-    return DriftMonitor(config, profiles, pipeline, clock=clock)
+    # re-plans for the queue's own rule (admission, max_refused)
+    planner = PlannerOptions(**(dep.planner_admission() if dep is not None else {}))
+    return DriftMonitor(config, profiles, pipeline, clock=clock, planner=planner)

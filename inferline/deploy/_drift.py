@@ -97,8 +97,11 @@ class DriftMonitor:
         clock: Callable[[], float] = time.perf_counter,
         estimator: EstimatorOptions | None = None,
         catalog: HardwareCatalog = DEFAULT_CATALOG,
+        planner: PlannerOptions | None = None,
     ) -> None:
         self.config = config
+        # a re-plan's base options: the deployment's admission rule (Deployment.planner_admission)
+        self.planner = planner or PlannerOptions()
         self.profiles = profiles
         self.pipeline = pipeline
         self.policy = DriftPolicy(config)
@@ -356,7 +359,9 @@ class DriftMonitor:
                 plan.slo_s,
                 plan.percentile,
                 self.catalog,
-                PlannerOptions(estimator=self.estimator, rate_margin=self.config.rate_margin),
+                replace(
+                    self.planner, estimator=self.estimator, rate_margin=self.config.rate_margin
+                ),
             )
         except Exception as e:  # InfeasibleError, or whatever the worker raised
             what = "infeasible" if isinstance(e, InfeasibleError) else type(e).__name__

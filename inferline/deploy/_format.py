@@ -92,9 +92,18 @@ class AppSpec:
     selection: Any = None
     # What a query the queue refuses as predicted late gets: "refuse" (429) or "default".
     on_predicted_late: str = "refuse"
+    # With queue.admission "predicted": the share of queries a plan may refuse (0.001: 0.1%);
+    # None: refusals only count as misses within the percentile (docs/deadlines.md).
+    max_refused: float | None = None
 
     def __post_init__(self) -> None:
         check_on_predicted_late(self.on_predicted_late, self.has_default, self.name)
+        if self.max_refused is not None:
+            field_ = f"apps.{self.name}.max_refused"
+            v = as_float(self.max_refused, field_, lo=0.0)
+            if v >= 1.0:
+                raise ValidationError(field_, "a share of the queries in [0, 1)", self.max_refused)
+            object.__setattr__(self, "max_refused", v)
 
     @property
     def has_default(self) -> bool:
@@ -118,6 +127,8 @@ class AppSpec:
             d["description"] = self.description
         if self.on_predicted_late != "refuse":
             d["on_predicted_late"] = self.on_predicted_late
+        if self.max_refused is not None:
+            d["max_refused"] = self.max_refused
         return d
 
     @classmethod
@@ -135,9 +146,11 @@ class AppSpec:
                 "description",
                 "selection",
                 "on_predicted_late",
+                "max_refused",
             },
             where,
         )
+
         selection = None
         if m.get("selection") is not None:
             from inferline.server import SelectionAppSpec
@@ -162,6 +175,7 @@ class AppSpec:
                 ON_PREDICTED_LATE,
                 f"{where}.on_predicted_late",
             ),
+            max_refused=m.get("max_refused"),  # checked in __post_init__
         )
 
     def pipeline_fn(self) -> Callable[..., Any]:
@@ -335,6 +349,19 @@ class Deployment:
     front_doors: tuple[str, ...] = ()
     # Each model's batching policy (a model entry's ``"batching"``; fixed when absent).
     batching: Mapping[str, BatchingSpec] = field(default_factory=dict)
+
+    def planner_admission(self) -> dict[str, Any]:
+        """``PlannerOptions`` fields that make a plan for this deployment exact for its queue:
+        with ``queue.admission`` "predicted", admission on with the queue's buffer and the
+        smallest ``max_refused`` its apps set; else nothing (docs/deadlines.md)."""
+        if self.queue.admission != "predicted":
+            return {}
+        shares = [a.max_refused for a in self.apps if a.max_refused is not None]
+        return {
+            "admission": True,
+            "admission_buffer_s": self.queue.admission_buffer_ms / 1e3,
+            "max_refused": min(shares) if shares else None,
+        }
 
     def __post_init__(self) -> None:
         as_str(self.name, "name")

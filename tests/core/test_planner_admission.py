@@ -109,3 +109,37 @@ def test_inferline_plan_admission_flags(tmp_path, capsys) -> None:  # type: igno
     plan = load_plan(tmp_path / "x.json")
     misses, refused = _judge(pipe, prof, dict(plan.models), trace[trace < 4.0])
     assert refused == 0 and misses == 0
+
+
+def test_inferline_plan_takes_admission_and_max_refused_from_the_deployment(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--deployment``: its queue's admission and its app's max_refused make the same plan as
+    the flags; a flag given wins over the file."""
+    import json
+
+    from inferline.cli import main
+    from inferline.core import load_plan, save, save_trace
+    from inferline.demo.simple import sleep_deployment
+
+    pipe, prof, trace = _case()
+    save(pipe, tmp_path / "p.json")
+    save(prof, tmp_path / "prof.json")
+    save_trace(trace[trace < 4.0], tmp_path / "t.trace")
+    d = sleep_deployment(slo_ms=100.0)
+    d["queue"] = {**d["queue"], "admission": "predicted"}
+    d["apps"]["app"]["max_refused"] = 0.0
+    (tmp_path / "dep.json").write_text(json.dumps(d))
+    args = ["plan", "--pipeline", str(tmp_path / "p.json"), "--profiles"]
+    args += [str(tmp_path / "prof.json"), "--trace", str(tmp_path / "t.trace")]
+    args += ["--slo-s", "0.1", "--no-ladder", "--rate-margin", "0"]
+    out = {k: tmp_path / f"plan-{k}.json" for k in ("flags", "dep", "loose", "none")}
+    assert main([*args, "-o", str(out["flags"]), "--admission", "--max-refused", "0"]) == 0
+    assert main([*args, "-o", str(out["dep"]), "--deployment", str(tmp_path / "dep.json")]) == 0
+    dep_args = ["--deployment", str(tmp_path / "dep.json"), "--max-refused", "0.5"]
+    assert main([*args, "-o", str(out["loose"]), *dep_args]) == 0
+    assert main([*args, "-o", str(out["none"])]) == 0
+    plans = {k: load_plan(v) for k, v in out.items()}
+    assert dict(plans["dep"].models) == dict(plans["flags"].models)
+    misses, refused = _judge(pipe, prof, dict(plans["dep"].models), trace[trace < 4.0])
+    assert refused == 0 and misses == 0
+    # the flag wins: allowed to refuse up to half, the plan is no dearer than with none allowed
+    assert plans["loose"].cost_per_hour <= plans["dep"].cost_per_hour

@@ -43,6 +43,17 @@ def test_fields_round_trip_and_default_off() -> None:
     assert again == dep
 
 
+def test_max_refused_round_trips_and_sets_the_planner_only_with_admission() -> None:
+    dep = _dep({"admission": "predicted", "admission_buffer_ms": 4}, {"max_refused": 0.01})
+    assert Deployment.from_dict(json.loads(json.dumps(dep.to_dict()))) == dep
+    assert dep.planner_admission() == {
+        "admission": True,
+        "admission_buffer_s": pytest.approx(0.004),
+        "max_refused": 0.01,
+    }
+    assert _dep({}, {"max_refused": 0.01}).planner_admission() == {}  # admission off
+
+
 @pytest.mark.parametrize(
     ("queue", "app", "field"),
     [
@@ -53,6 +64,9 @@ def test_fields_round_trip_and_default_off() -> None:
         ({}, {"on_predicted_late": "drop"}, "apps.app.on_predicted_late"),
         # "default" needs a default output to answer with
         ({}, {"on_predicted_late": "default"}, "apps.app.on_predicted_late"),
+        ({}, {"max_refused": 1.0}, "apps.app.max_refused"),
+        ({}, {"max_refused": -0.1}, "apps.app.max_refused"),
+        ({}, {"max_refused": "0.01"}, "apps.app.max_refused"),
     ],
 )
 def test_bad_fields_are_refused_naming_them(queue: Any, app: Any, field: str) -> None:

@@ -227,6 +227,30 @@ def test_start_service_leaves_the_loop_off_without_profiles(caplog):
     assert _drift_monitor(Loops(drift=DriftConfig(mode="off")), None, _Clock()) is None
 
 
+def test_the_drift_loop_replans_with_the_deployments_admission_rule():
+    from inferline.core import ModelConfig, Pipeline, Plan, Profiles
+    from inferline.demo.simple import sleep_deployment
+    from inferline.deploy import Deployment, Loops
+    from inferline.deploy._build import _drift_monitor
+
+    d = sleep_deployment(slo_ms=100.0)
+    d["queue"] = {**d["queue"], "admission": "predicted", "admission_buffer_ms": 3}
+    d["apps"]["app"]["max_refused"] = 0.001
+    dep = Deployment.from_dict(d)
+    loops = Loops(
+        drift=DriftConfig(),
+        profiles=Profiles.from_latencies({"m": {"cpu": {1: 0.01}}}),
+        pipeline=Pipeline.linear("sleep", ["m"]),
+    )
+    plan = Plan("sleep", 0.1, {"m": ModelConfig("cpu", 1, 1)})
+    mon = _drift_monitor(loops, plan, _Clock(), dep)
+    assert mon is not None and mon.planner.admission and mon.planner.max_refused == 0.001
+    assert mon.planner.admission_buffer_s == pytest.approx(0.003)
+    d["queue"]["admission"] = "off"
+    off = _drift_monitor(loops, plan, _Clock(), Deployment.from_dict(d))
+    assert off is not None and not off.planner.admission
+
+
 def _scrape(svc) -> str:
     from prometheus_client import generate_latest
 
