@@ -61,6 +61,8 @@ SMOKES: dict[str, Smoke] = {
         (
             "Admission by predicted completion vs expiry",
             "refuse p99 ms",
+            "drop p99 ms",
+            "triton REJECT   -     not run (--smoke",
             "targets: goodput at 2x-5x",
             _reproduce("admission"),
         ),
