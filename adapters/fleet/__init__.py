@@ -5,16 +5,27 @@ as a JSON list). See docs/fleets.md."""
 
 from ._adopt import adopted_config, check_contracts, member_spec, merge_found
 from ._backend import FleetBackend, fleet_of
+from ._dns import (
+    DnsSource,
+    MembershipChange,
+    MembershipPolicy,
+    parse_dns_source,
+    resolve_dns,
+    resolve_dns_now,
+)
 from ._inventory import Hop, hop_of, inventory_source, measure_hop, served_instances
 from ._replica import FleetReplica
 from ._servers import MemberNode
 from ._spread import cover, spread
 
 __all__ = [
+    "DnsSource",
     "FleetBackend",
     "FleetReplica",
     "Hop",
     "MemberNode",
+    "MembershipChange",
+    "MembershipPolicy",
     "adopted_config",
     "check_contracts",
     "cover",
@@ -24,6 +35,9 @@ __all__ = [
     "measure_hop",
     "member_spec",
     "merge_found",
+    "parse_dns_source",
+    "resolve_dns",
+    "resolve_dns_now",
     "served_instances",
     "spread",
 ]

@@ -20,7 +20,9 @@ __all__ = [
     "MEMBERS_KEY",
     "adopted_config",
     "check_contracts",
+    "check_dtypes",
     "check_members",
+    "dtypes",
     "is_ready",
     "member_spec",
     "merge_found",
@@ -60,8 +62,8 @@ Contract = tuple[tuple[tuple[str, tuple[int, ...]], ...], tuple[tuple[str, tuple
 
 def contract(info: Any) -> Contract | None:
     """A discovered model's inputs and outputs as (name, per-row shape), sorted; None when the
-    entry does not say (an adapter without signatures). Types are left out: each adapter
-    spells them its own way, and a shape or name mismatch is the likely mistake."""
+    entry does not say (an adapter without signatures). Types are compared apart, in one
+    spelling (``check_dtypes``), so that the error can name the tensor."""
     if isinstance(info, Mapping) and "servers" in info:  # TF Serving
         sigs = info.get("signatures") or {}
         sd = sigs.get("serving_default") or next(iter(sigs.values()), None)
@@ -87,8 +89,8 @@ def contract(info: Any) -> Contract | None:
 
 def check_contracts(model: str, infos: Mapping[str, Any]) -> None:
     """Refuse to adopt ``model`` as one when the servers (URL -> discovered entry) serve
-    different inputs or outputs: a query answered by one server would not mean what the
-    other's answer means."""
+    different inputs or outputs (names, per-row shapes, then types: ``check_dtypes``): a
+    query answered by one server would not mean what the other's answer means."""
     known = {u: c for u, c in ((u, contract(i)) for u, i in infos.items()) if c is not None}
     if len({c for c in known.values()}) > 1:
         raise ValidationError(
@@ -96,6 +98,79 @@ def check_contracts(model: str, infos: Mapping[str, Any]) -> None:
             "the same inputs and outputs (names, shapes) on every server",
             {u: {"inputs": list(c[0]), "outputs": list(c[1])} for u, c in known.items()},
         )
+    check_dtypes(model, infos)
+
+
+# TF Serving's dtype names in Triton's (the KServe v2 protocol's) spelling, to compare them
+_TF_DTYPES = {
+    "DT_FLOAT": "FP32",
+    "DT_DOUBLE": "FP64",
+    "DT_HALF": "FP16",
+    "DT_BFLOAT16": "BF16",
+    "DT_INT8": "INT8",
+    "DT_INT16": "INT16",
+    "DT_INT32": "INT32",
+    "DT_INT64": "INT64",
+    "DT_UINT8": "UINT8",
+    "DT_UINT16": "UINT16",
+    "DT_UINT32": "UINT32",
+    "DT_UINT64": "UINT64",
+    "DT_BOOL": "BOOL",
+    "DT_STRING": "BYTES",
+}
+
+
+def _dtype_name(raw: Any) -> str | None:
+    """One spelling for a tensor's type: ``DT_FLOAT``, ``TYPE_FP32`` and ``FP32`` are all
+    ``FP32``; None when the entry gives none (or one this table does not know)."""
+    if not raw:
+        return None
+    t = str(raw).upper()
+    if t.startswith("DT_"):
+        return _TF_DTYPES.get(t)
+    t = t[5:] if t.startswith("TYPE_") else t
+    return "BYTES" if t == "STRING" else t
+
+
+def dtypes(info: Any) -> dict[str, str] | None:
+    """A discovered model's tensor types, ``{"input x": "FP32", "output probabilities":
+    ...}`` (each in Triton's spelling); None when the entry has no signature."""
+    if isinstance(info, Mapping) and "servers" in info:  # TF Serving
+        sigs = info.get("signatures") or {}
+        sd = sigs.get("serving_default") or next(iter(sigs.values()), None)
+        if not sd:
+            return None
+        pairs = [
+            (f"{side[:-1]} {a}", t.get("dtype"))
+            for side in ("inputs", "outputs")
+            for a, t in sd[side].items()
+        ]
+    else:
+        io = getattr(info, "io", None)  # Triton
+        if io is None:
+            return None
+        pairs = [
+            (f"{side[:-1]} {t.name}", getattr(t, "datatype", None))
+            for side in ("inputs", "outputs")
+            for t in getattr(io, side)
+        ]
+    return {k: n for k, v in pairs if (n := _dtype_name(v)) is not None}
+
+
+def check_dtypes(model: str, infos: Mapping[str, Any]) -> None:
+    """Refuse to adopt ``model`` as one when two servers give one tensor different types
+    (FP32 here, FP64 there: the same query would be encoded differently); the error names
+    the tensor and each server's type. A type a server does not report is not compared."""
+    per = {u: d for u, d in ((u, dtypes(i)) for u, i in infos.items()) if d}
+    for tensor in sorted({t for d in per.values() for t in d}):
+        seen = {u: d[tensor] for u, d in per.items() if tensor in d}
+        if len(set(seen.values())) > 1:
+            side, name = tensor.split(" ", 1)
+            raise ValidationError(
+                f"adopt({model!r}).{side}s[{name!r}].dtype",
+                "the same type on every server",
+                seen,
+            )
 
 
 def adopted_config(model: str, configs: Mapping[int, ModelConfig]) -> ModelConfig:

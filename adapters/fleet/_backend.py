@@ -20,7 +20,10 @@ builds them and this fleet from a list of URLs). It adds no protocol of its own:
   minus active) is logged when it appears and shown by ``stats()``.
 - **Drain.** ``drain(server)`` withdraws a member's handles from the published set (no new
   batches go there; those in flight finish) and reports when its last batch is done;
-  ``undrain(server)`` publishes them again.
+  ``undrain(server)`` publishes them again (``_drain``).
+- **Membership.** A fleet named by a DNS name (``?resolve=dns``: ``_dns``) re-resolves it
+  every ``refresh_s``: a new address becomes a member with its share of each model, a gone
+  one is drained and removed, its share placed on the survivors (``_membership``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +46,9 @@ from inferline.core import (
 
 from .._subscribers import ModelRegistry, ReplicaSubscribers
 from ._adopt import adopted_config, check_contracts, check_members, member_spec, merge_found
+from ._dns import DnsSource, Resolver
+from ._drain import Draining
+from ._membership import Membership
 from ._relocate import Relocation
 from ._replica import FleetReplica
 from ._servers import ServerPlanning
@@ -67,24 +73,37 @@ class _FleetModel:
     unplaced: int = 0  # lost replicas no survivor had room for
 
 
-class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
+class FleetBackend(ServerPlanning, Relocation, Draining, Membership, ModelRegistry):
     """Member backends as one backend. ``members`` are open backends with distinct URLs; the
     fleet owns them from here on (``close()`` closes them). ``replace_lost``: re-place a
-    lost server's replicas on the survivors after ``replace_grace_s`` (``_relocate``)."""
+    lost server's replicas on the survivors after ``replace_grace_s`` (``_relocate``).
+    ``source``: the DNS name the members came from (``_dns``), re-resolved every
+    ``source.refresh_s`` by ``resolver``; ``addresses`` the members' addresses, ``urls``
+    their URLs, ``open_member(url)`` builds a member for a new address (``_membership``)."""
 
     def __init__(
-        self, members: Sequence[Any], *, replace_lost: bool = True, replace_grace_s: float = 1.0
+        self,
+        members: Sequence[Any],
+        *,
+        replace_lost: bool = True,
+        replace_grace_s: float = 1.0,
+        source: DnsSource | None = None,
+        addresses: Sequence[str] | None = None,
+        urls: Sequence[str] | None = None,
+        resolver: Resolver | None = None,
+        open_member: Callable[[str], Any] | None = None,
+        leave_wait_s: float = 10.0,
     ) -> None:
         members = list(members)
         if not members:
             raise ValidationError("backend", "a non-empty list of backend URLs", [])
-        urls = [str(m.url) for m in members]
+        urls = [str(m.url) for m in members] if urls is None else [str(u) for u in urls]
         for i, u in enumerate(urls):
             if u in urls[:i]:
                 raise ValidationError(f"backend[{i}]", "a URL not listed before", u)
         self._members = members
         self._urls = urls
-        self._url = json.dumps(urls)
+        self._url = json.dumps(urls) if source is None else source.url
         self._models: dict[str, _FleetModel] = {}
         self._subscribers = ReplicaSubscribers()
         self._closed = False
@@ -102,6 +121,13 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
         self._unanswered: set[str] = set()
         self.replace_lost, self.replace_grace_s = bool(replace_lost), float(replace_grace_s)
         self._pending_cover: dict[str, asyncio.Task[None]] = {}
+        self._init_membership(
+            source,
+            None if addresses is None else list(addresses),
+            resolver,
+            open_member,
+            leave_wait_s,
+        )
         for i, m in enumerate(members):
             m.subscribe(lambda model, _hs, i=i: self._member_changed(i, model))
 
@@ -113,16 +139,16 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
 
     @property
     def servers(self) -> list[str]:
-        """The members' URLs, in order."""
-        return list(self._urls)
+        """The members' URLs, in order (members that left: ``_membership``)."""
+        return [u for i, u in enumerate(self._urls) if i not in self._gone]
 
     @property
     def members(self) -> list[Any]:
-        return list(self._members)
+        return [m for i, m in enumerate(self._members) if i not in self._gone]
 
     @property
     def oversubscribe(self) -> bool:
-        return all(getattr(m, "oversubscribe", False) for m in self._members)
+        return all(getattr(m, "oversubscribe", False) for m in self.members)
 
     def inventory(self) -> dict[str, int]:
         return self._summed("inventory")
@@ -133,7 +159,7 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
     def _summed(self, what: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for i, m in enumerate(self._members):
-            if what == "free" and i in self._draining:
+            if (what == "free" and i in self._draining) or i in self._gone:
                 continue  # a drained server takes no new replicas
             for k, v in getattr(m, what)().items():
                 out[k] = out.get(k, 0) + int(v)
@@ -144,14 +170,15 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
 
     def server_index(self, server: str) -> int:
         """The member whose URL is ``server``."""
-        try:
+        if server in self._urls and self._urls.index(server) not in self._gone:
             return self._urls.index(server)
-        except ValueError:
-            raise NotFoundError("server", server, self._urls) from None
+        raise NotFoundError("server", server, self.servers)
 
     # -- the published replica set ------------------------------------------------------------
 
     def _member_replicas(self, i: int, model: str) -> list[ReplicaHandle]:
+        if i in self._gone:
+            return []
         try:
             return list(self._members[i].replicas(model))
         except InferlineError:  # the member does not hold the model (share 0)
@@ -222,7 +249,9 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
         (plus its ``movable`` ones: cover replicas a new share may take the place of)."""
         room: dict[int, int | None] = {}
         for i, m in enumerate(self._members):
-            if getattr(m, "oversubscribe", False):
+            if i in self._gone:
+                room[i] = 0
+            elif getattr(m, "oversubscribe", False):
                 room[i] = None
             elif hardware in m.inventory():
                 free = int(m.free().get(hardware, 0)) // max(per, 1)
@@ -314,6 +343,7 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
     def _control(self) -> asyncio.Lock:
         """One change of the fleet's models at a time (members lock only themselves)."""
         loop = asyncio.get_running_loop()
+        self._start_refresh()  # a DNS-sourced fleet refreshes its members from here on
         if self._lock is None or self._lock_loop is not loop:
             self._lock, self._lock_loop = asyncio.Lock(), loop
         return self._lock
@@ -455,13 +485,13 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
 
     def operator_snapshot(self) -> dict[str, Any]:
         """Every member's snapshot (raises NotImplementedError when one cannot restore)."""
-        for m in self._members:
+        for m in self.members:
             if not callable(getattr(m, "operator_snapshot", None)):
                 raise NotImplementedError(f"{m.url}: operator_snapshot")
         return {
             "kind": "fleet",
             "url": self._url,
-            "members": [m.operator_snapshot() for m in self._members],
+            "members": [m.operator_snapshot() for m in self.members],
         }
 
     async def restore_operator_settings(self) -> None:
@@ -470,7 +500,7 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
         results = await asyncio.gather(
             *(
                 m.restore_operator_settings()
-                for m in self._members
+                for m in self.members
                 if callable(getattr(m, "restore_operator_settings", None))
             ),
             return_exceptions=True,
@@ -478,53 +508,6 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
         for r in results:
             if isinstance(r, BaseException):
                 raise r
-
-    # -- drain --------------------------------------------------------------------------------
-
-    def drain(self, server: str) -> dict[str, Any]:
-        """Stop sending new batches to ``server``: its handles leave every model's published
-        set at once; batches in flight there finish. Returns ``drain_status(server)``."""
-        i = self.server_index(server)
-        if i not in self._draining:
-            self._draining.add(i)
-            log.info("fleet: draining %s (%d batch(es) in flight)", server, self._flight[i])
-            for model in list(self._models):
-                self._notify(model)
-        return self.drain_status(server)
-
-    def undrain(self, server: str) -> dict[str, Any]:
-        """Send batches to ``server`` again: its handles are published again."""
-        i = self.server_index(server)
-        if i in self._draining:
-            self._draining.discard(i)
-            log.info("fleet: %s takes batches again", server)
-            for model in list(self._models):
-                self._notify(model)
-        return self.drain_status(server)
-
-    def drain_status(self, server: str | None = None) -> dict[str, Any]:
-        """Per server (or one): draining or not, batches in flight, and ``empty`` (draining
-        and nothing in flight: safe to stop)."""
-        if server is not None:
-            i = self.server_index(server)
-            return {
-                "server": server,
-                "draining": i in self._draining,
-                "in_flight": self._flight[i],
-                "empty": i in self._draining and self._flight[i] == 0,
-            }
-        return {"servers": [self.drain_status(u) for u in self._urls]}
-
-    async def wait_drained(self, server: str, timeout_s: float) -> bool:
-        """Wait until ``server`` has no batch in flight (True) or ``timeout_s`` passed."""
-        i = self.server_index(server)
-        if self._flight[i] == 0:
-            return True
-        try:
-            await asyncio.wait_for(self._idle[i].wait(), timeout_s)
-            return True
-        except TimeoutError:
-            return False
 
     # -- stats / close ------------------------------------------------------------------------
 
@@ -535,6 +518,8 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
         servers: list[dict[str, Any]] = []
         replicas: list[dict[str, Any]] = []
         for i, url in enumerate(self._urls):
+            if i in self._gone:
+                continue
             active = self._wrap(i, self._member_replicas(i, model))
             entry: dict[str, Any] = {
                 "server": url,
@@ -567,6 +552,7 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
             "unplaced": fm.unplaced,
             "replicas": replicas,
             "servers": servers,
+            **self.membership_stats(),
         }
 
     async def close(self) -> None:
@@ -574,18 +560,20 @@ class FleetBackend(ServerPlanning, Relocation, ModelRegistry):
         if self._closed:
             return
         self._closed = True
-        for t in list(self._pending_cover.values()):
-            t.cancel()
+        for t in [*self._pending_cover.values(), self._refresh_task]:
+            if t is not None:
+                t.cancel()
         for model in list(self._models):
             self._subscribers.notify(model, [])
-        await asyncio.gather(*(m.close() for m in self._members), return_exceptions=True)
+        await asyncio.gather(*(m.close() for m in self.members), return_exceptions=True)
 
 
 def _ms(s: float | None) -> float | None:
     return None if s is None else round(s * 1e3, 3)
 
 
-def fleet_of(members: Sequence[Any]) -> FleetBackend:
+def fleet_of(members: Sequence[Any], **dynamic: Any) -> FleetBackend:
     """The fleet of ``members`` (open backends with distinct URLs), for ``open_backend``: the
-    members are built there, through the plugin host, and composed here."""
-    return FleetBackend(members)
+    members are built there, through the plugin host, and composed here. ``dynamic``: a
+    DNS-sourced fleet's ``source``, ``addresses``, ``urls`` and ``open_member``."""
+    return FleetBackend(members, **dynamic)

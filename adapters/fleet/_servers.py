@@ -89,6 +89,7 @@ class ServerPlanning:
     round_trips: dict[str, float | None]
 
     _unanswered: set[str]
+    _gone: set[int]
 
     def _alive(self, i: int) -> bool:
         """False when the member's server did not answer the last round trip measured."""
@@ -105,6 +106,7 @@ class ServerPlanning:
                 self.round_trips.get(u),
             )
             for i, (u, m) in enumerate(zip(self._urls, self._members, strict=True))
+            if i not in self._gone
         ]
 
     def server_nodes(self, catalog: Any = None) -> tuple[Any, ...]:
@@ -115,7 +117,7 @@ class ServerPlanning:
             [
                 (u, m.inventory())
                 for i, (u, m) in enumerate(zip(self._urls, self._members, strict=True))
-                if i not in self._draining
+                if i not in self._draining and i not in self._gone
             ],
             kinds,
         )
@@ -132,13 +134,14 @@ class ServerPlanning:
         """Each member's :class:`Hop` (median and P99 of ``tries`` readiness calls, the
         members side by side); None for a member with no server to reach (``local://``)
         or whose server does not answer. Updates ``round_trips`` (the medians)."""
-        pings = [pinger(m) for m in self._members]
+        live = [i for i in range(len(self._members)) if i not in self._gone]
+        pings = [pinger(self._members[i]) for i in live]
         got = await asyncio.gather(
             *(measure_hop(p, tries) if p else _none() for p in pings),
             return_exceptions=True,
         )
         hops: dict[str, Hop | None] = {}
-        for u, g in zip(self._urls, got, strict=True):
+        for u, g in zip([self._urls[i] for i in live], got, strict=True):
             failed = isinstance(g, BaseException)
             hops[u] = None if failed or g is None else g
             self.round_trips[u] = None if hops[u] is None else hops[u].median_s  # type: ignore[union-attr]
@@ -157,9 +160,10 @@ class ServerPlanning:
         inventory came from, the instances its server runs (Triton's instance groups) and
         its :class:`Hop` (``None``: no server to reach, or not answering: see ``alive``)."""
         hops = await self.measure_hops(tries)
-        served = await asyncio.gather(*(served_instances(m) for m in self._members))
+        live = [m for i, m in enumerate(self._members) if i not in self._gone]
+        served = await asyncio.gather(*(served_instances(m) for m in live))
         rows = []
-        for node, m, inst in zip(self.nodes(), self._members, served, strict=True):
+        for node, m, inst in zip(self.nodes(), live, served, strict=True):
             hop = hops.get(node.node_id)
             rows.append(
                 {

@@ -30,19 +30,52 @@ def open_backend(host: Any, url: Any, **options: Any) -> Any:
     a fleet: each member is built here the ordinary way (with ``options``) and
     ``FleetBackend`` spreads every model's replicas over them (docs/fleets.md)."""
     urls = fleet_urls(url)
-    members: list[Any] = []
-    try:
-        for u in [url] if urls is None else urls:
-            members.append(host.backend_for(u, **options))
-    except BaseException:
-        for m in members:  # nothing is running yet; close what was opened all the same
-            _close_quietly(m)
-        raise
+    if urls is None:
+        from inferline.adapters.fleet import parse_dns_source
+
+        source = parse_dns_source(url)
+        if source is not None:  # ?resolve=dns: a fleet of the name's addresses, refreshed
+            return _dns_fleet(host, source, options)
+    members = _open_members(host, [url] if urls is None else urls, options)
     if urls is None:
         return members[0]
     from inferline.adapters.fleet import fleet_of
 
     return fleet_of(members)
+
+
+def _dns_fleet(host: Any, source: Any, options: dict[str, Any]) -> Any:
+    """A fleet whose members are ``source``'s addresses now, and later those its refresh
+    finds (built by the same ``backend_for``): docs/fleets.md, "Kubernetes"."""
+    from inferline.adapters.fleet import fleet_of, resolve_dns_now
+
+    try:
+        addresses = resolve_dns_now(source.host, source.port)
+    except OSError as e:
+        raise ValidationError(f"{source.url}: host", "a name that resolves", str(e)) from None
+    urls = [source.member_url(a) for a in addresses]
+    if not urls:
+        raise ValidationError(f"{source.url}: host", "a name that resolves to an address", [])
+    members = _open_members(host, urls, options)
+    return fleet_of(
+        members,
+        source=source,
+        addresses=addresses,
+        urls=urls,
+        open_member=lambda u: _open_members(host, [u], options)[0],
+    )
+
+
+def _open_members(host: Any, urls: list[Any], options: dict[str, Any]) -> list[Any]:
+    members: list[Any] = []
+    try:
+        for u in urls:
+            members.append(host.backend_for(u, **options))
+    except BaseException:
+        for m in members:  # nothing is running yet; close what was opened all the same
+            _close_quietly(m)
+        raise
+    return members
 
 
 def fleet_urls(url: Any) -> list[str] | None:
