@@ -9,6 +9,7 @@ keyword arguments. ``bind``, ``start_grpc`` and ``run_http`` are the serving ste
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -260,6 +261,12 @@ def _announce(
     info: dict[str, Any], settings: ServeSettings, ready: Ready | None
 ) -> Callable[[], None]:
     def on_ready() -> None:
+        # what start-up made (imports, models, the app: ~100k objects) leaves the collector's
+        # generations, so a full collection scans only what serving allocates; full
+        # collections of 60-218 ms froze the event loop and made admitted queries late
+        # (docs/deadlines.md)
+        gc.collect()
+        gc.freeze()
         if settings.ready_file:
             tmp = Path(settings.ready_file).with_suffix(".tmp")
             tmp.write_text(json.dumps(info))
