@@ -9,9 +9,11 @@ written to ``OUT/profiles-<pipeline>.json``; SLO 0.3 s at P99. For each case:
   just enough replicas for its traffic, the middle model one fewer, so it is overloaded by
   at most 1 / replicas), in full and with early stop;
 * ``plan_inferline`` (in a child process killed after ``--timeout-s``: 'timeout') as today
-  (no early stop, no screening), with early stop, and with the defaults ("new": early stop
-  and screening on part of the trace, confirmed on the whole, ``PlannerOptions.screen``; it
-  screens traces of 500,000 queries or more), whether each plan is today's and the new plan's
+  (the full search: no early stop, no screening, no verdict reuse), with early stop, and
+  with the defaults ("new": early stop, the infeasible verdicts kept while the other models
+  only lose slack, ``PlannerOptions.reuse_verdicts``, and screening on part of the trace,
+  confirmed on the whole, ``PlannerOptions.screen``; it screens traces of 500,000 queries
+  or more), whether each plan is today's and the new plan's
   cost over today's (the issue's bound: 1.01). With early stop the planner's
   feasibility check passes the stop (``PlannerOptions.early_stop`` where the planner has it,
   else ``SearchSpace``'s estimator call is given it here, as that option would).
@@ -128,8 +130,8 @@ def _timed(f: Any, *a: Any, **kw: Any) -> tuple[float, Any]:
 # today's planner (every candidate in full), with early stop, and the defaults (early stop and
 # screening on part of the trace, confirmed on the whole)
 MODES = {
-    "today": PlannerOptions(early_stop=False, screen=False),
-    "early": PlannerOptions(screen=False),
+    "today": PlannerOptions(early_stop=False, screen=False, reuse_verdicts=False),
+    "early": PlannerOptions(screen=False, reuse_verdicts=False),
     "new": PlannerOptions(),
 }
 
@@ -227,7 +229,7 @@ def plot(rows: list[dict[str, Any]], timeout_s: float, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     marks = (("today", "today's planner", "o"), ("early", "with early stop", "s"))
-    for key, label, mk in (*marks, ("new", "early stop + screening", "^")):
+    for key, label, mk in (*marks, ("new", "defaults: early stop, reuse, screening", "^")):
         got = [r for r in rows if key in r]
         x = [r["queries"] * r["models"] for r in got if r[key][0] == "ok"]
         y = [r[key][1] for r in got if r[key][0] == "ok"]
@@ -269,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--modes",
         default="today,early,new",
-        help="planners to run: today (no early stop, no screening), early, new (the defaults)",
+        help="planners to run: today (the full search), early (early stop), new (the defaults)",
     )
     args = ap.parse_args(argv)
     spec = "smoke" if args.smoke else args.cases
@@ -293,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({same.count('NO')} differ); new cost / today's at most "
         f"{max(ratios, default=float('nan')):.4f}"
     )
+    print_differences(rows)
     png = os.path.join(args.out, "planning_scale.png")
     plot(rows, timeout, png)
     print(f"plot: {png}")
@@ -300,6 +303,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     flags += f" --modes {args.modes}" if args.modes != "today,early,new" else ""
     print(f"reproduce: .venv/bin/python benchmarks/planning_scale.py{flags}")
     return 0 if all(x <= 1.01 for x in ratios) and feasible_all(rows) else 1
+
+
+def print_differences(rows: list[dict[str, Any]]) -> None:
+    """Where a plan is not today's: the models that differ (hardware, batch, replicas)."""
+    for r in rows:
+        for key in ("early", "new"):
+            if r.get(f"same_{key}") != "NO":
+                continue
+            a, b = r["today"][4], r[key][4]
+            diff = {m: f"{a[m]} -> {b[m]}" for m in a if a[m] != b.get(m)}
+            print(f"  {r['case']} {key} differs from today's: {diff}")
 
 
 def feasible_all(rows: list[dict[str, Any]]) -> bool:

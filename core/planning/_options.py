@@ -56,6 +56,9 @@ class PlannerOptions:
     ``estimator``: passed to every simulation (seed of the conditional visits, hop overhead...).
     ``prune``: skip simulations that :class:`MissBound` proves infeasible.
     ``reuse_infeasible``: see the search's module doc (``_search.py``).
+    ``reuse_verdicts``: keep the infeasible replica counts Algorithm 2 found while the other
+    models only lose slack, and start the replica searches above them (an assumption:
+    the search's module doc, ``_search.py``; a final exact sweep keeps guarantee 2).
     ``max_replicas``: per model; reaching it while initializing raises InfeasibleError.
     ``escape``: after Algorithm 2 converges, try to leave its local optimum (see
     :meth:`Planner.escape`); ``False`` gives the paper's algorithm exactly.
@@ -124,6 +127,7 @@ class PlannerOptions:
     estimator: EstimatorOptions = field(default_factory=EstimatorOptions)
     prune: bool = True
     reuse_infeasible: bool = True
+    reuse_verdicts: bool = True
     max_replicas: int = 1024
     escape: bool = True
     escape_cost_factor: float = 3.0
@@ -249,6 +253,8 @@ class PlannerOptions:
             out["screen_margin"] = self.screen_margin
         if self.workers != 2:
             out["workers"] = self.workers
+        if not self.reuse_verdicts:  # only when off, as above
+            out["reuse_verdicts"] = False
         if self.server is not None:  # only when set: documents from before stay as they were
             out["server"] = self.server if isinstance(self.server, str) else dict(self.server)
             out["refuse_late"] = self.refuse_late
@@ -264,16 +270,17 @@ class PlannerOptions:
         extra |= {"inventory", "replica_units", "gpu_host_units", "nodes"}
         extra |= {"server", "refuse_late", "drops_are_misses", "early_stop"}
         extra |= {"admission", "admission_buffer_s", "max_refused"}
-        extra |= {"screen", "screen_min_queries", "screen_margin", "workers"}
+        extra |= {"screen", "screen_min_queries", "screen_margin", "workers", "reuse_verdicts"}
         no_extra_keys(m, keys | extra, "")
         flags = ("prune", "reuse_infeasible", "escape", "widen", "batch_wait", "refuse_late")
-        for k in (*flags, "drops_are_misses", "early_stop", "screen"):
+        for k in (*flags, "drops_are_misses", "early_stop", "screen", "reuse_verdicts"):
             if k in m and not isinstance(m[k], bool):
                 raise ValidationError(k, "true or false", m[k])
         return cls(
             estimator=EstimatorOptions.from_dict(m.get("estimator", {})),
             prune=m.get("prune", True),
             reuse_infeasible=m.get("reuse_infeasible", True),
+            reuse_verdicts=m.get("reuse_verdicts", True),
             max_replicas=as_int(m.get("max_replicas", 1024), "max_replicas", minimum=1),
             escape=m.get("escape", True),
             escape_cost_factor=as_float(

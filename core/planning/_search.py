@@ -70,6 +70,24 @@ Speed (none of this changes a decision):
   changes since were replica removals elsewhere (which only take capacity away); before the
   planner stops, one full iteration without that memory re-checks every action, so
   guarantee 2 holds exactly.
+
+Reusing verdicts (``PlannerOptions.reuse_verdicts``, on by default; issue 48). This one rests
+on an assumption, so it can change the search's path (never guarantee 2):
+
+* *Assumption (monotone in resources):* every action Algorithm 2 applies takes latency slack
+  from the pipeline (it is applied because it is cheaper and still feasible: fewer replicas,
+  a larger batch with fewer replicas, slower hardware), so a model configuration ``(hw,
+  batch, n)`` that was infeasible with the other models as they were stays infeasible after
+  the others have only gone through such actions. (The replica searches already assume the
+  same in ``n`` for one model, the others frozen.)
+* So within one ``minimize_cost`` the largest infeasible replica count per (model, hardware,
+  batch, wait) is kept, the localized searches start above it (a downgrade or larger batch
+  whose every batch size is known infeasible up to its replica cap costs no simulation), and
+  a re-resolved action tries its last answer first (one simulation when it still holds).
+* Nothing that adds resources keeps them: each ``minimize_cost`` (the escape's perturbed
+  starts, the run after widen) starts empty, and before it stops it forgets them and runs one
+  full iteration exactly, so at the end no single action lowers the cost, as without it.
+  ``benchmarks/planning_scale.py`` compares the plans with the full search's.
 """
 
 from __future__ import annotations
@@ -241,28 +259,48 @@ class PlannerCore(SearchSpace):
         memo: dict[tuple[str, str, str], int] = {}
         epoch = 0
         iteration = 0
-        while True:
-            use_memo = self.options.reuse_infeasible
-            cand = self._best_action(key, memo if use_memo else None, epoch)
-            if cand is None and use_memo and memo:
-                memo.clear()  # final exact sweep: re-check every action
-                cand = self._best_action(key, memo, epoch)
-            if cand is None:
-                break
-            assert cand.key is not None
-            key = cand.key
-            iteration += 1
-            self._actions.append(f"{cand.kind} {cand.model}")
-            if cand.kind != "remove":
-                epoch += 1  # the memo only survives capacity removals
-            c = self._configs(key)[cand.model]
-            self._report(
-                "minimize",
-                iteration,
-                key,
-                f"{cand.kind} {cand.model} -> {c.hardware} b={c.max_batch_size} r={c.replicas}",
-            )
+        self._known_bad = None  # verdicts of an earlier search: not for this start
+        try:
+            while True:
+                cand = self._next_action(key, memo, epoch)
+                if cand is None:
+                    break
+                key, iteration, epoch = self._apply(key, cand, iteration, epoch)
+        finally:
+            self._known_bad = None  # the extensions' own searches (waits, servers) keep none
         return self._configs(key)
+
+    def _next_action(
+        self, key: Key, memo: dict[tuple[str, str, str], int], epoch: int
+    ) -> _Cand | None:
+        """The best action with the verdicts kept so far; when there is none, the verdicts
+        are forgotten and every action is checked again (the final exact sweep)."""
+        use_memo = self.options.reuse_infeasible
+        if self._known_bad is None and self.options.reuse_verdicts:
+            self._known_bad = {}
+        cand = self._best_action(key, memo if use_memo else None, epoch)
+        if cand is None and ((use_memo and memo) or self._known_bad):
+            memo.clear()  # final exact sweep: re-check every action
+            self._known_bad = None
+            cand = self._best_action(key, memo if use_memo else None, epoch)
+        return cand
+
+    def _apply(self, key: Key, cand: _Cand, iteration: int, epoch: int) -> tuple[Key, int, int]:
+        """Apply ``cand``: the new key, iteration and memo epoch."""
+        assert cand.key is not None
+        key = cand.key
+        iteration += 1
+        self._actions.append(f"{cand.kind} {cand.model}")
+        if cand.kind != "remove":
+            epoch += 1  # the memo only survives capacity removals
+        c = self._configs(key)[cand.model]
+        self._report(
+            "minimize",
+            iteration,
+            key,
+            f"{cand.kind} {cand.model} -> {c.hardware} b={c.max_batch_size} r={c.replicas}",
+        )
+        return key, iteration, epoch
 
     def _candidates(self, key: Key) -> list[_Cand]:
         cost = self._cost(key)
@@ -399,13 +437,23 @@ class PlannerCore(SearchSpace):
         for b in batches:
             if r_max < 1:
                 break
-            lo = self.bound.min_replicas(model, hw, b, r_max)
+            known = self._bad_below(model, hw, b, wait_ms)
+            lo = max(self.bound.min_replicas(model, hw, b, r_max), known + 1)
             if lo > r_max:
                 continue
 
             def ok(n: int, b: int = b) -> bool:
-                return self._feasible(self._with(key, model, ModelConfig(hw, b, n, wait_ms)))
+                k = self._with(key, model, ModelConfig(hw, b, n, wait_ms))
+                good = self._feasible(k)
+                if not good and self._fits(k):  # too slow; units freed later change no latency
+                    self._note_bad(model, hw, b, wait_ms, n)
+                return good
 
+            if known > 0 and lo < r_max:  # the last answer first: lo - 1 is known infeasible
+                if ok(lo):
+                    best, r_max = (b, lo), lo - 1
+                    continue
+                lo += 1
             if not ok(r_max):
                 continue
             hi, bad, step = r_max, lo - 1, 1
@@ -444,6 +492,19 @@ class PlannerCore(SearchSpace):
             v = self.bound.best_latency_with_s(lat, self.percentile)
             self._floors[fkey] = v
         return v
+
+    # -- verdicts kept within one minimize_cost (reuse_verdicts) ----------------------------
+    def _bad_below(self, model: str, hw: str, batch: int, wait_ms: float) -> int:
+        """The most replicas of ``model`` at (``hw``, ``batch``, ``wait_ms``) known infeasible
+        while the other models only lost slack (0: none known; module doc)."""
+        if self._known_bad is None:
+            return 0
+        return self._known_bad.get((model, hw, batch, wait_ms), 0)
+
+    def _note_bad(self, model: str, hw: str, batch: int, wait_ms: float, n: int) -> None:
+        if self._known_bad is not None:
+            k = (model, hw, batch, wait_ms)
+            self._known_bad[k] = max(n, self._known_bad.get(k, 0))
 
     # -- helpers ---------------------------------------------------------------------------
     def _downgrade_lower_bound(self, model: str, hw: str) -> int:

@@ -142,6 +142,9 @@ class SearchSpace:
         self._pruned = 0
         self._actions: list[str] = []
         self._floors: dict[tuple[str, str, tuple[str, ...]], float] = {}
+        # (model, hardware, batch, wait) -> most replicas known infeasible (``_search.py``,
+        # reuse_verdicts); only while Algorithm 2 runs
+        self._known_bad: dict[tuple[str, str, int, float], int] | None = None
         # with per-node inventories (``options.nodes``): their totals, and a configuration
         # fits only if its replicas also bin into the nodes (``_nodes.py``)
         self._inventory = total_inventory(self.options, catalog)
