@@ -136,7 +136,9 @@ def test_overload_is_refused_at_once_and_nothing_admitted_is_late() -> None:
     res, metrics, on_time = asyncio.run(_serve_overloaded())
     ok = [r for r in res if r[0] == 200]
     refused = [r for r in res if r[0] == 429]
-    assert len(ok) + len(refused) == len(res), {r[0] for r in res}  # nothing else
+    # 504: a batch still running at its deadline plus the grace, answered then (late)
+    cut = [r for r in res if r[0] == 504]
+    assert len(ok) + len(refused) + len(cut) == len(res), {r[0] for r in res}  # nothing else
     assert ok and len(refused) > len(res) / 3, (len(ok), len(refused))
     for _, _, headers, body, _ in refused:
         assert int(headers["retry-after"]) >= 1
@@ -150,7 +152,7 @@ def test_overload_is_refused_at_once_and_nothing_admitted_is_late() -> None:
     # expiry rows there), so a fifth is a bound that still tells admission from none. Plus
     # ten: a CI run under load admitted only 21 queries and 7 of them ran into a stall of the
     # machine (without admission hundreds are late here, so this still tells the two apart).
-    late = len(ok) - on_time
+    late = len(ok) - on_time + len(cut)
     assert late <= 0.2 * len(ok) + 10, (late, len(ok))
     # refusals at arrival come back quickly (the 2 ms is the benchmark's; a loaded
     # 2-core test machine gets room)
