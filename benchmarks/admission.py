@@ -6,14 +6,20 @@ replica, batches up to 8 (capacity 8 / 18 ms = 444 q/s), a 100 ms SLO. Poisson a
 ``Service`` the HTTP route calls (``Service.predict``, in this process; the replica is its
 own process, reached over gRPC). Rows:
 
-- ``admission``: ``"queue": {"admission": "predicted"}`` (refused at once when predicted
-  late; dropped when a batch cut finds it late),
+- ``admission``: ``"queue": {"admission": "predicted", "expire_grace_ms": 5}`` (refused at
+  once when predicted late; dropped from the queue as soon as it is doomed, or when a batch
+  cut finds it late; answered DeadlineExceeded, counted in ``expired``, when its batch still
+  runs 5 ms past its deadline: ``--grace-ms``),
 - ``expiry``: today's ``"expire_late": true`` with the default 50 ms grace,
 - ``admission+prio`` at 3x: 10% of the queries at priority 1.
 
 Columns: offered rate; goodput (predictions answered within the SLO, per second) and its
 share of the goodput measured at 1x with admission; answers later than deadline + 5 ms;
-refusals (429 on the native route) and their P99 time to answer; the P99 of predictions.
+refusals (429 on the native route) and their P99 time to answer; the P99 of predictions;
+how late the client's loop woke for its arrivals (P99; client and server share this process's
+loop); ``srv late``: answers the server finished past deadline + 5 ms (queue delay plus the
+batch's run, from the dispatcher's BatchEvents) and ``overran``: those whose batch ran past
+admission's predicted completion. ``late`` minus ``srv late`` is the client's own lag.
 
 Targets (issue 45): goodput at 2x-5x at least 95% of the 1x capacity; no answer later than
 deadline + 5 ms with admission; refusals within 2 ms of arrival at P99; the priority class's
@@ -43,6 +49,7 @@ import numpy as np
 from inferline.core import DeadlineExceededError, ModelConfig, OverloadedError, Plan
 from inferline.demo.simple import sleep_deployment
 from inferline.deploy import Deployment, start_service
+from inferline.queueing import BatchEvent
 
 SLO_S = 0.100
 CAPACITY_QPS = 8 / 0.018
@@ -64,6 +71,13 @@ class Row:
     errors: int = 0
     hi_ok: int = 0  # priority class: predictions within the SLO
     hi_total: int = 0
+    # how late the client's loop woke for each arrival (client and server share this loop)
+    lag: list[float] = field(default_factory=list)
+    # answers the server finished later than deadline + 5 ms (queue delay + the batch's run,
+    # from the dispatcher's BatchEvents), and of those the ones whose batch ran past its
+    # predicted completion: the rest of ``late`` is the client seeing an in-time answer late
+    srv_late: int = 0
+    srv_late_overran: int = 0
 
     @property
     def goodput_qps(self) -> float:
@@ -74,10 +88,13 @@ class Row:
         return sum(x > SLO_S + LATE_SLACK_S for x in self.ok)
 
 
-def _deployment(mode: str) -> Deployment:
+def _deployment(mode: str, grace_ms: float) -> Deployment:
     d = sleep_deployment(base_s=0.010, per_item_s=0.001, slo_ms=SLO_S * 1e3, max_queue=100_000)
     if mode.startswith("admission"):
         d["queue"]["admission"] = "predicted"
+        # a query whose batch still runs at its deadline + this grace is answered
+        # DeadlineExceeded then (counted as expired), not awaited (docs/deadlines.md)
+        d["queue"]["expire_grace_ms"] = grace_ms
     else:
         d["queue"]["expire_late"] = True
     return Deployment.from_dict(d)
@@ -88,7 +105,7 @@ async def _one(svc: Any, row: Row, x: list[float], prio: int) -> None:
     try:
         await svc.predict("app", x, None, prio)
     except OverloadedError as e:  # PredictedLate is one
-        late_drop = getattr(e, "stage", "") == "dispatch"
+        late_drop = getattr(e, "stage", "") == "dispatch"  # at a cut or once doomed
         (row.dropped if late_drop else row.refused).append(time.perf_counter() - t)
         if prio:
             row.hi_total += 1
@@ -125,20 +142,33 @@ async def _drive(svc: Any, row: Row, rate: float, seconds: float, hi_share: floa
             i += 1
         if i < len(times):
             await asyncio.sleep(max(0.0, times[i] - (time.perf_counter() - t0)))
+            row.lag.append(time.perf_counter() - t0 - times[i])
     await asyncio.gather(*tasks)
     row.offered_qps = len(times) / seconds
     row.seconds = seconds
 
 
-async def _run_mode(mode: str, factors: list[float], seconds: float) -> list[Row]:
-    svc = await start_service(_deployment(mode), PLAN)
+async def _run_mode(mode: str, factors: list[float], seconds: float, grace_ms: float) -> list[Row]:
+    svc = await start_service(_deployment(mode, grace_ms), PLAN)
     rows = []
     try:
         await svc.predict("app", [1.0])  # the replica's first call is its slowest
         for _ in range(30):  # batches of every size up to 8: the live P99 knows them
             await asyncio.gather(*(svc.predict("app", [1.0]) for _ in range(12)))
+        current: list[Row] = []
+
+        def on_event(ev: Any) -> None:
+            if not current or not isinstance(ev, BatchEvent) or not ev.ok:
+                return
+            n = sum(d + ev.service_s > SLO_S + LATE_SLACK_S for d in ev.queue_delays_s)
+            current[0].srv_late += n
+            if n and ev.prediction_errors_s and min(ev.prediction_errors_s) < 0:
+                current[0].srv_late_overran += n
+
+        svc.dispatcher.add_listener(on_event)
         for f in factors:
             row = Row(mode, f)
+            current[:] = [row]
             hi = 0.1 if mode == "admission+prio" else 0.0
             await _drive(svc, row, f * CAPACITY_QPS, seconds, hi)
             rows.append(row)
@@ -161,7 +191,8 @@ def _print(rows: list[Row], seconds: float, triton_note: str = "") -> bool:
     print(
         f"{'mode':<15} {'load':>5} {'offered/s':>9} {'goodput/s':>9} {'of 1x':>6} "
         f"{'late>+5ms':>9} {'refused':>8} {'refuse p99 ms':>13} {'dropped':>7} "
-        f"{'drop p99 ms':>11} {'expired':>7} {'ok p99 ms':>9} {'hi on-time':>10}"
+        f"{'drop p99 ms':>11} {'expired':>7} {'ok p99 ms':>9} {'hi on-time':>10} "
+        f"{'loop lag p99 ms':>15} {'max':>5} {'srv late':>8} {'overran':>7}"
     )
     for r in rows:
         hi = f"{r.hi_ok / r.hi_total:.3f}" if r.hi_total else "-"
@@ -169,7 +200,9 @@ def _print(rows: list[Row], seconds: float, triton_note: str = "") -> bool:
             f"{r.mode:<15} {r.factor:>4g}x {r.offered_qps:>9.0f} {r.goodput_qps:>9.0f} "
             f"{r.goodput_qps / base:>6.2f} {r.late:>9} {len(r.refused):>8} "
             f"{_p99_ms(r.refused):>13.2f} {len(r.dropped):>7} {_p99_ms(r.dropped):>11.1f} "
-            f"{r.expired:>7} {_p99_ms(r.ok):>9.1f} {hi:>10}"
+            f"{r.expired:>7} {_p99_ms(r.ok):>9.1f} {hi:>10} {_p99_ms(r.lag):>15.1f} "
+            f"{max(r.lag, default=float('nan')) * 1e3:>5.0f} "
+            f"{r.srv_late:>8} {r.srv_late_overran:>7}"
         )
     if triton_note:
         print(f"triton REJECT   -     {triton_note}")
@@ -200,12 +233,19 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="the Triton REJECT rows (real Triton, started here); default on, off with --smoke",
     )
+    ap.add_argument(
+        "--grace-ms",
+        type=float,
+        default=LATE_SLACK_S * 1e3,
+        help="admission rows: queue.expire_grace_ms, past which a batch still running is "
+        "answered DeadlineExceeded, not awaited (5: the late column's slack)",
+    )
     args = ap.parse_args(argv)
     seconds = args.seconds or (2.0 if args.smoke else 30.0)
     factors = [1.0, 2.0, 3.0, 5.0]
     rows: list[Row] = []
     for mode, fs in (("admission", factors), ("expiry", factors), ("admission+prio", [3.0])):
-        rows += asyncio.run(_run_mode(mode, fs, seconds))
+        rows += asyncio.run(_run_mode(mode, fs, seconds, args.grace_ms))
     note = "not run (--smoke; --triton to include it)"
     if args.triton or (args.triton is None and not args.smoke):
         from _admission_triton import triton_rows
@@ -217,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         "reproduce: .venv/bin/python benchmarks/admission.py"
         + (" --smoke" if args.smoke else f" --seconds {seconds:g}")
         + {True: " --triton" if args.smoke else "", False: " --no-triton", None: ""}[args.triton]
+        + (f" --grace-ms {args.grace_ms:g}" if args.grace_ms != LATE_SLACK_S * 1e3 else "")
     )
     return 0
 

@@ -11,6 +11,10 @@ caller passes ``now``; nothing reads a clock):
 - **Dispatch** (``late_at_dispatch``): when a free replica cuts a batch, a queued query whose
   deadline (minus the buffer) is earlier than now plus this batch's execution time is dropped
   rather than run late.
+- **Doomed in the queue** (``doomed``, ``doom_time``): between batch cuts, a queued query
+  whose deadline (minus the buffer) is earlier than the earliest a replica can start it (now,
+  or the earliest predicted free time of a busy replica) plus the shortest predicted batch is
+  answered at once, not when a cut reaches it: the dispatch rule could only drop it later.
 
 Both answer the query with ``PredictedLate`` (an ``OverloadedError``, so a surface that does
 not know it still answers "overloaded, retry").
@@ -32,8 +36,11 @@ __all__ = [
     "AdmissionDecision",
     "PredictedLate",
     "admit",
+    "doom_time",
+    "doomed",
     "late_at_dispatch",
     "predict_completion",
+    "shortest_batch",
 ]
 
 ADMISSION_MODES = ("off", "predicted")
@@ -46,7 +53,7 @@ class PredictedLate(OverloadedError):
     """The query was refused because it was predicted to finish after its deadline.
 
     ``stage``: ``"admission"`` (refused at arrival) or ``"dispatch"`` (dropped from the queue
-    when a batch was cut). ``late_by_s``: how far past its deadline it was predicted to finish.
+    by the dispatch rule: when a batch was cut, or as soon as it was ``doomed``). ``late_by_s``: how far past its deadline it was predicted to finish.
     ``retry_after_s``: when a retry with the same SLO would be predicted to make it (the
     backlog ahead of it drained by then, if no more arrives)."""
 
@@ -55,7 +62,7 @@ class PredictedLate(OverloadedError):
         self.stage = stage
         self.late_by_s = late_by_s
         self.retry_after_s = max(0.0, retry_after_s)
-        where = "at arrival" if stage == "admission" else "when its batch was cut"
+        where = "at arrival" if stage == "admission" else "from the queue"
         self.args = (
             f"model {model!r}: refused {where}, predicted to finish "
             f"{late_by_s * 1e3:.1f} ms after its deadline (retry after "
@@ -169,3 +176,40 @@ def late_at_dispatch(
     if not config.enabled or batch_latency is None:
         return False
     return dispatch_late(deadline, config.buffer_s, now, batch_latency)
+
+
+def shortest_batch(latency: LatencyFn, max_batch: int) -> float | None:
+    """The shortest predicted batch of sizes 1..``max_batch`` (None: no estimate). A queued
+    query's batch can take no less, whatever size it is cut at."""
+    best: float | None = None
+    for size in range(1, max(1, max_batch) + 1):
+        t = latency(size)
+        if t is not None and (best is None or t < best):
+            best = t
+    return best
+
+
+def doomed(
+    config: AdmissionConfig,
+    now: float,
+    deadline: float,
+    free_at: Sequence[float],
+    shortest: float | None,
+) -> bool:
+    """A queued query that cannot make its deadline even in the very next batch: its deadline
+    minus the buffer is earlier than the earliest start (``now``, or later when every replica
+    is predicted busy past it) plus the ``shortest`` predicted batch. Such a query would be
+    dropped by the dispatch rule at any later cut, so it is answered now. Never drops without
+    an estimate or a replica."""
+    if not config.enabled or shortest is None or not free_at or deadline == math.inf:
+        return False
+    start = max(now, min(free_at))
+    return deadline - config.buffer_s < start + shortest
+
+
+def doom_time(config: AdmissionConfig, deadline: float, shortest: float | None) -> float:
+    """When a query with ``deadline`` becomes ``doomed`` as time passes (``inf``: never
+    without an estimate); the queue arms one timer for the earliest of its queries."""
+    if not config.enabled or shortest is None:
+        return math.inf
+    return deadline - config.buffer_s - shortest

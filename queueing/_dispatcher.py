@@ -332,6 +332,8 @@ class Dispatcher:
         q.submitted += 1
         if q.expire_late and deadline < q.expiry_deadline:
             self._expiry.arm(q)  # the earliest deadline now: its timer
+        if q.admission is not None:
+            self._pool.doom_arrival(q, deadline)  # answered once it cannot make it
         self._instant.activity += 1  # an arrival: part of the current instant
         if q.idle:
             wake(q)

@@ -42,9 +42,9 @@ from inferline.core.errors import (
 )
 from inferline.core.protocols import BATCH_DEADLINE, ReplicaHandle
 
-from ._admission import PredictedLate, late_at_dispatch
+from ._admission import PredictedLate, doom_time, doomed, late_at_dispatch, shortest_batch
 from ._expiry import _Expiry
-from ._gate import busy_until, dispatch_latency, prediction_errors
+from ._gate import busy_until, dispatch_latency, free_times, prediction_errors
 from ._instant import _Instant
 from ._mqueue import ModelQueue, Puller, QueuedQuery, closed_error, deliver, wake
 from ._stats import ArrivalEvent, BatchEvent
@@ -78,6 +78,9 @@ class _PullerPool:
         self.listeners = listeners  # the dispatcher's list, shared
         self.tasks: set[asyncio.Task[None]] = set()
         self.closed = False
+        # admission's doom timer per model queue: (when, handle), armed for the earliest
+        # time a queued query becomes ``doomed`` (``_admission``)
+        self.doom: dict[str, tuple[float, asyncio.TimerHandle, float | None]] = {}
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(
@@ -222,6 +225,110 @@ class _PullerPool:
                 batch.append(item)
         return batch
 
+    # -- doomed queries (admission) -----------------------------------------------------
+    def drop_doomed(self, q: ModelQueue, now: float) -> None:
+        """Answer at once every queued query that is ``doomed`` (it cannot make its deadline
+        even in the next batch), then arm the doom timer for the next one. O(queued): the
+        queue under admission holds only what was predicted to fit."""
+        config = q.admission
+        if config is None or q.latency is None:
+            return
+        shortest = shortest_batch(q.latency.estimate, q.policy.max_batch_size)
+        free = free_times(q)
+        heap = q.heap
+        keep: list[QueuedQuery] = []
+        due = math.inf
+        for e in heap:
+            if e.fut.done():
+                q.cancelled += 1
+            elif doomed(config, now, e.deadline, free, shortest):
+                q.dropped_late += 1
+                q.failed += 1
+                assert shortest is not None
+                late = max(0.0, max(now, min(free)) + shortest - e.deadline)
+                e.fut.set_exception(PredictedLate(q.name, "dispatch", late, late))
+                deliver(e)
+                self.instant.activity += 1
+            else:
+                keep.append(e)
+                due = min(due, doom_time(config, e.deadline, shortest))
+        if len(keep) < len(heap):
+            heapq.heapify(keep)
+            heap[:] = keep  # in place: pullers hold this list
+            if q.expire_late:
+                self.expiry.arm(q)
+        self._arm_doom(q, due, shortest, replace=True)
+
+    def doom_arrival(self, q: ModelQueue, deadline: float) -> None:
+        """A query was admitted: the doom timer no later than when it becomes doomed.
+        Cheap when the armed timer is due first (the usual case: deadlines in order)."""
+        config = q.admission
+        if config is None or q.latency is None:
+            return
+        armed = self.doom.get(q.name)
+        if armed is not None and armed[0] <= doom_time(config, deadline, armed[2]):
+            return
+        shortest = shortest_batch(q.latency.estimate, q.policy.max_batch_size)
+        self._arm_doom(q, doom_time(config, deadline, shortest), shortest)
+
+    def _arm_doom(
+        self, q: ModelQueue, when: float, shortest: float | None, replace: bool = False
+    ) -> None:
+        """The doom timer due at ``when`` (clock time) unless one is due earlier (``replace``:
+        whatever is armed). A microsecond past ``when``: at ``when`` itself the query could
+        still just make it."""
+        armed = self.doom.get(q.name)
+        if armed is not None:
+            if not replace and armed[0] <= when:
+                return
+            armed[1].cancel()
+            del self.doom[q.name]
+        loop = self.expiry.loop
+        if when == math.inf or loop is None or self.closed:
+            return
+        at = when + 1e-6
+        delay = max(0.0, at - self.clock())
+        handle = loop.call_at(loop.time() + delay, self._doom_fire, q, at)
+        self.doom[q.name] = (when, handle, shortest)
+
+    def _doom_fire(self, q: ModelQueue, at: float) -> None:
+        self.doom.pop(q.name, None)
+        if self.closed:
+            return
+        # the loop's timer may run a hair early against ``clock`` (uvloop rounds to ms)
+        self.drop_doomed(q, max(self.clock(), at))
+
+    # -- a batch past its deadline (admission) -------------------------------------------
+    def _arm_cut(
+        self, q: ModelQueue, batch: list[QueuedQuery], cut: list[QueuedQuery]
+    ) -> list[asyncio.TimerHandle] | None:
+        """With admission on, a query whose batch still runs at its deadline plus the grace
+        is answered ``DeadlineExceededError`` then (counted as expired), not awaited: the
+        replica stays busy until the call returns, so its free time stays true. One timer,
+        re-armed for the batch's next deadline; the returned cell holds it."""
+        loop = self.expiry.loop
+        if loop is None:
+            return None
+        cell: list[asyncio.TimerHandle] = []
+
+        def arm() -> None:
+            due = min((e.deadline for e in batch if not e.fut.done()), default=math.inf)
+            if due == math.inf:
+                return
+            delay = max(0.0, due + q.expire_grace_s - self.clock())
+            cell[:] = [loop.call_at(loop.time() + delay, fire, due + q.expire_grace_s)]
+
+        def fire(at: float) -> None:
+            now = max(self.clock(), at)  # the loop's timer may run a hair early
+            for e in batch:
+                if not e.fut.done() and e.deadline + q.expire_grace_s <= now:
+                    cut.append(e)
+                    self.expiry.expire(q, e, now)
+            arm()
+
+        arm()
+        return cell if cell else None
+
     # -- running batches ----------------------------------------------------------------
     async def _run_batch(self, q: ModelQueue, p: Puller, batch: list[QueuedQuery]) -> None:
         n = len(batch)
@@ -232,6 +339,8 @@ class _PullerPool:
         t0 = clock()
         if q.latency is not None:  # admission predicts with this replica's free time
             p.busy_until = busy_until(q, t0, n)
+            if q.heap:  # what is left: answered now if it cannot make it after this batch
+                self.drop_doomed(q, t0)
         error: BaseException | None = None
         outs: Any = None
         # the batch is worth nothing past its earliest deadline plus the grace (its queries
@@ -240,6 +349,8 @@ class _PullerPool:
         if q.expire_late:
             due = min(item.deadline for item in batch) + q.expire_grace_s - t0
             token = BATCH_DEADLINE.set(asyncio.get_running_loop().time() + due)
+        cut: list[QueuedQuery] = []  # answered DeadlineExceeded while the batch still ran
+        cut_timer = self._arm_cut(q, batch, cut) if q.admission is not None else None
         try:
             outs = await p.handle.predict_batch([item.x for item in batch])
         except InferlineError as e:
@@ -257,6 +368,8 @@ class _PullerPool:
         finally:
             if token is not None:
                 BATCH_DEADLINE.reset(token)
+            if cut_timer is not None:
+                cut_timer[0].cancel()
         t1 = clock()
         p.idle_since = t1
         p.busy_until = -math.inf
@@ -276,6 +389,7 @@ class _PullerPool:
         else:
             q.failed_batches += 1
             self._fail_or_retry(q, batch, error)
+        q.cancelled -= len(cut)  # answered at their deadline, not cancelled by a caller
         self.instant.activity += 1  # a completion: its hand-offs belong to this instant
         if self.listeners:
             errs = prediction_errors(batch, t1) if q.admission and error is None else ()

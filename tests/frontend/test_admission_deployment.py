@@ -136,6 +136,8 @@ def _overload_timing_misses(res: list[Any], on_time: float) -> list[str]:
     """The timing bounds one overloaded run must meet ([] when it does)."""
     ok = [r for r in res if r[0] == 200]
     refused = [r for r in res if r[0] == 429]
+    # 504: a batch still running at its deadline plus the grace, answered then (late)
+    cut = [r for r in res if r[0] == 504]
     misses = []
     if not ok or len(refused) <= len(res) / 3:
         misses.append(f"answered {len(ok)}, refused {len(refused)} of {len(res)}")
@@ -145,7 +147,7 @@ def _overload_timing_misses(res: list[Any], on_time: float) -> list[str]:
     # run. The issue's bound (none later than deadline + 5 ms) is the benchmark's to measure
     # on a quiet machine (docs/deadlines.md); without admission most answers are late (the
     # expiry rows there), so a fifth (plus ten) still tells admission from none.
-    late = len(ok) - on_time
+    late = len(ok) - on_time + len(cut)
     if late > 0.2 * len(ok) + 10:
         misses.append(f"late {late} of {len(ok)}")
     # refusals at arrival come back quickly (the issue's 2 ms is the benchmark's)
@@ -174,7 +176,8 @@ def test_overload_is_refused_at_once_and_nothing_admitted_is_late() -> None:
         res, metrics, on_time = asyncio.run(_serve_overloaded())
         ok = [r for r in res if r[0] == 200]
         refused = [r for r in res if r[0] == 429]
-        assert len(ok) + len(refused) == len(res), {r[0] for r in res}  # nothing else
+        cut = [r for r in res if r[0] == 504]  # past deadline + grace, answered then
+        assert len(ok) + len(refused) + len(cut) == len(res), {r[0] for r in res}
         for _, _, headers, body, _ in refused:
             assert int(headers["retry-after"]) >= 1
             assert body["error"] == "PredictedLate" and body["retry_after_ms"] >= 0
