@@ -18,37 +18,6 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
-MODEL = """
-import os, sys, time
-_site = os.environ.get("INFERLINE_TRITON_SITE")
-if _site and _site not in sys.path:
-    sys.path.insert(0, _site)
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        xs = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
-        time.sleep(0.010 + 0.001 * sum(len(x) for x in xs))  # the bundled sleep model's cost
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", x)]) for x in xs]
-"""
-
-CONFIG = """name: "sleep"
-backend: "python"
-max_batch_size: 8
-input [ { name: "x", data_type: TYPE_FP32, dims: [1] } ]
-output [ { name: "y", data_type: TYPE_FP32, dims: [1] } ]
-instance_group [ { count: 1, kind: KIND_CPU } ]
-dynamic_batching {
-  max_queue_delay_microseconds: 0
-  default_queue_policy {
-    timeout_action: REJECT
-    default_timeout_microseconds: TIMEOUT_US
-  }
-}
-"""
-
 
 async def _drive(url: str, row: Any, rate: float, seconds: float, slo_s: float) -> None:
     from tritonclient.grpc.aio import InferenceServerClient, InferInput
@@ -102,17 +71,21 @@ def triton_rows(
     """One row per load factor, and "" (or why no rows: no Triton here)."""
     sys.path.insert(0, str(REPO / "integration"))
     try:
-        from triton_harness import SetupError, TritonServer, ensure_installed
+        from triton_harness import SetupError, TritonServer, ensure_installed, write_sleep_model
 
         install = ensure_installed()
     except (ImportError, SetupError) as e:
         return [], f"not run: no Triton server available ({e})"
     rows = []
     with tempfile.TemporaryDirectory(prefix="inferline-admission-triton-") as tmp:
-        mdir = Path(tmp, "models", "sleep")
-        (mdir / "1").mkdir(parents=True)
-        (mdir / "1" / "model.py").write_text(MODEL)
-        (mdir / "config.pbtxt").write_text(CONFIG.replace("TIMEOUT_US", str(int(slo_s * 1e6))))
+        # the bundled sleep model's cost: 10 ms per batch plus 1 ms per item
+        write_sleep_model(
+            Path(tmp, "models"),
+            "sleep",
+            base_s=0.010,
+            per_item_s=0.001,
+            timeout_us=int(slo_s * 1e6),
+        )
         server = TritonServer(install, Path(tmp, "models"), load=["sleep"])
         server.start()
         try:

@@ -14,24 +14,12 @@ a dependency); Ray binds to 127.0.0.1 only (BACKENDS.md). Writes the HTTP port t
 # no ``from __future__ import annotations``: FastAPI reads the handler's annotations at
 # definition time, and ``Request`` is imported inside ``build_app``
 import argparse
-import os
-import signal
-import socket
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
+from _ray_serve_common import serve_until_term
 
 # request and answer headers that belong to one hop, not to the forwarded message
 HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def build_app(triton: str):  # returns a Ray Serve Application
@@ -70,41 +58,14 @@ def main() -> int:
     ap.add_argument("--model", required=True, help="a model to check readiness with")
     ap.add_argument("--port-file", required=True)
     args = ap.parse_args()
-    import ray
-    from ray import serve
-
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    quiet = {"enable_access_log": False, "log_level": "WARNING"}  # Ray Serve's throughput advice
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
-    serve.run(
-        build_app(args.triton.rstrip("/")), name="kserve", route_prefix="/", logging_config=quiet
+    triton = args.triton.rstrip("/")
+    return serve_until_term(
+        lambda: build_app(triton),
+        name="kserve",
+        route_prefix="/",
+        probe=lambda base: urllib.request.urlopen(f"{base}/v2/models/{args.model}", timeout=5),
+        port_file=args.port_file,
     )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{args.model}", timeout=5)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                print("Ray Serve did not answer within 60 s", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-    tmp = args.port_file + ".tmp"
-    Path(tmp).write_text(str(port))
-    os.replace(tmp, args.port_file)
-    stop = False
-
-    def on_term(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_term)
-    while not stop:
-        time.sleep(0.2)
-    serve.shutdown()
-    ray.shutdown()
-    return 0
 
 
 if __name__ == "__main__":

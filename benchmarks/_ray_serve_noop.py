@@ -12,21 +12,9 @@ to ``--port-file`` once the application answers, then serves until SIGTERM.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import sys
-import time
 import urllib.request
-from pathlib import Path
 
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # loopback only
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from _ray_serve_common import serve_until_term
 
 
 def build_app(batch: int):  # returns a Ray Serve Application
@@ -60,47 +48,22 @@ def main() -> int:
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--batch", type=int, default=32, help="@serve.batch size (1: no batching)")
     args = ap.parse_args()
-    import ray
-    from ray import serve
-
-    ray.init(num_cpus=os.cpu_count() or 2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    # Ray Serve's own advice for throughput: no per-request access log
-    quiet = {"enable_access_log": False, "log_level": "WARNING"}
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config=quiet)
-    serve.run(
-        build_app(args.batch), name="noop", route_prefix="/apps/noop/predict", logging_config=quiet
+    return serve_until_term(
+        lambda: build_app(args.batch),
+        name="noop",
+        route_prefix="/apps/noop/predict",
+        probe=_probe,  # ready when the route answers through the proxy
+        port_file=args.port_file,
     )
-    deadline = time.monotonic() + 60
-    while True:  # ready when the route answers through the proxy
-        try:
-            req = urllib.request.Request(
-                f"http://127.0.0.1:{port}/apps/noop/predict",
-                data=b'{"input":[0.0]}',
-                headers={"Content-Type": "application/json"},
-            )
-            urllib.request.urlopen(req, timeout=5).read()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                print("Ray Serve did not answer within 60 s", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-    tmp = args.port_file + ".tmp"
-    Path(tmp).write_text(str(port))
-    os.replace(tmp, args.port_file)
-    stop = False
 
-    def on_term(*_: object) -> None:
-        nonlocal stop
-        stop = True
 
-    signal.signal(signal.SIGTERM, on_term)
-    while not stop:
-        time.sleep(0.2)
-    serve.shutdown()
-    ray.shutdown()
-    return 0
+def _probe(base: str) -> None:
+    req = urllib.request.Request(
+        f"{base}/apps/noop/predict",
+        data=b'{"input":[0.0]}',
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(req, timeout=5).read()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -61,9 +62,10 @@ class Point:
         return cls(**d)
 
 
-def group_pids(pgid: int) -> list[int]:
-    """Every live process in process group ``pgid`` (Triton and its Python-backend stubs)."""
-    out = []
+def _stats() -> Iterator[tuple[int, list[str]]]:
+    """Each live process's pid and its ``/proc/PID/stat`` fields after the command name
+    (``[0]`` state, ``[1]`` parent, ``[2]`` process group); one that ends meanwhile is
+    passed over."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -71,22 +73,17 @@ def group_pids(pgid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[2]) == pgid:
-            out.append(int(entry.name))
-    return out
+        yield int(entry.name), fields
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Every live process in process group ``pgid`` (Triton and its Python-backend stubs)."""
+    return [pid for pid, fields in _stats() if int(fields[2]) == pgid]
 
 
 def tree_pids(pid: int) -> list[int]:
     """``pid`` and its live descendants (the door process and its door workers)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(entry.name)] = int(fields[1])
+    parents = {p: int(fields[1]) for p, fields in _stats()}
     out, frontier = [pid], [pid]
     while frontier:
         kids = [c for c, pp in parents.items() if pp in frontier]
@@ -209,10 +206,55 @@ def run_point(
     )
 
 
-class DoorProcess:
+class ServerProcess:
+    """A server run as a child process with its output in ``log_path``: started by
+    ``_spawn``, which waits for the file it writes once it serves, stopped by SIGTERM (then
+    SIGKILL after ``timeout_s``). ``new_session``: its own process group, so that what it
+    forks can be killed with it."""
+
+    what = "server"  # names it in the error when it does not start
+
+    def __init__(self, cmd: list[str], log_path: Path, *, new_session: bool = False) -> None:
+        self.cmd = cmd
+        self.log_path = log_path
+        self.new_session = new_session
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, ready: Path, timeout_s: float) -> None:
+        with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=self.new_session
+            )
+        deadline = time.monotonic() + timeout_s
+        while not ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-1500:]
+                self.stop()
+                raise RuntimeError(f"{self.what} did not start:\n{tail}")
+            time.sleep(0.2)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+class DoorProcess(ServerProcess):
     """``inferline attach triton://...`` serving one model of the running Triton through
     inferline's queue and its KServe v2 doors (HTTP, and gRPC on a free port), in its own
     process, as an operator would start it."""
+
+    what = "inferline attach"
 
     def __init__(
         self,
@@ -257,8 +299,7 @@ class DoorProcess:
             )
         )
         self.ready_file = workdir / "door-ready.json"
-        self.log_path = workdir / "door.log"
-        self.cmd = [
+        cmd = [
             sys.executable,
             "-m",
             "inferline",
@@ -283,52 +324,30 @@ class DoorProcess:
             str(self.ready_file),
         ]
         if door_workers > 0:  # HTTP parsed and encoded in worker processes (docs/serving.md)
-            self.cmd += ["--door-workers", str(door_workers)]
-        self.proc: subprocess.Popen[bytes] | None = None
+            cmd += ["--door-workers", str(door_workers)]
+        super().__init__(cmd, workdir / "door.log")
         self.info: dict[str, Any] = {}
 
     def start(self, timeout_s: float = 90.0) -> dict[str, Any]:
         self.ready_file.unlink(missing_ok=True)
-        with open(self.log_path, "wb") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while not self.ready_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
-                self.stop()
-                raise RuntimeError(f"inferline attach did not start:\n{tail}")
-            time.sleep(0.2)
+        self._spawn(self.ready_file, timeout_s)
         self.info = json.loads(self.ready_file.read_text())
         return self.info
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def stop(self, timeout_s: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
 
 
 RAY_SERVE_PY = Path(__file__).resolve().parents[1] / ".cache" / "ray-serve-venv" / "bin" / "python"
 
 
-class RayServeProcess:
+class RayServeProcess(ServerProcess):
     """Ray Serve 2.60 (its own venv) with a FastAPI ingress forwarding KServe v2 to Triton
     over HTTP (``_ray_serve_kserve.py``): the peer column. Its own session, so that Ray's
     processes (GCS, raylet, workers) are its descendants and go down with it."""
 
+    what = "Ray Serve"
+
     def __init__(self, triton_http: str, model: str, workdir: Path) -> None:
         self.port_file = workdir / "ray-serve-port"
-        self.log_path = workdir / "ray-serve.log"
-        self.cmd = [
+        cmd = [
             str(RAY_SERVE_PY),
             str(Path(__file__).resolve().parent / "_ray_serve_kserve.py"),
             "--triton",
@@ -338,38 +357,17 @@ class RayServeProcess:
             "--port-file",
             str(self.port_file),
         ]
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(cmd, workdir / "ray-serve.log", new_session=True)
         self.address = ""
 
     def start(self, timeout_s: float = 120.0) -> str:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        deadline = time.monotonic() + timeout_s
-        while not self.port_file.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-1500:]
-                self.stop()
-                raise RuntimeError(f"Ray Serve did not start:\n{tail}")
-            time.sleep(0.2)
+        self._spawn(self.port_file, timeout_s)
         self.address = f"127.0.0.1:{self.port_file.read_text().strip()}"
         return self.address
 
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
     def stop(self, timeout_s: float = 30.0) -> None:
+        super().stop(timeout_s)
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
         with contextlib.suppress(ProcessLookupError):  # whatever Ray left in the group
             os.killpg(self.proc.pid, signal.SIGKILL)

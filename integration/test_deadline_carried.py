@@ -32,56 +32,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 GRACE_S = 0.05
 SLOW_S = 0.8  # one batch of the slow models
 
-_SLOW_MODEL = """
-import os, sys, time
-_site = os.environ.get("INFERLINE_TRITON_SITE")
-if _site and _site not in sys.path:
-    sys.path.insert(0, _site)
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        time.sleep(SLOW_S)
-        return [
-            pb_utils.InferenceResponse(
-                [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]
-            )
-            for r in requests
-        ]
-""".replace("SLOW_S", str(SLOW_S))
-
-_SLOW_CONFIG = """name: "slow"
-backend: "python"
-max_batch_size: 8
-input [ { name: "x", data_type: TYPE_FP32, dims: [1] } ]
-output [ { name: "y", data_type: TYPE_FP32, dims: [1] } ]
-instance_group [ { count: 1, kind: KIND_CPU } ]
-dynamic_batching {
-  default_queue_policy {
-    allow_timeout_override: true
-    default_timeout_microseconds: 10000000
-    timeout_action: REJECT
-  }
-}
-"""
-
 
 @pytest.fixture(scope="module")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (extra 'triton')")
-    from triton_harness import SetupError, TritonServer, ensure_installed
+    from triton_harness import SetupError, TritonServer, ensure_installed, write_sleep_model
 
     try:
         install = ensure_installed()
     except SetupError as e:
         pytest.skip(f"no Triton server available: {e}")
     root = tmp_path_factory.mktemp("triton_deadline")
-    mdir = Path(root / "models" / "slow")
-    (mdir / "1").mkdir(parents=True)
-    (mdir / "1" / "model.py").write_text(_SLOW_MODEL)
-    (mdir / "config.pbtxt").write_text(_SLOW_CONFIG)
+    # a request's own timeout needs the override and a nonzero default (10 s)
+    write_sleep_model(
+        root / "models", "slow", base_s=SLOW_S, timeout_us=10_000_000, allow_timeout_override=True
+    )
     server = TritonServer(install, root / "models", load=["slow"])
     server.start()
     try:

@@ -11,10 +11,8 @@ leaves (drained, its share placed on B).
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +23,12 @@ pytest.importorskip(
 )
 pytest.importorskip("sklearn", reason="scikit-learn (extra 'models') trains the test models")
 
-from triton_harness import Digits, SetupError, TritonServer, build_repository, ensure_installed
+from _fleet_helpers import OpenLoad, serve_with, two_triton_servers, until
+from triton_harness import Digits, TritonServer
 
 from inferline.adapters import free_port
 from inferline.adapters.fleet import FleetBackend, parse_dns_source
-from inferline.core import InferlineError, ModelConfig, ModelSpec
+from inferline.core import ModelConfig, ModelSpec
 from inferline.deploy import open_backend, plugin_host
 from inferline.queueing import Dispatcher, FixedBatching
 
@@ -53,34 +52,13 @@ class PodServer(TritonServer):
 
 @pytest.fixture(scope="module")
 def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Digits]]:
-    try:
-        install = ensure_installed()
-    except SetupError as e:
-        pytest.skip(f"no Triton server available: {e}")
-    root: Path = tmp_path_factory.mktemp("triton-pods")
-    digits = build_repository(root / "a" / "models")
-    shutil.copytree(root / "a" / "models", root / "b" / "models")
     port = free_port()
-    servers = [
-        PodServer(
-            install, root / x / "models", log_path=root / x / "t.log", address=a, grpc_port=port
-        )
-        for x, a in zip("ab", ADDRESSES, strict=True)
-    ]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s: s.start(), servers))
+
+    def pod(install: Any, models: Path, log: Path, k: int) -> PodServer:
+        return PodServer(install, models, log_path=log, address=ADDRESSES[k], grpc_port=port)
+
+    with two_triton_servers(tmp_path_factory.mktemp("triton-pods"), pod) as (_, _, digits):
         yield port, digits
-    finally:
-        for s in servers:
-            s.kill()
-
-
-async def _until(cond: Any, timeout_s: float, what: str) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 def test_members_follow_the_resolved_addresses_with_every_query_answered(
@@ -106,12 +84,7 @@ def test_members_follow_the_resolved_addresses_with_every_query_answered(
             resolver=fake_resolver,
             open_member=lambda u: open_backend(host, u),
         )
-        d = Dispatcher()
-        try:
-            await body(f, d)
-        finally:
-            await d.close()
-            await f.close()
+        await serve_with(f, body)
 
     def on(f: FleetBackend) -> list[str]:
         return sorted(h.server for h in f.replicas("pre"))  # type: ignore[attr-defined]
@@ -120,45 +93,26 @@ def test_members_follow_the_resolved_addresses_with_every_query_answered(
         await f.deploy(ModelSpec("pre", source="digits_pre"), ModelConfig("cpu", 8, 2))
         d.add_model("pre", batching=FixedBatching(8), max_retries=2)
         d.attach(f)
-        out: list[tuple[str, Any]] = []
-        tasks: list[asyncio.Task[None]] = []
-        stop = asyncio.Event()
-
-        async def one(i: int) -> None:
-            t = time.monotonic()
-            try:
-                out.append(("ok", await d.submit("pre", images[i % 50], deadline=t + 5.0)))
-            except InferlineError as e:
-                out.append(("error", e))
-
-        async def load() -> None:
-            i = 0
-            while not stop.is_set():
-                tasks.append(asyncio.create_task(one(i)))
-                i += 1
-                await asyncio.sleep(0.005)
-
-        loader = asyncio.create_task(load())
+        load = OpenLoad(d, "pre", lambda i: images[i % 50], deadline_s=5.0)
+        load.start()
         await asyncio.sleep(0.3)
         t0 = time.monotonic()
         answers.append(list(ADDRESSES))  # a pod appears
-        await _until(lambda: on(f) == [a, b], 20, "b's share started")
+        await until(lambda: on(f) == [a, b], 20, "b's share started")
         t_join = time.monotonic()
         await asyncio.sleep(0.3)
         answers.append([ADDRESSES[1]])  # the first pod goes (gone after 2 answers)
-        await _until(lambda: on(f) == [b, b], 20, "a's share placed on b")
+        await until(lambda: on(f) == [b, b], 20, "a's share placed on b")
         t_left = time.monotonic()
         await asyncio.sleep(0.3)
-        stop.set()
-        await loader
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
-        errors = [o for o in out if o[0] != "ok"]
+        await load.finish(30)
+        errors = load.failed()
         st = await f.stats("pre")
         print(
             f"\njoin {t_join - t0:.2f} s, leave {t_left - t_join - 0.3:.2f} s, "
-            f"{len(out)} queries, {len(errors)} errors; events {st['membership']['events']}"
+            f"{len(load.out)} queries, {len(errors)} errors; events {st['membership']['events']}"
         )
-        assert len(out) == len(tasks) and not errors, errors[:3]
+        assert len(load.out) == len(load.tasks) and not errors, errors[:3]
         assert [e["change"] for e in st["membership"]["events"]] == ["joined", "left"]
         assert f.servers == [b] and st["active_replicas"] == 2
 

@@ -18,10 +18,8 @@ is not asserted; docs/fleets.md has the figures).
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -32,7 +30,8 @@ pytest.importorskip(
 )
 pytest.importorskip("sklearn", reason="scikit-learn (extra 'models') trains the test models")
 
-from triton_harness import Digits, SetupError, TritonServer, build_repository, ensure_installed
+from _fleet_helpers import two_triton_servers
+from triton_harness import Digits, TritonServer
 
 from inferline.core import (
     InferlineError,
@@ -56,24 +55,8 @@ MODELS = ["digits_pre", "digits_mlp"]
 def fleet(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[TritonServer, TritonServer, Digits]]:
-    try:
-        install = ensure_installed()
-    except SetupError as e:
-        pytest.skip(f"no Triton server available: {e}")
-    root = tmp_path_factory.mktemp("triton-fleet-plan")
-    digits = build_repository(root / "a" / "models")
-    shutil.copytree(root / "a" / "models", root / "b" / "models")
-    servers = [
-        TritonServer(install, root / x / "models", load=MODELS, log_path=root / x / "triton.log")
-        for x in ("a", "b")
-    ]
-    try:
-        with ThreadPoolExecutor(2) as pool:  # the two starts overlap
-            list(pool.map(lambda s: s.start(), servers))
-        yield servers[0], servers[1], digits
-    finally:
-        for s in servers:
-            s.kill()
+    with two_triton_servers(tmp_path_factory.mktemp("triton-fleet-plan"), load=MODELS) as pair:
+        yield pair
 
 
 async def _replay(d: Any, arrivals: np.ndarray, images: np.ndarray) -> list[tuple[Any, float]]:

@@ -191,7 +191,13 @@ class ServerPlanning:
         replica the fleet handed out for it, the one the profiler timed."""
         await self.measure_hops(tries)
         on = {m: u for m, u in self._profiled_on.items() if m in profiles.models}
-        extras = self.hop_extras(on)
+        return self.profiles_with_hops(profiles, on)
+
+    def profiles_with_hops(self, profiles: Profiles, profiled_on: Mapping[str, str]) -> Profiles:
+        """``profiles`` with each model's ``hop_extras`` added (``profiled_on[model]``: the
+        member its profile was measured through), the hop logged when there is one; unchanged
+        before ``measure_round_trips``."""
+        extras = self.hop_extras(profiled_on)
         if any(extras.values()):
             log.info(
                 "fleet: hop added to the profiles (ms): %s",

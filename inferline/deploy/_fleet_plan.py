@@ -18,7 +18,6 @@ from inferline.core import (
     PlannerOptions,
     Profiles,
 )
-from inferline.core.planning import add_hops
 
 __all__ = ["fleet_planner_options", "fleet_profiles", "place_on_fleet"]
 
@@ -45,7 +44,7 @@ def fleet_planner_options(
 
 def fleet_profiles(backend: Any, profiles: Profiles) -> Profiles:
     """``profiles`` with each model's hop added: what the round trip to its farthest member
-    adds over the member its profile was measured through (``FleetBackend.hop_extras``:
+    adds over the member its profile was measured through (``FleetBackend.profiles_with_hops``:
     the attached profile is taken on the model's first replica). Unchanged when the
     backend is not a fleet or measured no round trips."""
     if not _is_fleet(backend):
@@ -58,13 +57,7 @@ def fleet_profiles(backend: Any, profiles: Profiles) -> Profiles:
             continue
         if hs:
             profiled_on[m] = hs[0].server
-    extras = backend.hop_extras(profiled_on)
-    if any(extras.values()):
-        log.info(
-            "fleet: hop added to the profiles (ms): %s",
-            {m: round(e * 1e3, 3) for m, e in extras.items()},
-        )
-    return add_hops(profiles, extras)
+    return backend.profiles_with_hops(profiles, profiled_on)  # type: ignore[no-any-return]
 
 
 def place_on_fleet(

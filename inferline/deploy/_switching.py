@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,6 +45,33 @@ from inferline.selection import (
 __all__ = ["LiveSwitcher", "SwitchEvent", "process_nice", "set_nice"]
 
 log = logging.getLogger(__name__)
+
+
+async def tick_every(
+    interval_s: float, tick: Callable[[], Awaitable[object]], logger: logging.Logger, failed: str
+) -> None:
+    """``tick()`` every ``interval_s`` until cancelled; a tick that raises is logged (``failed``,
+    with its traceback, on the caller's ``logger``) and the loop goes on: one bad tick must not
+    end a background controller."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await tick()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception(failed)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel ``task`` (None: nothing to do) and wait until it has ended."""
+    if task is None:
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
 
 
 def _threads_of(pid: int) -> list[int]:
@@ -178,13 +205,8 @@ class LiveSwitcher:
         self._task = asyncio.create_task(self._loop())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def adopt(self, initial: SwitchOption | None = None) -> None:
         """Take over variants that are already deployed and queued (``inferline serve``
@@ -238,14 +260,7 @@ class LiveSwitcher:
 
     # -- control --------------------------------------------------------------------------
     async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.step()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("model-switching controller step failed")
+        await tick_every(self.interval_s, self.step, log, "model-switching controller step failed")
 
     async def step(self) -> SwitchDecision:
         """One controller tick: decide, and switch when the option changed (and the dwell time

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from inferline.core import ValidationError
+from inferline.deploy._switching import cancel_and_wait, tick_every
 from inferline.queueing import ArrivalEvent, BatchEvent
 from inferline.selection import (
     SwitchingController,
@@ -212,23 +213,12 @@ class TableKeeper:
         service.on_close(self.close)
 
     async def _loop(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("switching table rebuild failed; the previous table stays")
+        failed = "switching table rebuild failed; the previous table stays"
+        await tick_every(interval_s, self.tick, log, failed)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def snapshot(self) -> dict[str, Any]:
         sw = self.switcher

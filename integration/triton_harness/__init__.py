@@ -5,7 +5,7 @@ Kept out of the installed package: used by ``integration/test_triton*.py`` and
 shadows OpenAI's ``triton`` package when ``integration/`` is on ``sys.path`` under pytest.
 """
 
-from .models import MODELS, Digits, build_repository, load_digits_split
+from .models import MODELS, Digits, build_repository, load_digits_split, write_sleep_model
 from .server import TritonServer, free_port
 from .setup_server import Install, SetupError, ensure_installed, repo_root
 
@@ -20,4 +20,5 @@ __all__ = [
     "free_port",
     "load_digits_split",
     "repo_root",
+    "write_sleep_model",
 ]

@@ -10,6 +10,10 @@ The models work on scikit-learn's bundled handwritten digits (1,797 labelled 8x8
   work per item, used by the overhead benchmark);
 - ``digit_name``: label INT64 [1] -> name BYTES [1] (string outputs).
 
+``write_sleep_model`` adds the bundled sleep model's cost model (no training): x FP32 [1]
+echoed as y after ``base_s + per_item_s * rows`` per batch, behind a dynamic batcher whose
+queue policy rejects a request at its timeout.
+
 Training runs in the caller's environment (scikit-learn); the server only needs numpy.
 """
 
@@ -30,6 +34,7 @@ __all__ = [
     "digits_stage_pipeline",
     "load_digits_split",
     "write_ensemble",
+    "write_sleep_model",
 ]
 
 SRC = Path(__file__).parent / "model_src"
@@ -192,4 +197,41 @@ def write_ensemble(
         '  { model_name: "digits_mlp", model_version: -1,\n'
         '    input_map { key: "features" value: "f" } output_map { key: "label" value: "label" } }\n'
         "] }\n"
+    )
+
+
+def write_sleep_model(
+    repo: Path,
+    name: str,
+    *,
+    base_s: float,
+    per_item_s: float = 0.0,
+    max_batch_size: int = 8,
+    timeout_us: int,
+    allow_timeout_override: bool = False,
+) -> None:
+    """The sleep model under ``repo/name``: one CPU instance, a dynamic batcher with no queue
+    delay whose queue policy REJECTs a request waiting past ``timeout_us`` (Triton 2.51 applies
+    a request's own ``timeout`` only with ``allow_timeout_override`` and a nonzero default)."""
+    if timeout_us <= 0:
+        raise ValueError(f"timeout_us: expected > 0 (0 means no timeout), got {timeout_us!r}")
+    mdir = Path(repo) / name
+    (mdir / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy2(SRC / "sleep.py", mdir / "1" / "model.py")
+    override = "true" if allow_timeout_override else "false"
+    (mdir / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "x", data_type: TYPE_FP32, dims: [1] } ]\n'
+        'output [ { name: "y", data_type: TYPE_FP32, dims: [1] } ]\n'
+        "instance_group [ { count: 1, kind: KIND_CPU } ]\n"
+        "dynamic_batching {\n"
+        "  max_queue_delay_microseconds: 0\n"
+        "  default_queue_policy {\n"
+        "    timeout_action: REJECT\n"
+        f"    default_timeout_microseconds: {timeout_us}\n"
+        f"    allow_timeout_override: {override}\n"
+        "  }\n"
+        "}\n"
+        f'parameters {{ key: "base_s" value: {{ string_value: "{base_s!r}" }} }}\n'
+        f'parameters {{ key: "per_item_s" value: {{ string_value: "{per_item_s!r}" }} }}\n'
     )

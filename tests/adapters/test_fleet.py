@@ -4,7 +4,9 @@ real gRPC), built through ``open_backend`` from a list of URLs; drain and undrai
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +17,10 @@ from inferline.adapters.fleet import FleetBackend, spread
 from inferline.core import CapacityError, InferlineError, ModelConfig, ModelSpec, ValidationError
 from inferline.deploy import open_backend, plugin_host
 from inferline.queueing import Dispatcher, FixedBatching
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+from _fleet_fakes import FakeMember
+from _fleet_helpers import OpenLoad, Outcome, serve_with
 
 pytestmark = pytest.mark.timeout(90)
 # 30 ms a batch of up to 4: one replica serves ~130 queries/s, the load sends 200/s
@@ -48,43 +54,21 @@ def test_a_list_of_urls_is_checked_field_by_field() -> None:
         open_backend(host, '["local://?cores=0", "local://?cores=0"]')
 
 
-async def _load(d: Dispatcher, stop: asyncio.Event, out: list[Any]) -> list[asyncio.Task[None]]:
-    """Open-loop queries every 5 ms until ``stop``; each outcome lands in ``out`` as
-    ``(kind, value, submitted at, answered at)``."""
-    tasks: list[asyncio.Task[None]] = []
-
-    async def one(i: int) -> None:
-        t = time.monotonic()
-        try:
-            value = await d.submit("m", i, deadline=t + 10)
-            out.append(("ok", value, t, time.monotonic()))
-        except InferlineError as e:
-            out.append(("error", e, t, time.monotonic()))
-
-    i = 0
-    while not stop.is_set():
-        tasks.append(asyncio.create_task(one(i)))
-        i += 1
-        await asyncio.sleep(0.005)
-    return tasks
-
-
-def _pids(out: list[Any], after: float, before: float = float("inf")) -> set[int]:
+def _pids(out: list[Outcome], after: float, before: float = float("inf")) -> set[int]:
     """The replica processes that answered the queries submitted after ``after`` and
     answered before ``before``."""
-    return {r[1]["pid"] for r in out if r[0] == "ok" and after < r[2] and r[3] < before}
+    return {
+        o.value["pid"]
+        for o in out
+        if o.kind == "ok" and after < o.submitted and o.answered < before
+    }
 
 
 def test_two_local_runtimes_serve_one_model_and_drain_without_a_failed_query() -> None:
     async def main() -> None:
         b = open_backend(plugin_host(), ["local://?cores=0", "local://?cores=1"])
         assert isinstance(b, FleetBackend)
-        d = Dispatcher()
-        try:
-            await body(b, d)
-        finally:
-            await d.close()
-            await b.close()
+        await serve_with(b, body)
 
     async def body(b: FleetBackend, d: Dispatcher) -> None:
         a, c = b.servers
@@ -97,11 +81,10 @@ def test_two_local_runtimes_serve_one_model_and_drain_without_a_failed_query() -
         assert b.free() == {"cpu": 0}
         d.add_model("m", batching=FixedBatching(4), max_retries=1)
         d.attach(b)
-        out: list[Any] = []
-        stop = asyncio.Event()
-        loader = asyncio.create_task(_load(d, stop, out))
+        load = OpenLoad(d, "m")
+        load.start()
         await asyncio.sleep(0.8)
-        assert len(_pids(out, 0)) == 2  # both servers answered (one alone cannot keep up)
+        assert len(_pids(load.out, 0)) == 2  # both servers answered (one alone cannot keep up)
 
         st = b.drain(c)
         assert st["draining"] and st["server"] == c
@@ -118,14 +101,12 @@ def test_two_local_runtimes_serve_one_model_and_drain_without_a_failed_query() -
         t_undrain = time.monotonic()
         assert sorted(h.server for h in b.replicas("m")) == [a, c]  # type: ignore[attr-defined]
         await asyncio.sleep(0.6)
-        stop.set()
-        tasks = await loader
-        await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        await load.finish(15)
         # queries submitted and answered while the server was drained: the other one only
-        assert len(_pids(out, t_drain, t_undrain)) == 1
-        assert len(_pids(out, t_undrain)) == 2
-        errors = [r for r in out if r[0] != "ok"]
-        assert len(out) == len(tasks) and not errors, errors[:3]
+        assert len(_pids(load.out, t_drain, t_undrain)) == 1
+        assert len(_pids(load.out, t_undrain)) == 2
+        errors = load.failed()
+        assert len(load.out) == len(load.tasks) and not errors, errors[:3]
 
         await b.scale("m", 1)
         assert len(b.replicas("m")) == 1
@@ -186,78 +167,6 @@ def test_a_deployment_with_a_list_of_backends_serves_and_drains_over_http() -> N
     asyncio.run(main())
 
 
-class FakeMember:
-    """A FAKE member backend (no server): for the fleet's bookkeeping on failures that a real
-    server cannot be made to produce on cue (a deploy refused on one member only, a member
-    whose server is away while the fleet scales). ``fail`` names the calls that raise."""
-
-    def __init__(self, url: str, cores: int) -> None:
-        self.url, self.cores = url, cores
-        self.shares: dict[str, int] = {}
-        self.away = False
-        self.fail: set[str] = set()
-        self.calls: list[tuple[str, str, int]] = []
-        self.subs: list[Any] = []
-        self.handles: dict[str, list[Any]] = {}
-
-    def inventory(self) -> dict[str, int]:
-        return {"cpu": self.cores}
-
-    def free(self) -> dict[str, int]:
-        return {"cpu": self.cores - sum(self.shares.values())}
-
-    def subscribe(self, cb: Any) -> None:
-        self.subs.append(cb)
-
-    def _set(self, model: str, n: int) -> None:
-        self.shares[model] = n
-        self.handles[model] = [_FakeHandle(model, f"{model}-{k}") for k in range(n)]
-        for cb in self.subs:
-            cb(model, self.replicas(model))
-
-    def replicas(self, model: str) -> list[Any]:
-        if model not in self.shares:
-            raise InferlineError(f"{model!r} not here")
-        return [] if self.away else list(self.handles[model])
-
-    async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
-        self.calls.append(("deploy", spec.name, config.replicas))
-        if "deploy" in self.fail:
-            raise InferlineError(f"{self.url} refused")
-        self._set(spec.name, config.replicas)
-
-    async def scale(self, model: str, n: int) -> None:
-        self.calls.append(("scale", model, n))
-        self._set(model, n)
-
-    async def remove(self, model: str) -> None:
-        self.calls.append(("remove", model, 0))
-        self.shares.pop(model, None)
-
-    async def stats(self, model: str) -> dict[str, Any]:
-        return {"share": self.shares.get(model)}
-
-    async def close(self) -> None:
-        pass
-
-    def lose_server(self, model: str) -> None:
-        self.away = True
-        for cb in self.subs:
-            cb(model, [])
-
-    def server_back(self, model: str) -> None:
-        self.away = False
-        self._set(model, self.shares[model])
-
-
-class _FakeHandle:
-    def __init__(self, model: str, rid: str) -> None:
-        self.model, self.id, self.hardware, self.alive = model, rid, "cpu", True
-
-    async def predict_batch(self, inputs: Any) -> list[Any]:
-        return list(inputs)
-
-
 def test_fleet_bookkeeping_on_a_refused_deploy_and_a_server_away() -> None:
     async def main() -> None:
         a, c = FakeMember("fake://a", 4), FakeMember("fake://c", 4)
@@ -271,25 +180,25 @@ def test_fleet_bookkeeping_on_a_refused_deploy_and_a_server_away() -> None:
         c.fail.clear()
         await fleet.deploy(SLEEP, ModelConfig("cpu", 4, 4))
         assert published[-1] == ["m-0@0", "m-0@1", "m-1@0", "m-1@1"]
-        c.lose_server("m")
+        c.lose()
         assert published[-1] == ["m-0@0", "m-1@0"]  # re-published at once
         assert (await fleet.stats("m"))["shortfall"] == 2
         await asyncio.sleep(0.3)  # after the grace, c's 2 are re-placed on a (room for 2)
         st = await fleet.stats("m")
-        assert a.shares["m"] == 4 and len(published[-1]) == 4
+        assert a.held["m"] == 4 and len(published[-1]) == 4
         assert (st["shortfall"], st["unplaced"], st["servers"][0]["covering"]) == (0, 0, 2)
         await fleet.scale("m", 5)  # c is away: a's share grows into its cover's place
         st = await fleet.stats("m")
-        assert a.shares["m"] == 4 and c.shares["m"] == 2  # a: 3 of its own and 1 cover
+        assert a.held["m"] == 4 and c.held["m"] == 2  # a: 3 of its own and 1 cover
         assert (st["shortfall"], st["unplaced"], st["servers"][0]["covering"]) == (1, 1, 1)
         assert not [x for x in c.calls if x[0] == "scale"]
-        c.server_back("m")  # c's replicas are back: the cover goes after the grace
+        c.back()  # c's replicas are back: the cover goes after the grace
         await asyncio.sleep(0.3)
         st = await fleet.stats("m")
-        assert a.shares["m"] == 3 and len(published[-1]) == 5 and st["shortfall"] == 0
+        assert a.held["m"] == 3 and len(published[-1]) == 5 and st["shortfall"] == 0
         assert st["servers"][0]["covering"] == 0 and st["unplaced"] == 0
         await fleet.scale("m", 2)  # the larger share shrinks first
-        assert (a.shares["m"], c.shares["m"]) == (1, 1)
+        assert (a.held["m"], c.held["m"]) == (1, 1)
         with pytest.raises(CapacityError):
             await fleet.scale("m", 9)
         await fleet.close()

@@ -4,9 +4,8 @@ real servers (one Triton, one TF Serving) are in integration/test_fleet_mixed.py
 
 from __future__ import annotations
 
-from types import SimpleNamespace as NS
-
 import pytest
+from _fleet_fakes import tf_digits_metadata, triton_info
 
 from inferline.adapters.fleet import adopted_config, check_contracts, member_spec, merge_found
 from inferline.cli import main
@@ -66,25 +65,11 @@ def test_discoveries_merge_by_model_and_adopted_configs_add_up() -> None:
         adopted_config("d", {0: ModelConfig("cpu", 8, 1), 1: ModelConfig("gpu", 8, 1)})
 
 
-def _triton(inputs: dict[str, list[int]], outputs: dict[str, list[int]]) -> NS:
-    """Stands in for Triton's ``TritonModelInfo`` (only ``io`` is read)."""
-    ts = lambda d: [NS(name=n, dims=dims) for n, dims in d.items()]  # noqa: E731
-    return NS(io=NS(inputs=ts(inputs), outputs=ts(outputs)))
-
-
 def test_a_model_is_adopted_as_one_only_with_one_contract() -> None:
-    tf = {
-        "servers": {"h2": [{"state": "AVAILABLE"}]},
-        "signatures": {
-            "serving_default": {
-                "inputs": {"x": {"dtype": "DT_FLOAT", "shape": [-1, 64]}},
-                "outputs": {"probabilities": {"dtype": "DT_FLOAT", "shape": [-1, 10]}},
-            }
-        },
-    }
-    same = _triton({"x": [64]}, {"probabilities": [10]})
+    tf = tf_digits_metadata()
+    same = triton_info({"x": [64]}, {"probabilities": [10]})
     check_contracts("d", {URLS[0]: same, URLS[1]: tf, "other://": {"ready": True}})
-    other = _triton({"x": [64]}, {"probs": [10]})  # digits_mlp's output name
+    other = triton_info({"x": [64]}, {"probs": [10]})  # digits_mlp's output name
     with pytest.raises(ValidationError) as e:
         check_contracts("d", {URLS[0]: other, URLS[1]: tf})
     assert e.value.field == "adopt('d')" and "probs" in str(e.value)

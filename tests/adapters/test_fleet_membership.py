@@ -4,10 +4,11 @@ dtype check of a fleet's model contract (docs/fleets.md, "Kubernetes", "Attachin
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace as NS
-from typing import Any
 
 import pytest
 
@@ -19,9 +20,13 @@ from inferline.adapters.fleet import (
     check_contracts,
     parse_dns_source,
 )
-from inferline.core import InferlineError, ModelConfig, ModelSpec, NotFoundError, ValidationError
+from inferline.core import ModelConfig, ModelSpec, NotFoundError, ValidationError
 from inferline.deploy import open_backend, plugin_host
 from inferline.queueing import Dispatcher, FixedBatching
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "integration"))
+from _fleet_fakes import tf_digits_metadata, triton_info
+from _fleet_helpers import OpenLoad, Outcome, serve_with, until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -64,22 +69,14 @@ def test_the_policy_adds_at_once_and_removes_after_drop_after_answers() -> None:
     assert MembershipPolicy(1).step(["a", "b"], ["b"]) == MembershipChange((), ("a",))
 
 
-def _triton(**dtypes: str) -> NS:
-    """Stands in for Triton's ``TritonModelInfo`` (``io`` with names, dims and datatypes)."""
-    t = lambda n: NS(name=n, dims=[64] if n == "x" else [10], datatype=dtypes[n])  # noqa: E731
-    return NS(io=NS(inputs=[t("x")], outputs=[t("probabilities")]))
+def _triton(x: str, probabilities: str) -> NS:
+    return triton_info(
+        {"x": [64]}, {"probabilities": [10]}, {"x": x, "probabilities": probabilities}
+    )
 
 
 def test_members_must_agree_on_dtypes_and_the_error_names_tensor_and_servers() -> None:
-    tf = {
-        "servers": {"h2": [{"state": "AVAILABLE"}]},
-        "signatures": {
-            "serving_default": {
-                "inputs": {"x": {"dtype": "DT_FLOAT", "shape": [-1, 64]}},
-                "outputs": {"probabilities": {"dtype": "DT_DOUBLE", "shape": [-1, 10]}},
-            }
-        },
-    }
+    tf = tf_digits_metadata("DT_DOUBLE")
     a, b = "triton+grpc://h1:8001", "tfserving+grpc://h2:8500"
     check_contracts("d", {a: _triton(x="FP32", probabilities="FP64"), b: tf})  # one spelling
     with pytest.raises(ValidationError) as e:
@@ -130,13 +127,6 @@ A, B = "triton+grpc://10.0.0.1:8001", "triton+grpc://10.0.0.2:8001"
 PODS = {A: "local://?cores=0&oversubscribe=1", B: "local://?cores=1&oversubscribe=1"}
 
 
-async def _until(cond: Any, timeout_s: float = 20.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < end, "timed out"
-        await asyncio.sleep(0.05)
-
-
 def test_members_join_and_leave_as_the_name_resolves_with_every_query_answered() -> None:
     answers: list[list[str]] = [["10.0.0.1"]]
 
@@ -156,41 +146,33 @@ def test_members_join_and_leave_as_the_name_resolves_with_every_query_answered()
             resolver=fake_resolver,
             open_member=lambda u: open_backend(host, PODS[u]),
         )
-        d = Dispatcher()
-        try:
-            await body(b, d)
-        finally:
-            await d.close()
-            await b.close()
+        await serve_with(b, body)
 
     async def body(b: FleetBackend, d: Dispatcher) -> None:
         await b.deploy(SLEEP, ModelConfig("cpu", 4, 2))
         d.add_model("m", batching=FixedBatching(4), max_retries=2)
         d.attach(b)
-        out: list[Any] = []
-        stop = asyncio.Event()
-        loader = asyncio.create_task(_load(d, stop, out))
+        load = OpenLoad(d, "m")
+        load.start()
         await asyncio.sleep(0.2)
 
         answers.append(["10.0.0.1", "10.0.0.2"])  # a pod appears: its even share moves there
-        await _until(lambda: sorted(h.server for h in b.replicas("m")) == [A, B])
+        await until(lambda: sorted(h.server for h in b.replicas("m")) == [A, B], 20, "B's share")
         _note_pids(b)
         t_join = time.monotonic()
         await asyncio.sleep(0.4)
-        assert {r[4] for r in out if r[0] == "ok" and r[2] > t_join} == {A, B}
+        assert _servers(load.out, t_join) == {A, B}
 
         answers.append(["10.0.0.2"])  # and the first goes away (two answers: drop_after=2)
-        await _until(lambda: [h.server for h in b.replicas("m")] == [B, B])
+        await until(lambda: [h.server for h in b.replicas("m")] == [B, B], 20, "A's share on B")
         assert b.servers == [B]
         _note_pids(b)
         t_left = time.monotonic()
         await asyncio.sleep(0.3)
-        stop.set()
-        tasks = await loader
-        await asyncio.wait_for(asyncio.gather(*tasks), 15)
-        errors = [r for r in out if r[0] != "ok"]
-        assert len(out) == len(tasks) and not errors, errors[:3]
-        assert {r[4] for r in out if r[2] > t_left} == {B}
+        await load.finish(15)
+        errors = load.failed()
+        assert len(load.out) == len(load.tasks) and not errors, errors[:3]
+        assert _servers(load.out, t_left) == {B}
 
         st = await b.stats("m")
         assert [s["server"] for s in st["servers"]] == [B]
@@ -206,27 +188,6 @@ def test_members_join_and_leave_as_the_name_resolves_with_every_query_answered()
     asyncio.run(main())
 
 
-async def _load(d: Dispatcher, stop: asyncio.Event, out: list[Any]) -> list[asyncio.Task[None]]:
-    """Open-loop queries every 5 ms until ``stop``: ``(kind, value, submitted, answered,
-    the server of the replica that answered)`` each."""
-    tasks: list[asyncio.Task[None]] = []
-
-    async def one(i: int) -> None:
-        t = time.monotonic()
-        try:
-            value = await d.submit("m", i, deadline=t + 10)
-            out.append(("ok", value, t, time.monotonic(), _server(value)))
-        except InferlineError as e:
-            out.append(("error", e, t, time.monotonic(), None))
-
-    i = 0
-    while not stop.is_set():
-        tasks.append(asyncio.create_task(one(i)))
-        i += 1
-        await asyncio.sleep(0.005)
-    return tasks
-
-
 _PID_SERVER: dict[int, str] = {}
 
 
@@ -236,5 +197,7 @@ def _note_pids(b: FleetBackend) -> None:
         _PID_SERVER[h.inner.pid] = h.server  # type: ignore[attr-defined]
 
 
-def _server(value: Any) -> str:
-    return _PID_SERVER.get(value["pid"], str(value["pid"]))
+def _servers(out: list[Outcome], after: float) -> set[str]:
+    """The servers whose replicas answered the queries submitted after ``after``."""
+    pids = [o.value["pid"] for o in out if o.kind == "ok" and o.submitted > after]
+    return {_PID_SERVER.get(pid, str(pid)) for pid in pids}

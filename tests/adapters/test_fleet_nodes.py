@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _fleet_fakes import FakeMember
 
 from inferline.adapters.fleet import FleetBackend, Hop, hop_of, inventory_source, measure_hop
 from inferline.cli import main
-from inferline.core import InferlineError, ModelConfig, ModelSpec, Profiles, ValidationError
+from inferline.core import ModelConfig, ModelSpec, Profiles, ValidationError
 
 LOCALS = ["local://?cores=0", "local://?cores=1"]
 
@@ -150,51 +151,9 @@ def test_cli_nodes_measures_a_real_triton_members_hop_and_instances(
     assert row[:3] == [url, "alive", "cpu=2"] and "KIND_CPU=2" in row
 
 
-class _FakeServer:
-    """A FAKE member backend: a server ``delay_s`` away (its ``client.ready()`` sleeps that
-    long) holding replicas that answer their inputs; only what the fleet's profile path uses."""
-
-    def __init__(self, url: str, delay_s: float) -> None:
-        self.url, self.held, self.subs = url, dict[str, int](), list[Any]()
-        self.client = type("FakeClient", (), {"ready": _FakeReady(delay_s)})()
-
-    def inventory(self) -> dict[str, int]:
-        return {"cpu": 4}
-
-    def free(self) -> dict[str, int]:
-        return {"cpu": 4 - sum(self.held.values())}
-
-    def subscribe(self, cb: Any) -> None:
-        self.subs.append(cb)
-
-    def replicas(self, model: str) -> list[Any]:
-        if model not in self.held:
-            raise InferlineError(f"{model!r} not here")
-        return [_FakeHandle(model, f"{model}-{k}") for k in range(self.held[model])]
-
-    async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
-        await self.scale(spec.name, config.replicas)
-
-    async def scale(self, model: str, n: int) -> None:
-        self.held[model] = n
-        for cb in self.subs:
-            cb(model, self.replicas(model))
-
-    async def remove(self, model: str) -> None:
-        self.held.pop(model, None)
-
-    async def close(self) -> None:
-        pass
-
-
-class _FakeHandle:
-    def __init__(self, model: str, rid: str) -> None:
-        self.model, self.id, self.hardware, self.alive = model, rid, "cpu", True
-
-
 def test_profiles_taken_through_a_fleet_get_the_farthest_members_hop() -> None:
     async def main() -> None:
-        near, far = _FakeServer("fake://near", 0.0), _FakeServer("fake://far", 0.02)
+        near, far = FakeMember("fake://near"), FakeMember("fake://far", delay_s=0.02)
         fleet = FleetBackend([near, far])
         # as profile_models does: one replica (the even spread puts it on the first
         # member), timed through the handle the fleet hands out, then removed

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _fleet_fakes import FakeMember
 
 from inferline.adapters.fleet import FleetBackend, cover
 from inferline.core import (
     CapacityError,
-    InferlineError,
     ModelConfig,
     ModelSpec,
     Pipeline,
@@ -28,85 +28,9 @@ M = ModelSpec("m", source="x")
 N = ModelSpec("n", source="y")
 
 
-class _FakeClient:
-    """A FAKE server client: ``ready()`` answers after ``delay_s`` (a server that far)."""
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s = delay_s
-
-    async def ready(self) -> bool:
-        await asyncio.sleep(self.delay_s)
-        return True
-
-
-class FakeServerMember:
-    """A FAKE member backend: a server of ``cores`` CPU cores (no real server: the placement
-    and hop bookkeeping are checked on exact counts and delays). ``lose()`` takes its
-    replicas away as a server loss does."""
-
-    def __init__(self, url: str, cores: int, delay_s: float = 0.0) -> None:
-        self.url, self.cores = url, cores
-        self.client = _FakeClient(delay_s)
-        self.held: dict[str, int] = {}
-        self.away = False
-        self.subs: list[Any] = []
-
-    def inventory(self) -> dict[str, int]:
-        return {"cpu": self.cores}
-
-    def free(self) -> dict[str, int]:
-        return {"cpu": max(0, self.cores - sum(self.held.values()))}
-
-    def subscribe(self, cb: Any) -> None:
-        self.subs.append(cb)
-
-    def _set(self, model: str, n: int) -> None:
-        if n - self.held.get(model, 0) > self.free()["cpu"]:
-            raise CapacityError(f"{self.url}: no room for {n} of {model!r}", self.free())
-        self.held[model] = n
-        for cb in self.subs:
-            cb(model, self.replicas(model))
-
-    def replicas(self, model: str) -> list[Any]:
-        if model not in self.held:
-            raise InferlineError(f"{model!r} not here")
-        return (
-            [] if self.away else [_Handle(model, f"{model}-{k}") for k in range(self.held[model])]
-        )
-
-    def lose(self) -> None:
-        self.away = True
-        for m in self.held:
-            for cb in self.subs:
-                cb(m, [])
-
-    async def deploy(self, spec: ModelSpec, config: ModelConfig) -> None:
-        self._set(spec.name, config.replicas)
-
-    async def scale(self, model: str, n: int) -> None:
-        self._set(model, n)
-
-    async def remove(self, model: str) -> None:
-        self.held.pop(model, None)
-
-    async def stats(self, model: str) -> dict[str, Any]:
-        return {}
-
-    async def close(self) -> None:
-        pass
-
-
-class _Handle:
-    def __init__(self, model: str, rid: str) -> None:
-        self.model, self.id, self.hardware, self.alive = model, rid, "cpu", True
-
-    async def predict_batch(self, inputs: Any) -> list[Any]:
-        return list(inputs)
-
-
 def test_the_fleet_follows_the_plans_placement_per_server() -> None:
     async def main() -> None:
-        a, b = FakeServerMember("fake://a", 4), FakeServerMember("fake://b", 4)
+        a, b = FakeMember("fake://a", 4), FakeMember("fake://b", 4)
         fleet = FleetBackend([a, b])
         nodes = [n.to_dict() for n in fleet.nodes()]
         assert [(d["node_id"], d["hardware"], d["alive"]) for d in nodes] == [
@@ -135,7 +59,7 @@ def test_the_fleet_follows_the_plans_placement_per_server() -> None:
 
 def test_round_trips_are_measured_per_server_and_added_to_the_profiles() -> None:
     async def main() -> None:
-        near, far = FakeServerMember("fake://a", 1), FakeServerMember("fake://b", 1, 0.02)
+        near, far = FakeMember("fake://a", 1), FakeMember("fake://b", 1, 0.02)
         fleet = FleetBackend([near, far])
         trips = await fleet.measure_round_trips(samples=3)
         assert trips["fake://b"] >= 0.02 and trips["fake://a"] < trips["fake://b"]
@@ -166,7 +90,7 @@ def test_cover_places_lost_replicas_within_the_survivors_room() -> None:
 
 def test_a_lost_servers_replicas_go_to_the_survivors_and_come_back() -> None:
     async def main() -> None:
-        a, b, c = (FakeServerMember(f"fake://{x}", 3) for x in "abc")
+        a, b, c = (FakeMember(f"fake://{x}", 3) for x in "abc")
         fleet = FleetBackend([a, b, c], replace_grace_s=0.05)
         await fleet.deploy(M, ModelConfig("cpu", 4, 6))  # 2 on each
         c.lose()
@@ -179,9 +103,8 @@ def test_a_lost_servers_replicas_go_to_the_survivors_and_come_back() -> None:
         await asyncio.sleep(0.3)
         st = await fleet.stats("m")
         assert (a.held["m"], st["unplaced"], st["shortfall"]) == (3, 3, 3)
-        b.away = c.away = False  # both back: their replicas reloaded, the cover goes
-        b._set("m", b.held["m"])
-        c._set("m", c.held["m"])
+        b.back()  # both back: their replicas reloaded, the cover goes
+        c.back()
         await asyncio.sleep(0.3)
         st = await fleet.stats("m")
         assert (a.held["m"], b.held["m"], c.held["m"]) == (2, 2, 2)
