@@ -16,6 +16,7 @@ trace, the measured P99 and SLO miss rate. A plan "holds" when its measured P99 
 SLO; an infeasible answer is an honest one when the first plan did not hold.
 
     .venv/bin/python benchmarks/calibrated_plans.py [--quick | --smoke] [--profiles out/fidelity/profiles.json]
+        [--pipeline out/fidelity/pipeline.json]
 """
 
 from __future__ import annotations

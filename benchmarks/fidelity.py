@@ -42,6 +42,7 @@ from inferline.core import (
     PlannerOptions,
     Profiles,
     gamma_trace,
+    load_pipeline,
     load_profiles,
     plan_inferline,
     save,
@@ -109,8 +110,9 @@ def cores_options(args: argparse.Namespace) -> PlannerOptions:
 async def demo_setup(
     args: argparse.Namespace,
 ) -> tuple[Path, Pipeline, Profiles, np.random.Generator]:
-    """The demo deployment written to ``args.out``, its traced pipeline and profiles
-    (``args.profiles``, else profiled now and saved there), and the traces' random source."""
+    """The demo deployment written to ``args.out``, its traced pipeline (``args.pipeline``
+    with ``args.profiles``, else traced now and saved there) and profiles (``args.profiles``,
+    else profiled now and saved there), and the traces' random source."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dep_d = deployment_dict(slo_ms=100.0)
@@ -120,7 +122,10 @@ async def demo_setup(
     rng = np.random.default_rng(args.seed)
 
     t0 = time.perf_counter()
-    if args.profiles:
+    if args.profiles and getattr(args, "pipeline", None):
+        # both from an earlier run: tracing again loads (trains) every model in-process
+        profiles, pipeline = load_profiles(args.profiles), load_pipeline(args.pipeline)
+    elif args.profiles:
         profiles = load_profiles(args.profiles)
         pipeline, _ = await trace_deployment(dep, samples=sample_inputs(120))
     else:
@@ -129,6 +134,7 @@ async def demo_setup(
         profiles = result.profiles
         save(profiles, out / "profiles.json")
         print("\n".join(wake_lines(profiles)))
+    save(pipeline, out / "pipeline.json")
     print(f"profiles ready in {time.perf_counter() - t0:.0f} s; pipeline {pipeline.to_dict()}")
     return out, pipeline, profiles, rng
 
@@ -555,6 +561,12 @@ def demo_arguments(doc: str | None) -> argparse.ArgumentParser:
         "are printed but not judged (the exit status says only that it ran)",
     )
     ap.add_argument("--profiles", default=None, help="reuse these profiles (skip profiling)")
+    ap.add_argument(
+        "--pipeline",
+        default=None,
+        help="with --profiles: reuse this traced pipeline (an earlier run's pipeline.json; "
+        "skip tracing)",
+    )
     add_profiler_arguments(ap)
     return ap
 
@@ -586,7 +598,7 @@ def main() -> int:
     ap.add_argument(
         "--out",
         default="out/fidelity",
-        help="output folder: profiles, server log, fidelity.json (default %(default)s)",
+        help="output folder: profiles, pipeline, server log, fidelity.json (default %(default)s)",
     )
     ap.add_argument(
         "--nice",

@@ -122,10 +122,15 @@ async def _predict_all(backend: LocalBackend, model: str, xs: np.ndarray) -> np.
 
 
 async def served_predictions(
-    specs: Sequence[ModelSpec], inputs: dict[str, np.ndarray]
+    specs: Sequence[ModelSpec],
+    inputs: dict[str, np.ndarray],
+    backend: LocalBackend | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
-    """``{input set: {model: labels}}``, every label from a replica process."""
-    backend = LocalBackend(oversubscribe=True)
+    """``{input set: {model: labels}}``, every label from a replica process. ``backend``: a
+    backend to deploy ``specs`` to and leave running (its owner closes it), else one of its own
+    for this call."""
+    own = backend is None
+    backend = LocalBackend(oversubscribe=True) if backend is None else backend
     try:
         await _deploy(backend, specs)
         return {
@@ -133,7 +138,8 @@ async def served_predictions(
             for k, xs in inputs.items()
         }
     finally:
-        await backend.close()
+        if own:
+            await backend.close()
 
 
 def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -167,13 +173,19 @@ async def sec_failure(args: argparse.Namespace, out: Path) -> tuple[str, dict[st
     _, _, xte, yte = digits_data()
     noisy = distort(xte, "noise:4", args.seed)
     specs = [_spec(k) for k in FIVE]
-    preds = await served_predictions(specs, {"clean": xte, "noisy": noisy})
-    n = _size(
-        args, 20_000, 20_000, 2_000
-    )  # the policies replay fast; --quick shortens the live run
-    span = (n // 4, n // 2)
-    res = model_failure(preds["clean"], yte, n_queries=n, fail_span=span, seed=args.seed)
-    live = await live_failure(specs, preds["clean"], yte, res.fail_model, args)
+    # one set of replicas for the predictions and the live run (its calls go to the replicas'
+    # handles one query at a time, whatever their batch size): starting and training five
+    # more replica processes took longer than the rest of the section
+    backend = LocalBackend(oversubscribe=True)
+    try:
+        preds = await served_predictions(specs, {"clean": xte, "noisy": noisy}, backend)
+        # the policies replay fast; --quick shortens the live run
+        n = _size(args, 20_000, 20_000, 2_000)
+        span = (n // 4, n // 2)
+        res = model_failure(preds["clean"], yte, n_queries=n, fail_span=span, seed=args.seed)
+        live = await live_failure(specs, preds["clean"], yte, res.fail_model, args, backend)
+    finally:
+        await backend.close()
     fin = res.final()
     rows = [(k, fin[k]) for k in sorted(fin, key=fin.get)]
     ls = live["span"]
@@ -223,12 +235,15 @@ async def live_failure(
     y: np.ndarray,
     fail: str,
     args: argparse.Namespace,
+    backend: LocalBackend,
 ) -> dict[str, Any]:
     """A stream through SelectionService + the runtime (Exp4), with ``fail`` answering wrong
     labels in :func:`live_span` of it (injected at the model call); compared with an offline
     replay of the same stream. ``args.live_queries`` sets the length (default 200 with
     ``--quick``, else 1000). Reports how many wrong answers were injected and ``fail``'s Exp4
-    weight at the start and the end of the failure, so a run shows the policy reacted."""
+    weight at the start and the end of the failure, so a run shows the policy reacted.
+    ``backend``: one that already runs ``specs`` (its calls go to the replicas' handles one
+    query at a time, whatever their batch size); left running."""
     n = getattr(args, "live_queries", None) or _size(args, 1000, 200, 40)
     span = live_span(n)
     # the same draws as model_failure(n_queries=n, fail_span=span): the query stream, then the
@@ -237,42 +252,37 @@ async def live_failure(
     extra = np.random.default_rng(args.seed + 1).integers(1, 10, span[1] - span[0])
     wrong = (y[q[span[0] : span[1]]] + extra) % 10
     _, _, xte, _ = digits_data()
-    backend = LocalBackend(oversubscribe=True)
     agree = 0
-    try:
-        await _deploy(backend, specs, batch=1)
-        handles = {s.name: backend.replicas(s.name)[0] for s in specs}
-        step = {"i": 0}
-        injected = 0
-        weights: dict[int, float] = {}
+    handles = {s.name: backend.replicas(s.name)[0] for s in specs}
+    step = {"i": 0}
+    injected = 0
+    weights: dict[int, float] = {}
 
-        async def call(m: str, x: Any) -> int:
-            nonlocal injected
-            real = int((await handles[m].predict_batch([x]))[0])
-            out = real
-            i = step["i"]
-            if m == fail and span[0] <= i < span[1]:
-                out = int(wrong[i - span[0]])
-            injected += out != real
-            return out
+    async def call(m: str, x: Any) -> int:
+        nonlocal injected
+        real = int((await handles[m].predict_batch([x]))[0])
+        out = real
+        i = step["i"]
+        if m == fail and span[0] <= i < span[1]:
+            out = int(wrong[i - span[0]])
+        injected += out != real
+        return out
 
-        pol = Exp4(list(preds), rng=random.Random(args.seed))
-        sel = SelectionService("failure", pol, call)
-        offline = pol.init()
-        for i in range(n):
-            step["i"] = i
-            if i in span:
-                st = sel.state()
-                weights[i] = float(st.weights()[list(st.models).index(fail)])
-            p = await sel.predict(xte[q[i]], query_id=str(i))
-            sel.feedback(int(y[q[i]]), query_id=str(i))
-            ref = {m: int(preds[m][q[i]]) for m in preds}
-            if fail in ref and span[0] <= i < span[1]:
-                ref[fail] = int(wrong[i - span[0]])
-            agree += p.output == pol.combine(offline, None, ref).output
-            offline = pol.observe(offline, None, int(y[q[i]]), ref)
-    finally:
-        await backend.close()
+    pol = Exp4(list(preds), rng=random.Random(args.seed))
+    sel = SelectionService("failure", pol, call)
+    offline = pol.init()
+    for i in range(n):
+        step["i"] = i
+        if i in span:
+            st = sel.state()
+            weights[i] = float(st.weights()[list(st.models).index(fail)])
+        p = await sel.predict(xte[q[i]], query_id=str(i))
+        sel.feedback(int(y[q[i]]), query_id=str(i))
+        ref = {m: int(preds[m][q[i]]) for m in preds}
+        if fail in ref and span[0] <= i < span[1]:
+            ref[fail] = int(wrong[i - span[0]])
+        agree += p.output == pol.combine(offline, None, ref).output
+        offline = pol.observe(offline, None, int(y[q[i]]), ref)
     return {
         "n": n,
         "span": span,
@@ -549,8 +559,9 @@ async def sec_personal(args: argparse.Namespace, out: Path) -> tuple[str, dict[s
 # ---------------------------------------------------------------- 6
 
 
-def rafiki_members(seed: int = 0) -> dict[tuple[int, ...], float]:
-    """Majority-vote accuracy of every subset of three random-subspace digits classifiers."""
+def rafiki_members(seed: int = 0, mlp_iter: int = 1000) -> dict[tuple[int, ...], float]:
+    """Majority-vote accuracy of every subset of three random-subspace digits classifiers
+    (``mlp_iter``: the MLP's training iterations at most)."""
     import itertools
     import warnings
 
@@ -563,7 +574,7 @@ def rafiki_members(seed: int = 0) -> dict[tuple[int, ...], float]:
     subs = [perm[i * 20 : (i + 1) * 20] for i in range(3)]
     ms = [
         LogisticRegression(max_iter=2000),
-        MLPClassifier((64,), max_iter=1000, random_state=seed),
+        MLPClassifier((64,), max_iter=mlp_iter, random_state=seed),
         SVC(),
     ]
     with warnings.catch_warnings():
@@ -598,7 +609,8 @@ RAFIKI_LAT = [
 
 
 def sec_rafiki(args: argparse.Namespace, out: Path) -> tuple[str, dict[str, Any]]:
-    acc = rafiki_members(args.seed)
+    # --smoke: the MLP trained 100 iterations, not to convergence (~7 s of the section's ~30)
+    acc = rafiki_members(args.seed, _size(args, 1000, 1000, 100))
     cfg = RafikiConfig((16, 32, 48, 64), tau_s=1.0)
     period = _size(args, 500.0, 500.0, 100.0)
     r_l = min(64 / lat[64] for lat in RAFIKI_LAT)  # all models synchronously

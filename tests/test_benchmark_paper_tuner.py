@@ -8,21 +8,37 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+import io
+
+import pytest
+
 from benchmarks import paper_tuner
 
+# the short case: one pipeline, one synthetic case, one seed (what --smoke runs)
+ARGV = ["--quick", "--seeds", "0", "--pipelines", "image-processing", "--no-real"]
+ARGV += ["--cases", "rate-tau60"]
 
-def test_quick_case_prints_the_table_targets_and_bound(tmp_path, capsys):
-    out = tmp_path / "rows.json"
-    argv = ["--quick", "--seeds", "0", "--pipelines", "image-processing", "--no-real"]
-    argv += ["--cases", "rate-tau60"]
-    assert paper_tuner.main([*argv, "--json", str(out)]) == 0
-    text = capsys.readouterr().out
+
+# time (~15 s a run): the short case once, with the default activation of AutoScale's units,
+# shared by the two tests that read it (each ran it before, the same run twice)
+@pytest.fixture(scope="module")
+def quick_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
+    """The short case's printed text and its rows (``--json``)."""
+    out = tmp_path_factory.mktemp("paper_tuner") / "rows.json"
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert paper_tuner.main([*ARGV, "--json", str(out)]) == 0
+    return buf.getvalue(), json.loads(out.read_text())
+
+
+def test_quick_case_prints_the_table_targets_and_bound(quick_case):
+    text, rows = quick_case
     assert "image-processing  rate-tau60" in text
     assert "targets for tuner over the paper's cases: miss <= 1%:" in text
     assert "(reference) the oracle, whose cost is the bound: 10x below autoscale" in text
     assert "targets for saving over the paper's cases" in text and "mean cost / oracle's:" in text
     assert "switches to the peak's ladder step" in text
-    rows = json.loads(out.read_text())
     assert rows[0]["ladder_steps"] >= 1 and rows[0]["clairvoyant_miss"] is not None
     assert "the tuner started 20 s before the rise" in text
     # a tuner started late still follows the rise: it misses less than the plan alone
@@ -82,8 +98,6 @@ def test_tally_reads_the_10x_target_per_cell_and_on_seed_means():
 def test_tuner_flags_are_the_configs_fields_with_its_defaults_and_choices():
     """The flags come from TunerConfig: no flag gives the default config, each flag sets its
     field, and a value the field's type does not allow is refused by argparse."""
-    import pytest
-
     from inferline.core import TunerConfig
 
     assert paper_tuner.parse_args([])[1] == TunerConfig()
@@ -97,18 +111,18 @@ def test_tuner_flags_are_the_configs_fields_with_its_defaults_and_choices():
         paper_tuner.parse_args(["--down-rate", "curve"])
 
 
-# time (~12 s): two runs of the paper's tuner case (with and without the 30 s unit
-# activation) whose columns are compared.
-def test_unit_activation_changes_only_the_autoscale_columns(tmp_path, capsys):
+# time (~15 s): one more run of the paper's tuner case (with the 30 s unit activation),
+# compared with the shared run (AutoScale's units start in --activation-s, 5 s).
+def test_unit_activation_changes_only_the_autoscale_columns(tmp_path, capsys, quick_case):
     """--unit-activation-s delays AutoScale's pipeline units only: the tuner's cells are the
     same, a unit that takes 30 s to start serves the rise later (more misses or more cost)."""
-    argv = ["--quick", "--seeds", "0", "--pipelines", "image-processing", "--no-real"]
-    argv += ["--cases", "rate-tau60"]
-    rows = {}
-    for unit in ("5", "30"):
-        out = tmp_path / f"u{unit}.json"
-        assert paper_tuner.main([*argv, "--unit-activation-s", unit, "--json", str(out)]) == 0
-        rows[unit] = json.loads(out.read_text())[0]["results"]
+    # without the flag a unit starts as a replica does: 5 s, the paper's activation time
+    assert paper_tuner.parse_args(ARGV)[0].unit_activation_s is None
+    assert paper_tuner.ACTIVATION_S == 5.0
+    rows = {"5": quick_case[1][0]["results"]}
+    out = tmp_path / "u30.json"
+    assert paper_tuner.main([*ARGV, "--unit-activation-s", "30", "--json", str(out)]) == 0
+    rows["30"] = json.loads(out.read_text())[0]["results"]
     assert "(AutoScale's pipeline units 30 s)" in capsys.readouterr().out
     for label in ("tuner", "plan", "oracle", "replicas"):
         assert rows["5"][label] == rows["30"][label]

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import selection as bench
 from benchmarks._digits import digits_data
+from inferline.adapters.local import LocalBackend
 
 MODELS = ("nb", "logreg")
 
@@ -30,10 +31,18 @@ def test_quick_live_run_injects_the_failure_and_exp4_drops_the_failed_model() ->
     specs = [bench._spec(k) for k in MODELS]
 
     async def main() -> dict:
-        preds = (await bench.served_predictions(specs, {"clean": xte}))["clean"]
-        fail = max(MODELS, key=lambda m: float(np.mean(preds[m] == yte)))
-        args = argparse.Namespace(quick=True, seed=0, live_queries=120)
-        return {"fail": fail, **await bench.live_failure(specs, preds, yte, fail, args)}
+        # one set of replicas for both, as the benchmark's section runs them (starting the
+        # replica processes is most of this test's time)
+        backend = LocalBackend(oversubscribe=True)
+        try:
+            preds = (await bench.served_predictions(specs, {"clean": xte}, backend))["clean"]
+            fail = max(MODELS, key=lambda m: float(np.mean(preds[m] == yte)))
+            args = argparse.Namespace(quick=True, seed=0, live_queries=120)
+            live = await bench.live_failure(specs, preds, yte, fail, args, backend)
+            assert [len(backend.replicas(m)) for m in MODELS] == [1, 1]  # left running
+        finally:
+            await backend.close()
+        return {"fail": fail, **live}
 
     live = asyncio.run(main())
     a, b = live["span"]
