@@ -124,6 +124,8 @@ def test_rate_step_switches_to_the_cheap_real_model(tmp_path):
     assert re.search(
         r"model switching: SwitchOption\(variant='big'.*-> SwitchOption\(variant='small'", text
     )
+    # the variants share the stage's one queue (the default): the variant is chosen per batch
+    assert "(stage 'big', one shared queue)" in text, text[:3000]
     assert re.search(r'inferline_switching_switches_total\{app="digits"\} [1-9]', metrics), metrics
     # one variant active (after the replay the lull may already have brought "big" back)
     active = re.findall(r'inferline_switching_active\{app="digits",variant="\w+"\} (\S+)', metrics)

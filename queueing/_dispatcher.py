@@ -45,9 +45,10 @@ from ._batching import BatchingPolicy, FixedBatching
 from ._expiry import DEFAULT_EXPIRE_GRACE_S, _check_grace, _Expiry
 from ._gate import check_arrival
 from ._instant import Handoff, _Instant
-from ._mqueue import ModelQueue, QueuedQuery, closed_error, compact, deliver, wake
+from ._mqueue import ModelQueue, QueuedQuery, closed_error, compact, deliver, wake, wake_queue
 from ._priority import check_priority
 from ._puller import Listener, _PullerPool
+from ._shared import SharedQueue, check_members, merge_heaps
 from ._stats import ArrivalEvent, ModelStats, RecentService
 
 __all__ = ["Dispatcher", "Listener"]
@@ -94,6 +95,7 @@ class Dispatcher:
         self._backends: list[Backend] = []
         self._known: dict[str, list[ReplicaHandle]] = {}  # handles of models not added yet
         self._routes: dict[str, str] = {}  # stage -> the model whose queue serves it
+        self._shared: dict[str, SharedQueue] = {}  # stage -> its variants' one queue
         self._seq = 0
 
     @property
@@ -185,13 +187,58 @@ class Dispatcher:
     def route(self, name: str, model: str | None) -> None:
         """Serve queries submitted for ``name`` (a pipeline stage) from ``model``'s queue from
         now on, or from ``name``'s own queue again with ``None``. Model variants switch this
-        way; queries already queued finish where they are."""
+        way; queries already queued finish where they are, unless the stage's variants
+        share one queue (``share``): then ``model`` becomes the one variant whose replicas
+        cut batches, and the queued queries go to it."""
+        g = self._shared.get(name)
+        target = name if model is None else model
+        if g is not None and target not in g.members:
+            raise NotFoundError("variant", target, sorted(g.members))
         if model is None or model == name:
             self._routes.pop(name, None)
-            return
-        if model not in self._queues:
+        elif model not in self._queues:
             raise NotFoundError("model", model, list(self._queues))
-        self._routes[name] = model
+        else:
+            self._routes[name] = model
+        if g is not None:
+            g.set_active((target,))
+
+    def share(self, name: str, models: Sequence[str]) -> None:
+        """Give stage ``name``'s variants ``models`` one EDF queue (``_shared``): queries
+        submitted for the stage or any of them wait in one deadline order, and a batch is cut
+        by a replica of an active variant, at that variant's batch size. The variant the
+        stage is routed to (``resolve``; else the first of ``models``) starts active.
+        Refused for models with admission, with different expiry settings, or already
+        sharing. Queries already queued on the models join the one queue."""
+        if name in self._shared:
+            raise ValidationError("name", "a stage without a shared queue yet", name)
+        members = [self._queue(m) for m in dict.fromkeys(models)]
+        check_members(name, members)
+        merge_heaps(members)
+        routed = self.resolve(name)
+        first = routed if routed in {m.name for m in members} else members[0].name
+        g = SharedQueue(name, members, (first,))
+        for m in members:
+            m.group = g
+            if m.expire_late:
+                self._expiry.arm(m)  # the shared head: every member's timer reads it
+        self._shared[name] = g
+        for m in members:
+            wake(m)  # idle pullers re-read the shared heap; gated ones wait again
+
+    def set_active(self, name: str, models: Sequence[str]) -> None:
+        """Let the replicas of several of stage ``name``'s variants cut batches from its
+        shared queue (e.g. the old variant drains alongside the new); ``route`` makes one
+        active."""
+        g = self._shared.get(name)
+        if g is None:
+            raise NotFoundError("shared queue", name, sorted(self._shared))
+        g.set_active(models)
+
+    @property
+    def shared(self) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+        """Stages whose variants share one queue: ``{stage: (variants, active)}``."""
+        return {n: (tuple(g.members), g.active) for n, g in self._shared.items()}
 
     @property
     def routes(self) -> dict[str, str]:
@@ -335,8 +382,8 @@ class Dispatcher:
         if q.admission is not None:
             self._pool.doom_arrival(q, deadline)  # answered once it cannot make it
         self._instant.activity += 1  # an arrival: part of the current instant
-        if q.idle:
-            wake(q)
+        if q.idle or q.group is not None:
+            wake_queue(q)
         if self._listeners:
             self._pool.emit(ArrivalEvent(q.name, now, True, len(q.heap)))
         return fut
@@ -440,14 +487,15 @@ class Dispatcher:
 
     # -- observing ----------------------------------------------------------------------
     def queued(self, model: str) -> int:
-        """Queries waiting (not those answered elsewhere while queued)."""
-        return sum(1 for e in self._queue(model).heap if not e.fut.done())
+        """Queries waiting (not those answered elsewhere while queued). A stage's shared
+        queue is counted on its first active variant (0 on the others)."""
+        return _live(self._queue(model))
 
     def stats(self, model: str) -> ModelStats:
         q = self._queue(model)
         return ModelStats(
             model=q.name,
-            queued=sum(1 for e in q.heap if not e.fut.done()),
+            queued=_live(q),
             in_flight=q.in_flight,
             in_flight_batches=q.in_flight_batches,
             replicas=sum(1 for p in q.pullers.values() if not p.stopping),
@@ -497,6 +545,13 @@ class Dispatcher:
         for q in self._queues.values():
             q.pullers.clear()
             q.idle.clear()
+
+
+def _live(q: ModelQueue) -> int:
+    g = q.group
+    if g is not None and g.reporter() != q.name:
+        return 0
+    return sum(1 for e in q.heap if not e.fut.done())
 
 
 def _recent_quantiles(recent: Sequence[tuple[int, float]]) -> dict[str, Any]:

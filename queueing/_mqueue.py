@@ -8,7 +8,7 @@ import asyncio
 import heapq
 import math
 from collections import deque
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from inferline.core.errors import BackendError
 from inferline.core.protocols import ReplicaHandle
@@ -81,6 +81,17 @@ class QueuedQuery(_QueuedFields):
         return self._replace(retries=self.retries + 1)
 
 
+class StageGate(Protocol):
+    """A stage's shared queue as its member queues see it (``_shared.SharedQueue``; a
+    protocol here so that ``_shared`` may import this module)."""
+
+    def may_cut(self, model: str) -> bool: ...
+
+    def wake(self) -> None: ...
+
+    def reporter(self) -> str: ...
+
+
 class Puller:
     __slots__ = (
         "batch",
@@ -120,6 +131,7 @@ class ModelQueue:
         "expiry_timer",
         "failed",
         "failed_batches",
+        "group",
         "handles",
         "heap",
         "idle",
@@ -189,6 +201,9 @@ class ModelQueue:
         # a query of a class other than 0 was ever queued: the head is then not always the
         # earliest deadline, and expiry scans (``_expiry``)
         self.mixed = False
+        # the stage's shared queue this model is a variant of (``_shared``): its ``heap`` is
+        # then the stage's, and the gate says when its replicas may cut; None: its own queue
+        self.group: StageGate | None = None
 
 
 def closed_error(model: str) -> BackendError:
@@ -210,6 +225,16 @@ def wake(q: ModelQueue) -> None:
         if w is not None and not w.done():
             w.set_result(None)
     q.idle.clear()
+
+
+def wake_queue(q: ModelQueue) -> None:
+    """New work in ``q``'s heap: wake its idle pullers, or for a stage's shared queue the
+    active variants' (``_shared``)."""
+    g = q.group
+    if g is not None:
+        g.wake()
+    elif q.idle:
+        wake(q)
 
 
 def compact(q: ModelQueue) -> int:

@@ -14,6 +14,10 @@ the measured accuracy replaces the declared one (which stays the fallback withou
 ``rebuild_s`` (default 10, 0: off), ``rebuild_window_s`` (default: the drift loop's window),
 ``rebuild_min_batches`` and ``rebuild_threshold``: the table is rebuilt from live service times
 and the measured arrival rate (``TableKeeper``); ``GET /admin/switching`` shows it.
+``queue`` (default ``"shared"``): the variants share the stage's one EDF queue and the variant
+is chosen when a batch is cut (``Dispatcher.share``), so at a switch the queued queries go to
+the new variant; ``"per_variant"``: each variant its own queue (queries queued at a switch
+finish on the old variant).
 
 At start the server builds the table (``build_switching_table``, off the event loop), keeps
 every variant deployed (the active one with the chosen replicas x threads split, the others
@@ -50,6 +54,7 @@ __all__ = ["FORMAT", "ServeSwitching", "launch_switching", "load_switching"]
 log = logging.getLogger(__name__)
 
 FORMAT = "inferline.switching/1"
+QUEUES = ("shared", "per_variant")  # the stage's one queue, or one queue per variant
 
 
 @dataclass(frozen=True)
@@ -77,6 +82,7 @@ class ServeSwitching:
     rebuild_window_s: float | None = None
     rebuild_min_batches: int = 10
     rebuild_threshold: float = 0.1
+    queue: str = "shared"
 
     def __post_init__(self) -> None:
         if not self.variants:
@@ -90,6 +96,8 @@ class ServeSwitching:
             raise ValidationError("switching.interval_s", "a number > 0", self.interval_s)
         if self.min_dwell_s < 0:
             raise ValidationError("switching.min_dwell_s", "a number >= 0", self.min_dwell_s)
+        if self.queue not in QUEUES:
+            raise ValidationError("switching.queue", f"one of {list(QUEUES)}", self.queue)
         # the controller's own checks (core budget, rule, window, deadline) with field names
         self.controller_config(self.deadline_s or 1.0)
         self.rebuild_config()
@@ -187,6 +195,13 @@ async def launch_switching(
     profiles = load_profiles(cfg.profiles)
     variants, source = await _accuracies(cfg, backend, dispatcher)
     table = await asyncio.to_thread(build_switching_table, variants, profiles, config)
+    if cfg.queue == "shared":  # after the held-out scoring: that one asks each variant
+        try:
+            dispatcher.share(cfg.stage, [v.name for v in cfg.variants])
+        except ValidationError as e:
+            raise ValidationError(
+                "switching.queue", f"'shared' needs {e.field}: {e.expected}", e.got
+            ) from None
     sw = LiveSwitcher(
         backend,
         dispatcher,
@@ -202,10 +217,11 @@ async def launch_switching(
     sw.attach(service, cfg.app)
     _keep_table(service, dispatcher, sw, cfg, profiles, variants, source)
     log.info(
-        "model switching on app %r (stage %r): variants %s, %d options, deadline %.0f ms, "
-        "starts on %s",
+        "model switching on app %r (stage %r, %s queue): variants %s, %d options, "
+        "deadline %.0f ms, starts on %s",
         cfg.app,
         cfg.stage,
+        "one shared" if cfg.queue == "shared" else "per-variant",
         {v.name: f"{v.accuracy:.4f} ({source[v.name]})" for v in variants},
         len(table.options),
         config.deadline_s * 1e3,
