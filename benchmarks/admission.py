@@ -2,9 +2,11 @@
 
 One model, the bundled runtime's ``sleep`` example (10 ms per batch plus 1 ms per item), one
 replica, batches up to 8 (capacity 8 / 18 ms = 444 q/s), a 100 ms SLO. Poisson arrivals at
-1x, 2x, 3x and 5x that capacity, each for ``--seconds`` (30 by default), through the
-``Service`` the HTTP route calls (``Service.predict``, in this process; the replica is its
-own process, reached over gRPC). Rows:
+1x, 2x, 3x and 5x that capacity, each for ``--seconds`` (30 by default). The server runs
+as ``inferline serve`` runs it, in this process (the HTTP app on uvicorn and uvloop,
+``gc.freeze()`` once warm; the replica is its own process, reached over gRPC); the load
+client is a process of its own (``_admission_client.py``) sending ``POST /apps/app/predict``
+over real sockets and handing its results back as JSON (``_admission_server.py``). Rows:
 
 - ``admission``: ``"queue": {"admission": "predicted", "expire_grace_ms": 5}`` (refused at
   once when predicted late; dropped from the queue as soon as it is doomed, or when a batch
@@ -13,13 +15,17 @@ own process, reached over gRPC). Rows:
 - ``expiry``: today's ``"expire_late": true`` with the default 50 ms grace,
 - ``admission+prio`` at 3x: 10% of the queries at priority 1.
 
-Columns: offered rate; goodput (predictions answered within the SLO, per second) and its
-share of the goodput measured at 1x with admission; answers later than deadline + 5 ms;
-refusals (429 on the native route) and their P99 time to answer; the P99 of predictions;
-how late the client's loop woke for its arrivals (P99; client and server share this process's
-loop); ``srv late``: answers the server finished past deadline + 5 ms (queue delay plus the
-batch's run, from the dispatcher's BatchEvents) and ``overran``: those whose batch ran past
-admission's predicted completion. ``late`` minus ``srv late`` is the client's own lag.
+Columns: offered rate; goodput (predictions answered within the SLO by the client's clock,
+per second) and its share of the goodput measured at 1x with admission; answers later than
+deadline + 5 ms by the client's clock (from each query's scheduled arrival) and by the
+server's (``srv late``: from the request reaching the HTTP app to its response starting);
+refusals at arrival (429 ``predicted_late``) and dispatch drops (429 ``dropped_late``) with
+their P99 time to answer; expired (504); the P99 of predictions; the priority class's on-time
+share; how late the client sent (P99 / max) and how late the server's loop woke for a 5 ms
+timer (P99 / max); the longest full garbage collection in the server; ``q late``: queries
+whose queue delay plus batch run ended past deadline + 5 ms (the dispatcher's BatchEvents)
+and ``overran``: those whose batch ran past admission's predicted completion; the server's
+and the client's CPU as a share of one core.
 
 Targets (issue 45): goodput at 2x-5x at least 95% of the 1x capacity; no answer later than
 deadline + 5 ms with admission; refusals within 2 ms of arrival at P99; the priority class's
@@ -38,18 +44,17 @@ Run: ``.venv/bin/python benchmarks/admission.py [--smoke] [--seconds S]``.
 from __future__ import annotations
 
 import argparse
-import asyncio
+import math
 import sys
-import time
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
+from _admission_inproc import run_mode_inproc
+from _admission_server import Row, run_mode
 
-from inferline.core import DeadlineExceededError, ModelConfig, OverloadedError, Plan
+from inferline.core import ModelConfig, Plan
 from inferline.demo.simple import sleep_deployment
-from inferline.deploy import Deployment, start_service
-from inferline.queueing import BatchEvent
+from inferline.deploy import Deployment
+from inferline.server import run_loop
 
 SLO_S = 0.100
 CAPACITY_QPS = 8 / 0.018
@@ -57,35 +62,10 @@ LATE_SLACK_S = 0.005
 PLAN = Plan("sleep", SLO_S, {"m": ModelConfig("cpu", 8, 1)})
 
 
-@dataclass
-class Row:
-    mode: str
-    factor: float
-    offered_qps: float = 0.0
-    seconds: float = 0.0
-    ok: list[float] = field(default_factory=list)  # latency of each prediction
-    refused: list[float] = field(default_factory=list)  # time to answer each refusal at arrival
-    # time to answer each query dropped from the queue by Clockwork's rule at a batch cut
-    dropped: list[float] = field(default_factory=list)
-    expired: int = 0
-    errors: int = 0
-    hi_ok: int = 0  # priority class: predictions within the SLO
-    hi_total: int = 0
-    # how late the client's loop woke for each arrival (client and server share this loop)
-    lag: list[float] = field(default_factory=list)
-    # answers the server finished later than deadline + 5 ms (queue delay + the batch's run,
-    # from the dispatcher's BatchEvents), and of those the ones whose batch ran past its
-    # predicted completion: the rest of ``late`` is the client seeing an in-time answer late
-    srv_late: int = 0
-    srv_late_overran: int = 0
-
-    @property
-    def goodput_qps(self) -> float:
-        return sum(x <= SLO_S for x in self.ok) / self.seconds
-
-    @property
-    def late(self) -> int:
-        return sum(x > SLO_S + LATE_SLACK_S for x in self.ok)
+CLIENT_NOTES = {
+    "http": "client in its own process over HTTP",
+    "inproc": "client in this process through the service's predict (no HTTP door)",
+}
 
 
 def _deployment(mode: str, grace_ms: float) -> Deployment:
@@ -100,123 +80,72 @@ def _deployment(mode: str, grace_ms: float) -> Deployment:
     return Deployment.from_dict(d)
 
 
-async def _one(svc: Any, row: Row, x: list[float], prio: int) -> None:
-    t = time.perf_counter()
-    try:
-        await svc.predict("app", x, None, prio)
-    except OverloadedError as e:  # PredictedLate is one
-        late_drop = getattr(e, "stage", "") == "dispatch"  # at a cut or once doomed
-        (row.dropped if late_drop else row.refused).append(time.perf_counter() - t)
-        if prio:
-            row.hi_total += 1
-        return
-    except DeadlineExceededError:
-        row.expired += 1
-        if prio:
-            row.hi_total += 1
-        return
-    except Exception:
-        row.errors += 1
-        return
-    lat = time.perf_counter() - t
-    row.ok.append(lat)
-    if prio:
-        row.hi_total += 1
-        row.hi_ok += lat <= SLO_S
-
-
-async def _drive(svc: Any, row: Row, rate: float, seconds: float, hi_share: float) -> None:
-    """Poisson arrivals at ``rate`` for ``seconds``; each query a task, awaited at the end."""
-    rng = np.random.default_rng(45)
-    n = int(rate * seconds * 1.2) + 10
-    times = np.cumsum(rng.exponential(1.0 / rate, n))
-    times = times[times < seconds]
-    prios = (rng.random(len(times)) < hi_share).astype(int)
-    tasks = []
-    t0 = time.perf_counter()
-    i = 0
-    while i < len(times):
-        now = time.perf_counter() - t0
-        while i < len(times) and times[i] <= now:
-            tasks.append(asyncio.ensure_future(_one(svc, row, [float(i)], int(prios[i]))))
-            i += 1
-        if i < len(times):
-            await asyncio.sleep(max(0.0, times[i] - (time.perf_counter() - t0)))
-            row.lag.append(time.perf_counter() - t0 - times[i])
-    await asyncio.gather(*tasks)
-    row.offered_qps = len(times) / seconds
-    row.seconds = seconds
-
-
-async def _run_mode(mode: str, factors: list[float], seconds: float, grace_ms: float) -> list[Row]:
-    svc = await start_service(_deployment(mode, grace_ms), PLAN)
-    rows = []
-    try:
-        await svc.predict("app", [1.0])  # the replica's first call is its slowest
-        for _ in range(30):  # batches of every size up to 8: the live P99 knows them
-            await asyncio.gather(*(svc.predict("app", [1.0]) for _ in range(12)))
-        current: list[Row] = []
-
-        def on_event(ev: Any) -> None:
-            if not current or not isinstance(ev, BatchEvent) or not ev.ok:
-                return
-            n = sum(d + ev.service_s > SLO_S + LATE_SLACK_S for d in ev.queue_delays_s)
-            current[0].srv_late += n
-            if n and ev.prediction_errors_s and min(ev.prediction_errors_s) < 0:
-                current[0].srv_late_overran += n
-
-        svc.dispatcher.add_listener(on_event)
-        for f in factors:
-            row = Row(mode, f)
-            current[:] = [row]
-            hi = 0.1 if mode == "admission+prio" else 0.0
-            await _drive(svc, row, f * CAPACITY_QPS, seconds, hi)
-            rows.append(row)
-            await asyncio.sleep(0.3)  # let the backlog drain between rates
-    finally:
-        await svc.close()
-    return rows
-
-
 def _p99_ms(xs: list[float]) -> float:
     return float(np.percentile(xs, 99)) * 1e3 if xs else float("nan")
 
 
-def _print(rows: list[Row], seconds: float, triton_note: str = "") -> bool:
-    base = next(r for r in rows if r.mode == "admission" and r.factor == 1.0).goodput_qps
+def _ms(x: float) -> float:
+    return x * 1e3 if math.isfinite(x) else float("nan")
+
+
+HEAD = (
+    f"{'mode':<15} {'load':>5} {'offered/s':>9} {'goodput/s':>9} {'of 1x':>6} "
+    f"{'late>+5ms':>9} {'srv late':>8} {'refused':>8} {'refuse p99 ms':>13} {'dropped':>7} "
+    f"{'drop p99 ms':>11} {'expired':>7} {'ok p99 ms':>9} {'hi on-time':>10} "
+    f"{'cli lag p99/max ms':>18} {'srv lag p99/max ms':>18} {'gc max ms':>9} "
+    f"{'q late':>6} {'overran':>7} {'cpu srv/cli %':>13}"
+)
+
+
+def _line(r: Row, base: float) -> str:
+    g = r.goodput_qps(SLO_S)
+    hi = f"{r.hi['on_time'] / r.hi['total']:.3f}" if r.hi.get("total") else "-"
+    srv = "-" if r.mode.startswith("triton") else str(r.srv_late(SLO_S, LATE_SLACK_S))
+    cli = f"{_ms(r.lag_p99_s):.1f}/{_ms(r.lag_max_s):.0f}"
+    lag = f"{_ms(r.srv_lag_p99_s):.1f}/{_ms(r.srv_lag_max_s):.0f}"
+    s = r.seconds or float("nan")
+    cpu = f"{r.srv_cpu_s / s * 100:.0f}/{r.cli_cpu_s / s * 100:.0f}"
+    return (
+        f"{r.mode:<15} {r.factor:>4g}x {r.offered_qps:>9.0f} {g:>9.0f} {g / base:>6.2f} "
+        f"{r.late(SLO_S, LATE_SLACK_S):>9} {srv:>8} {len(r.refused):>8} "
+        f"{_p99_ms(r.refused):>13.2f} {len(r.dropped):>7} {_p99_ms(r.dropped):>11.1f} "
+        f"{r.expired:>7} {_p99_ms(r.ok):>9.1f} {hi:>10} {cli:>18} {lag:>18} "
+        f"{r.gc_max_s * 1e3:>9.1f} {r.q_late:>6} {r.overran:>7} {cpu:>13}"
+    )
+
+
+def _print(rows: list[Row], seconds: float, client_note: str, triton_note: str = "") -> bool:
+    base = next(r for r in rows if r.mode == "admission" and r.factor == 1.0).goodput_qps(SLO_S)
     print(
         f"Admission by predicted completion vs expiry: sleep model (10 ms + 1 ms/item), one "
-        f"replica, batch 8, SLO {SLO_S * 1e3:.0f} ms, Poisson, {seconds:g} s per rate"
+        f"replica, batch 8, SLO {SLO_S * 1e3:.0f} ms, Poisson, {seconds:g} s per rate; "
+        + client_note
     )
-    print(
-        f"{'mode':<15} {'load':>5} {'offered/s':>9} {'goodput/s':>9} {'of 1x':>6} "
-        f"{'late>+5ms':>9} {'refused':>8} {'refuse p99 ms':>13} {'dropped':>7} "
-        f"{'drop p99 ms':>11} {'expired':>7} {'ok p99 ms':>9} {'hi on-time':>10} "
-        f"{'loop lag p99 ms':>15} {'max':>5} {'srv late':>8} {'overran':>7}"
-    )
+    print(HEAD)
     for r in rows:
-        hi = f"{r.hi_ok / r.hi_total:.3f}" if r.hi_total else "-"
-        print(
-            f"{r.mode:<15} {r.factor:>4g}x {r.offered_qps:>9.0f} {r.goodput_qps:>9.0f} "
-            f"{r.goodput_qps / base:>6.2f} {r.late:>9} {len(r.refused):>8} "
-            f"{_p99_ms(r.refused):>13.2f} {len(r.dropped):>7} {_p99_ms(r.dropped):>11.1f} "
-            f"{r.expired:>7} {_p99_ms(r.ok):>9.1f} {hi:>10} {_p99_ms(r.lag):>15.1f} "
-            f"{max(r.lag, default=float('nan')) * 1e3:>5.0f} "
-            f"{r.srv_late:>8} {r.srv_late_overran:>7}"
-        )
+        print(_line(r, base))
     if triton_note:
         print(f"triton REJECT   -     {triton_note}")
+    for r in rows:
+        if r.hi.get("total"):
+            print(f"priority class at {r.factor:g}x ({r.mode}): {r.hi}")
     adm = [r for r in rows if r.mode == "admission" and r.factor >= 2]
-    good = all(r.goodput_qps >= 0.95 * base for r in adm)
-    no_late = all(r.late == 0 for r in rows if r.mode.startswith("admission"))
+    good = all(r.goodput_qps(SLO_S) >= 0.95 * base for r in adm)
+    mine = [r for r in rows if r.mode.startswith("admission")]
+    no_late = all(r.late(SLO_S, LATE_SLACK_S) == 0 for r in mine)
+    no_srv_late = all(r.srv_late(SLO_S, LATE_SLACK_S) == 0 for r in mine)
     fast = all(_p99_ms(r.refused) <= 2.0 for r in adm if r.refused)
     prio = [r for r in rows if r.mode == "admission+prio"]
-    hi_ok = all(r.hi_total and r.hi_ok / r.hi_total >= 0.99 for r in prio)
+    hi_ok = all(r.hi.get("total") and r.hi["on_time"] / r.hi["total"] >= 0.99 for r in prio)
+
+    def met(x: bool) -> str:
+        return "met" if x else "NOT met"
+
     print(
-        f"targets: goodput at 2x-5x >= 95% of 1x: {'met' if good else 'NOT met'}; "
-        f"no answer later than deadline + 5 ms with admission: {'met' if no_late else 'NOT met'}; "
-        f"refusals at arrival within 2 ms at P99: {'met' if fast else 'NOT met'}; "
-        f"priority class on time >= 99% at 3x: {'met' if hi_ok else 'NOT met'}"
+        f"targets: goodput at 2x-5x >= 95% of 1x: {met(good)}; no answer later than "
+        f"deadline + 5 ms with admission: {met(no_late)} (client clock), {met(no_srv_late)} "
+        f"(server clock); refusals at arrival within 2 ms at P99: {met(fast)}; priority "
+        f"class on time >= 99% at 3x: {met(hi_ok)}"
     )
     return good and no_late
 
@@ -234,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the Triton REJECT rows (real Triton, started here); default on, off with --smoke",
     )
     ap.add_argument(
+        "--client",
+        choices=("http", "inproc"),
+        default="http",
+        help="http: the client a process of its own over HTTP (the door end to end); inproc: "
+        "the load through the service's predict in this process (the queue's policy alone, "
+        "no HTTP door; docs/deadlines.md); --smoke runs inproc plus one HTTP row at 1x",
+    )
+    ap.add_argument(
         "--grace-ms",
         type=float,
         default=LATE_SLACK_S * 1e3,
@@ -243,20 +180,31 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seconds = args.seconds or (2.0 if args.smoke else 30.0)
     factors = [1.0, 2.0, 3.0, 5.0]
+    client = "inproc" if args.smoke else args.client
+    run = run_mode_inproc if client == "inproc" else run_mode
     rows: list[Row] = []
     for mode, fs in (("admission", factors), ("expiry", factors), ("admission+prio", [3.0])):
-        rows += asyncio.run(_run_mode(mode, fs, seconds, args.grace_ms))
-    note = "not run (--smoke; --triton to include it)"
+        dep = _deployment(mode, args.grace_ms)
+        hi = 0.1 if mode == "admission+prio" else 0.0
+        rows += run_loop(run(mode, dep, PLAN, fs, seconds, hi, CAPACITY_QPS, LATE_SLACK_S))
+    if args.smoke:  # the HTTP path too, once
+        dep = _deployment("admission", args.grace_ms)
+        http = run_loop(run_mode("admission", dep, PLAN, [1.0], seconds, 0.0, CAPACITY_QPS, 0.005))
+        for r in http:
+            r.mode = "admission/http"
+        rows += http
+    note = "not run (--no-triton)" if args.triton is False else "not run (--smoke; --triton)"
     if args.triton or (args.triton is None and not args.smoke):
         from _admission_triton import triton_rows
 
         extra, note = triton_rows(factors, seconds, CAPACITY_QPS, SLO_S, Row)
         rows += extra
-    _print(rows, seconds, note)
+    _print(rows, seconds, CLIENT_NOTES[client], note)
     print(
         "reproduce: .venv/bin/python benchmarks/admission.py"
         + (" --smoke" if args.smoke else f" --seconds {seconds:g}")
         + {True: " --triton" if args.smoke else "", False: " --no-triton", None: ""}[args.triton]
+        + (f" --client {args.client}" if args.client != "http" and not args.smoke else "")
         + (f" --grace-ms {args.grace_ms:g}" if args.grace_ms != LATE_SLACK_S * 1e3 else "")
     )
     return 0

@@ -16,7 +16,12 @@ caller passes ``now``; nothing reads a clock):
   or the earliest predicted free time of a busy replica) plus the shortest predicted batch is
   answered at once, not when a cut reaches it: the dispatch rule could only drop it later.
 
-Both answer the query with ``PredictedLate`` (an ``OverloadedError``, so a surface that does
+A query admitted without a prediction (``predicted`` ``inf``: no estimate yet, or the one
+query admitted at an idle replica with nothing queued when only the estimate's tail refuses
+it, ``probe``: run to measure the model again) is exempt from the last two: it was admitted to run. Dropping it would leave the estimate as it
+was (no batch runs), so an estimate held high by a stall refused everything for good.
+
+The rules answer the query with ``PredictedLate`` (an ``OverloadedError``, so a surface that does
 not know it still answers "overloaded, retry").
 """
 
@@ -40,7 +45,9 @@ __all__ = [
     "doomed",
     "late_at_dispatch",
     "predict_completion",
+    "probe",
     "shortest_batch",
+    "unpredicted",
 ]
 
 ADMISSION_MODES = ("off", "predicted")
@@ -167,13 +174,34 @@ def admit(
     return AdmissionDecision(False, done, done - deadline, done - internal)
 
 
+def probe(config: AdmissionConfig, now: float, deadline: float, typical: float | None) -> bool:
+    """Admit, unpredicted, a query refused at an idle replica with nothing queued when a
+    batch of one at the model's ``typical`` (median, tail left out) latency would make its
+    deadline minus the buffer: only the estimate's tail stands in its way, and a tail held
+    high by past stalls is measured down only by running batches. A deadline even the
+    typical batch misses is refused as before (no estimate: admitted, as ``admit`` does)."""
+    if not config.enabled or typical is None:
+        return True
+    return now + typical <= deadline - config.buffer_s
+
+
+def unpredicted(predicted: float | None) -> bool:
+    """A query admitted without a prediction (its ``predicted`` completion ``inf``): the
+    dispatch and doomed rules leave it to run (module doc). ``None``: not known, not exempt."""
+    return predicted == math.inf
+
+
 def late_at_dispatch(
-    config: AdmissionConfig, now: float, deadline: float, batch_latency: float | None
+    config: AdmissionConfig,
+    now: float,
+    deadline: float,
+    batch_latency: float | None,
+    predicted: float | None = None,
 ) -> bool:
     """Clockwork's dispatch rule: a query is dropped when its deadline minus the buffer is
     earlier than now (the replica is free) plus this batch's execution time. Never drops
-    without an estimate."""
-    if not config.enabled or batch_latency is None:
+    without an estimate, nor a query admitted without a prediction (``predicted`` inf)."""
+    if not config.enabled or batch_latency is None or unpredicted(predicted):
         return False
     return dispatch_late(deadline, config.buffer_s, now, batch_latency)
 
@@ -195,21 +223,30 @@ def doomed(
     deadline: float,
     free_at: Sequence[float],
     shortest: float | None,
+    predicted: float | None = None,
 ) -> bool:
     """A queued query that cannot make its deadline even in the very next batch: its deadline
     minus the buffer is earlier than the earliest start (``now``, or later when every replica
     is predicted busy past it) plus the ``shortest`` predicted batch. Such a query would be
     dropped by the dispatch rule at any later cut, so it is answered now. Never drops without
-    an estimate or a replica."""
+    an estimate or a replica, nor a query admitted without a prediction (``predicted`` inf)."""
     if not config.enabled or shortest is None or not free_at or deadline == math.inf:
+        return False
+    if unpredicted(predicted):
         return False
     start = max(now, min(free_at))
     return deadline - config.buffer_s < start + shortest
 
 
-def doom_time(config: AdmissionConfig, deadline: float, shortest: float | None) -> float:
+def doom_time(
+    config: AdmissionConfig,
+    deadline: float,
+    shortest: float | None,
+    predicted: float | None = None,
+) -> float:
     """When a query with ``deadline`` becomes ``doomed`` as time passes (``inf``: never
-    without an estimate); the queue arms one timer for the earliest of its queries."""
-    if not config.enabled or shortest is None:
+    without an estimate, or for a query admitted without a prediction); the queue arms one
+    timer for the earliest of its queries."""
+    if not config.enabled or shortest is None or unpredicted(predicted):
         return math.inf
     return deadline - config.buffer_s - shortest

@@ -75,30 +75,33 @@ class BatchLatency:
             self._tails.append(service_s - med)
             self._dirty = True
 
-    def _p99(self, size: int) -> float:
+    def _p99(self, size: int, tail: bool = True) -> float:
+        if not tail:
+            return self._med[size]
         if self._dirty:
             xs = sorted(self._tails)
             self._tail = max(0.0, xs[max(0, math.ceil(self._q * len(xs)) - 1)])
             self._dirty = False
         return self._med[size] + self._tail
 
-    def estimate(self, size: int) -> float | None:
-        """The P99 latency of a batch of ``size`` (seconds), or None when unknown."""
+    def estimate(self, size: int, tail: bool = True) -> float | None:
+        """The P99 latency of a batch of ``size`` (seconds), or None when unknown.
+        ``tail=False``: its typical (median) latency, without the pooled tail."""
         if size in self._med:
-            return self._p99(size)
+            return self._p99(size, tail)
         sizes = self._sizes
         if sizes:
             i = bisect.bisect_left(sizes, size)
             if i < len(sizes):
-                return self._p99(sizes[i])
+                return self._p99(sizes[i], tail)
             if self._profile is not None:  # past the largest measured: the profile knows
                 return float(self._profile(size))
             top = sizes[-1]
             if len(sizes) >= 2:
                 prev = sizes[-2]
                 slope = max(0.0, (self._med[top] - self._med[prev]) / (top - prev))
-                return self._p99(top) + slope * (size - top)
-            return self._p99(top) * size / top
+                return self._p99(top, tail) + slope * (size - top)
+            return self._p99(top, tail) * size / top
         if self._profile is not None:
             return float(self._profile(size))
         return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ._admission import AdmissionConfig, PredictedLate, admit
+from ._admission import AdmissionConfig, PredictedLate, admit, probe
 from ._batch_latency import BatchLatency
 from ._mqueue import ModelQueue, QueuedQuery
 
@@ -50,11 +50,18 @@ def check_arrival(
             d = admit(config, now, deadline, pos, live + 1, free, mb, est)
     if d.admitted:
         return d.predicted
-    if n == 0 and free and min(free) <= now:
-        # an idle replica and nothing queued: waiting cannot help it, and running it
-        # measures the model again (an estimate held high by a stall would otherwise refuse
-        # everything and never be measured down)
-        return d.predicted
+    if (
+        n == 0
+        and free
+        and min(free) <= now
+        and probe(config, now, deadline, latency.estimate(1, False))
+    ):
+        # an idle replica, nothing queued, and only the estimate's tail refuses it: running
+        # it measures the model again (a tail held high by a stall would otherwise refuse
+        # everything and never be measured down). Admitted unpredicted (inf), so the
+        # dispatch and doomed rules let it run: dropped at its cut by the same estimate, it
+        # measured nothing and the refusals went on for good (docs/deadlines.md)
+        return math.inf
     q.refused_late += 1
     raise PredictedLate(q.name, "admission", d.late_by_s, d.retry_after_s)
 

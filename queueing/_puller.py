@@ -46,7 +46,7 @@ from ._admission import PredictedLate, doom_time, doomed, late_at_dispatch, shor
 from ._expiry import _Expiry
 from ._gate import busy_until, dispatch_latency, free_times, prediction_errors
 from ._instant import _Instant
-from ._mqueue import ModelQueue, Puller, QueuedQuery, closed_error, deliver, wake
+from ._mqueue import ModelQueue, Puller, QueuedQuery, closed_error, deliver, wake_queue
 from ._stats import ArrivalEvent, BatchEvent
 
 __all__: list[str] = []  # private to the package
@@ -155,12 +155,19 @@ class _PullerPool:
         instant = self.instant
         try:
             while not (p.stopping or self.closed):
+                if q.group is not None:  # a stage's shared heap; gated replicas wait
+                    heap = q.heap
+                    if not q.group.may_cut(q.name):
+                        await self._idle_wait(q, p, None, loop)
+                        continue
                 if not heap:
                     await self._idle_wait(q, p, None, loop)
                     continue
                 await instant.wait(loop)
                 if p.stopping or self.closed:
                     return
+                if q.group is not None and not q.group.may_cut(q.name):
+                    continue  # the gate closed during the instant
                 now = self.clock()
                 self._purge_head(q, now)
                 if q.expire_late:
@@ -214,7 +221,9 @@ class _PullerPool:
                 q.cancelled += 1
             elif q.expire_late and item.deadline < now:
                 self.expiry.expire(q, item, now)
-            elif lat is not None and late_at_dispatch(config, now, item.deadline, lat):
+            elif lat is not None and late_at_dispatch(
+                config, now, item.deadline, lat, item.predicted
+            ):
                 q.dropped_late += 1
                 q.failed += 1
                 late = now + lat - item.deadline
@@ -241,7 +250,7 @@ class _PullerPool:
         for e in heap:
             if e.fut.done():
                 q.cancelled += 1
-            elif doomed(config, now, e.deadline, free, shortest):
+            elif doomed(config, now, e.deadline, free, shortest, e.predicted):
                 q.dropped_late += 1
                 q.failed += 1
                 assert shortest is not None
@@ -251,7 +260,7 @@ class _PullerPool:
                 self.instant.activity += 1
             else:
                 keep.append(e)
-                due = min(due, doom_time(config, e.deadline, shortest))
+                due = min(due, doom_time(config, e.deadline, shortest, e.predicted))
         if len(keep) < len(heap):
             heapq.heapify(keep)
             heap[:] = keep  # in place: pullers hold this list
@@ -461,5 +470,4 @@ class _PullerPool:
         if requeued:
             if q.expire_late:
                 self.expiry.arm(q)  # a retried query may now be the earliest deadline
-            if q.idle:
-                wake(q)
+            wake_queue(q)

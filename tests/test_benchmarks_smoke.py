@@ -48,13 +48,15 @@ def _reproduce(name: str) -> str:
     return f"reproduce: .venv/bin/python benchmarks/{name}.py --smoke"
 
 
-# Time: the whole file takes about 3.5 min on the 2-core machine, most of it in a few rows
-# (measured 2026-11-28): calibrated_plans with the fidelity run ~50 s (profiles the three
-# demo models on the bundled runtime, plans three ways, replays each), selection ~40 s (six
-# sections, each training its models), switching_live ~30 s (each variant's accuracy scored
-# through a live server), triton_overhead ~20 s (a real Triton, perf_analyzer and the
-# attach door), rafiki_live ~17 s and frontend ~14 s (server processes and short replays).
-# Each is the script's smallest real run; the rest take seconds.
+# Time: the whole file took ~9.5 min on the shared 2-core machine (2026-11-29; 3.5 min on a
+# quiet one), most of it in a few rows: calibrated_plans with the fidelity run ~90 s (profiles
+# the three demo models on the bundled runtime, plans three ways, replays each), selection
+# ~70 s (six sections, each starting and training its models' replica processes),
+# steer_vs_analyzer and triton_overhead ~40 s each (a real Triton, perf_analyzer and the
+# attach door), ray_scaleout ~30 s (a local Ray cluster), paper_tuner ~20 s, fleet and
+# frontend ~25 s (server processes and short replays). Each is the script's smallest real
+# run; the rest take seconds. A script that a test of its own already runs at --quick size
+# (variant_tuner) smokes one case of it only.
 SMOKES: dict[str, Smoke] = {
     # ~25 s: three services of the bundled sleep model, 2 s per Poisson rate
     "admission": Smoke(
@@ -66,7 +68,12 @@ SMOKES: dict[str, Smoke] = {
             "targets: goodput at 2x-5x",
             _reproduce("admission"),
         ),
-        rows=(r"(?m)^admission +5x ", r"(?m)^expiry +5x ", r"(?m)^admission\+prio +3x "),
+        rows=(
+            r"(?m)^admission +5x ",
+            r"(?m)^expiry +5x ",
+            r"(?m)^admission\+prio +3x ",
+            r"(?m)^admission/http +1x ",
+        ),
     ),
     # ~5 s: five plans of the sleep model on 10 s of a bursty trace (estimator only)
     "admission_plans": Smoke(
@@ -77,8 +84,6 @@ SMOKES: dict[str, Smoke] = {
         ),
         rows=(r"(?m)^sleep \(100 ms\) +off ", r"(?m)^sleep \(100 ms\) +on, max_refused 0\.01 "),
     ),
-    # reuses the profiles of the fidelity run (what its docstring suggests): profiling the
-    # demo pipeline again would double the time and exercise nothing new
     # ~10 s: a real Triton (identity model) and the TF Serving stand-in, 100 calls per point
     "backend_calls": Smoke(
         ("Triton gRPC ModelInfer", "client CPU ms/call", _reproduce("backend_calls")),
@@ -86,6 +91,9 @@ SMOKES: dict[str, Smoke] = {
         needs="triton",
         integration=True,
     ),
+    # reuses the profiles and the traced pipeline of the fidelity run (what its docstring
+    # suggests): profiling or tracing the demo pipeline again (~15 s, its models trained
+    # in-process) would exercise nothing new
     "calibrated_plans": Smoke(
         (
             "plans on profiled vs calibrated profiles vs profiled with pinned cores",
@@ -93,7 +101,11 @@ SMOKES: dict[str, Smoke] = {
             "  profiled   ",
             _reproduce("calibrated_plans"),
         ),
-        ("--profiles", "{fidelity}/profiles.json", "--out", "{tmp}"),
+        (
+            *("--profiles", "{fidelity}/profiles.json"),
+            *("--pipeline", "{fidelity}/pipeline.json"),
+            *("--out", "{tmp}"),
+        ),
     ),
     "estimator": Smoke(
         ("SimPy reference vs estimator", "all latencies agree to 1e-9 s: yes", "big case"),
@@ -184,7 +196,7 @@ SMOKES: dict[str, Smoke] = {
         ),
         ("--out", "{tmp}"),
     ),
-    # ~40 s: a real Triton ensemble, two short replays and `inferline attach --steer --quick`
+    # ~35 s: a real Triton ensemble, two short replays and `inferline attach --steer --quick`
     # (Model Analyzer is skipped in --smoke: it measures for minutes)
     "steer_vs_analyzer": Smoke(
         ("steer vs Model Analyzer", "| operator start | 2 |", "inferline --steer", "--smoke"),

