@@ -13,16 +13,14 @@ arrival (``srv late``); a refusal's and a drop's time to answer from the predict
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from typing import Any
 
 import numpy as np
 from _admission_client import arrivals
-from _admission_server import Probe, Row, warm
+from _admission_server import Drive, Row
 
-from inferline.core import DeadlineExceededError, OverloadedError, Plan
-from inferline.deploy import Deployment, start_service
+from inferline.core import DeadlineExceededError, OverloadedError
 
 
 async def _one(svc: Any, row: Row, t_sched: float, x: list[float], prio: int) -> None:
@@ -79,40 +77,11 @@ async def _drive(svc: Any, row: Row, rate: float, seconds: float, hi_share: floa
     row.lag_max_s = max(lags, default=0.0)
 
 
-async def run_mode_inproc(
-    mode: str,
-    dep: Deployment,
-    plan: Plan,
-    factors: list[float],
-    seconds: float,
-    hi_share: float,
-    capacity_qps: float,
-    slack_s: float,
-) -> list[Row]:
-    """Serve ``dep`` in this process and drive its ``predict`` at each factor."""
-    svc = await start_service(dep, plan)
-    probe = Probe(plan.slo_s, slack_s)
-    lag = asyncio.ensure_future(probe.loop_lag())
-    gc.callbacks.append(probe.on_gc)
-    rows = []
-    try:
-        await warm(svc)
-        svc.dispatcher.add_listener(probe.on_batch)
-        gc.collect()
-        gc.freeze()  # as `inferline serve` once ready (inferline/deploy/_serve.py)
-        for f in factors:
-            row = Row(mode, f, slo_s=plan.slo_s)
-            probe.row = row
-            cpu = time.process_time()
-            await _drive(svc, row, f * capacity_qps, seconds, hi_share)
-            row.srv_cpu_s = time.process_time() - cpu  # server and client: one process
-            row.cli_cpu_s = 0.0
-            probe.finish()
-            rows.append(row)
-            await asyncio.sleep(0.3)  # let the backlog drain between rates
-    finally:
-        gc.callbacks.remove(probe.on_gc)
-        gc.unfreeze()
-        lag.cancel()
-        await svc.close()
-    return rows
+def inproc_drive(seconds: float, hi_share: float) -> Drive:
+    """The load through the service's ``predict`` here (``run_rows(..., http=False)``)."""
+
+    async def drive(svc: Any, url: str | None, row: Row, rate: float) -> None:
+        await _drive(svc, row, rate, seconds, hi_share)
+        row.cli_cpu_s = 0.0  # server and client: one process, its CPU in srv
+
+    return drive

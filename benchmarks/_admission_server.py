@@ -23,7 +23,7 @@ import gc
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,42 +178,49 @@ async def warm(svc: Any) -> None:
                 raise r
 
 
-async def run_mode(
+# one factor's load: (the service, the server's URL or None, the row, the rate) -> filled row
+Drive = Callable[[Any, "str | None", Row, float], Awaitable[None]]
+
+
+async def run_rows(
     mode: str,
     dep: Deployment,
     plan: Plan,
     factors: list[float],
-    seconds: float,
-    hi_share: float,
     capacity_qps: float,
     slack_s: float,
+    drive: Drive,
+    http: bool,
 ) -> list[Row]:
-    """Serve ``dep`` over HTTP here and drive it from a client process at each factor."""
+    """Serve ``dep`` here (over HTTP with ``http``), warm it, freeze start-up's objects out
+    of the collector, then ``drive`` each factor's load while the probe records."""
     svc = await start_service(dep, plan)
     probe = Probe(plan.slo_s, slack_s)
     stop = asyncio.Event()
-    sock = bind_socket("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    ready = asyncio.Event()
-    app = timed(create_app(svc, close_service_on_shutdown=False), probe.on_http)
-    server = asyncio.ensure_future(serve_app(app, sock, ready=ready.set, stop=stop))
+    server = None
+    url = None
+    if http:
+        sock = bind_socket("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        ready = asyncio.Event()
+        app = timed(create_app(svc, close_service_on_shutdown=False), probe.on_http)
+        server = asyncio.ensure_future(serve_app(app, sock, ready=ready.set, stop=stop))
+        await ready.wait()
     lag = asyncio.ensure_future(probe.loop_lag())
     gc.callbacks.append(probe.on_gc)
     rows = []
     try:
-        await ready.wait()
         await warm(svc)
         svc.dispatcher.add_listener(probe.on_batch)
         gc.collect()
         gc.freeze()  # as `inferline serve` once ready (inferline/deploy/_serve.py)
         for f in factors:
-            row = Row(mode, f)
+            row = Row(mode, f, slo_s=plan.slo_s)
             probe.row = row
             cpu = time.process_time()
-            d = await _client(url, f * capacity_qps, seconds, hi_share, plan.slo_s)
+            await drive(svc, url, row, f * capacity_qps)
             row.srv_cpu_s = time.process_time() - cpu
             probe.finish()
-            fill(row, d)
             rows.append(row)
             await asyncio.sleep(0.3)  # let the backlog drain between rates
     finally:
@@ -221,6 +228,17 @@ async def run_mode(
         gc.unfreeze()
         lag.cancel()
         stop.set()
-        await server
+        if server is not None:
+            await server
         await svc.close()
     return rows
+
+
+def http_drive(seconds: float, hi_share: float, slo_s: float) -> Drive:
+    """The load from a client process over HTTP (``run_rows(..., http=True)``)."""
+
+    async def drive(svc: Any, url: str | None, row: Row, rate: float) -> None:
+        assert url is not None
+        fill(row, await _client(url, rate, seconds, hi_share, slo_s))
+
+    return drive

@@ -48,8 +48,8 @@ import math
 import sys
 
 import numpy as np
-from _admission_inproc import run_mode_inproc
-from _admission_server import Row, run_mode
+from _admission_inproc import inproc_drive
+from _admission_server import Row, http_drive, run_rows
 
 from inferline.core import ModelConfig, Plan
 from inferline.demo.simple import sleep_deployment
@@ -181,18 +181,18 @@ def main(argv: list[str] | None = None) -> int:
     seconds = args.seconds or (2.0 if args.smoke else 30.0)
     factors = [1.0, 2.0, 3.0, 5.0]
     client = "inproc" if args.smoke else args.client
-    run = run_mode_inproc if client == "inproc" else run_mode
     rows: list[Row] = []
     for mode, fs in (("admission", factors), ("expiry", factors), ("admission+prio", [3.0])):
         dep = _deployment(mode, args.grace_ms)
         hi = 0.1 if mode == "admission+prio" else 0.0
-        rows += run_loop(run(mode, dep, PLAN, fs, seconds, hi, CAPACITY_QPS, LATE_SLACK_S))
+        http = client == "http"
+        drive = http_drive(seconds, hi, SLO_S) if http else inproc_drive(seconds, hi)
+        rows += run_loop(run_rows(mode, dep, PLAN, fs, CAPACITY_QPS, LATE_SLACK_S, drive, http))
     if args.smoke:  # the HTTP path too, once
         dep = _deployment("admission", args.grace_ms)
-        http = run_loop(run_mode("admission", dep, PLAN, [1.0], seconds, 0.0, CAPACITY_QPS, 0.005))
-        for r in http:
-            r.mode = "admission/http"
-        rows += http
+        drive = http_drive(seconds, 0.0, SLO_S)
+        mode = "admission/http"
+        rows += run_loop(run_rows(mode, dep, PLAN, [1.0], CAPACITY_QPS, LATE_SLACK_S, drive, True))
     note = "not run (--no-triton)" if args.triton is False else "not run (--smoke; --triton)"
     if args.triton or (args.triton is None and not args.smoke):
         from _admission_triton import triton_rows
