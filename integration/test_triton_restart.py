@@ -23,6 +23,7 @@ pytest.importorskip(
 )
 pytest.importorskip("sklearn", reason="scikit-learn (extra 'models') trains the test models")
 
+from _fleet_helpers import serve_with
 from triton_harness import Digits, SetupError, TritonServer, build_repository, ensure_installed
 
 from inferline.adapters.triton import TritonBackend
@@ -66,15 +67,6 @@ def test_server_killed_and_restarted_under_load(
     url = server.http_url if protocol == "http" else server.grpc_url
     mean, std = _reference(digits, server)
     images = digits.test_images[:50]
-
-    async def main() -> None:
-        b = TritonBackend(url, oversubscribe=True, recovery_timeout_s=90)
-        d = Dispatcher()
-        try:
-            await body(b, d)
-        finally:
-            await d.close()
-            await b.close()
 
     async def body(b: TritonBackend, d: Dispatcher) -> None:
         await b.deploy(ModelSpec("pre", source="digits_pre"), ModelConfig("cpu", 8, 2))
@@ -172,7 +164,8 @@ def test_server_killed_and_restarted_under_load(
         qs = d.stats("pre")
         assert qs.completed + qs.failed == len(tasks)
 
-    asyncio.run(main())
+    backend = TritonBackend(url, oversubscribe=True, recovery_timeout_s=90)
+    asyncio.run(serve_with(backend, body))
 
 
 def test_model_unloaded_behind_the_adapters_back(triton: tuple[TritonServer, Digits]) -> None:
