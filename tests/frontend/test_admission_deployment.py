@@ -76,17 +76,18 @@ def test_bad_fields_are_refused_naming_them(queue: Any, app: Any, field: str) ->
     assert ei.value.field == field
 
 
-async def _warm(client: httpx.AsyncClient) -> None:
-    """Batches of every size up to 8, so the live P99 knows them. A stall of the loaded
-    machine may have admission drop a few (429 ``dropped_late``): the rules are what the
-    test checks after the warm-up, not the warm-up's answers."""
-    assert (await client.post(URL, json={"input": [1.0]})).status_code == 200  # the slowest
-    ok = 0
+async def _warm(client: httpx.AsyncClient) -> int:
+    """Batches of every size up to 8, so the live P99 knows them; how many were answered. A
+    stall of the loaded machine may have admission drop a few (429 ``dropped_late``) or cut a
+    batch still running past deadline + grace (504, seen in one CI run): the rules are what
+    the test checks after the warm-up, not the warm-up's answers."""
+    first = await client.post(URL, json={"input": [1.0]})  # the slowest
+    ok = int(first.status_code == 200)
     for _ in range(30):
         rs = await asyncio.gather(*(client.post(URL, json={"input": [1.0]}) for _ in range(12)))
-        assert all(r.status_code in (200, 429) for r in rs), [r.status_code for r in rs]
+        assert all(r.status_code in (200, 429, 504) for r in rs), [r.status_code for r in rs]
         ok += sum(r.status_code == 200 for r in rs)
-    assert ok >= 180  # half of them: the model was measured
+    return ok
 
 
 URL = "/apps/app/predict"
@@ -123,7 +124,9 @@ async def _serve_overloaded() -> tuple[list[Any], str, float]:
     transport = httpx.ASGITransport(app=app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-            await _warm(c)
+            warmed = await _warm(c)
+            if warmed < 180:  # under half answered: a stall, the model was not measured
+                return [], f"warm-up answered {warmed} of 361", 0.0
             before = _goodput((await c.get("/metrics")).text)
             res = await _overload(c, 1.5, 3 * 8 / 0.018)  # 3x one replica's capacity
             metrics = (await c.get("/metrics")).text
@@ -185,6 +188,9 @@ def test_overload_is_refused_at_once_and_nothing_admitted_is_late() -> None:
     # answered under 50 queries): all three missing them is a failure.
     for attempt in range(3):
         res, metrics, on_time = asyncio.run(_serve_overloaded())
+        if not res:  # the warm-up stalled: a timing miss, not a rule broken
+            assert attempt < 2, metrics
+            continue
         ok = [r for r in res if r[0] == 200]
         refused = [r for r in res if r[0] == 429]
         cut = [r for r in res if r[0] == 504]  # past deadline + grace, answered then
