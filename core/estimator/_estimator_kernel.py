@@ -497,6 +497,7 @@ def _loop(  # type: ignore[no-untyped-def]
                 n = qlen[m]
                 aslo = fst[F_ASLO]
                 abuf = fst[F_ABUF]
+                short = _adm_shortest(maxb, table, cur_row[m])
                 while idle_head[m] >= 0 and h < n:
                     s = idle_head[m]
                     r = rep_row[s]
@@ -540,6 +541,12 @@ def _loop(  # type: ignore[no-untyped-def]
                         busy[m] += lat
                     nbatch[m] += 1
                     inflight[m] += b
+                    # what is left and cannot make it even in the next batch is answered now,
+                    # as the live queue does after each batch start (``doomed``)
+                    thr = _adm_doom_at(m, t, short, ist, rep_st, rep_m, rep_fin)
+                    while h < n and arr[qheap[base + h]] + aslo - abuf < thr:
+                        _adm_drop(drop, ist, qheap[base + h])
+                        h += 1
                 rest = n - h
                 for k in range(rest):  # still sorted, so still a heap
                     qheap[base + k] = qheap[base + h + k]
@@ -987,6 +994,39 @@ def _adm_drop(drop, ist, i):  # type: ignore[no-untyped-def]
     drop[i] |= DROP_LATE
 
 
+@njit(cache=True, inline="always")
+def _adm_shortest(maxb, table, r):  # type: ignore[no-untyped-def]
+    """The shortest batch latency of row ``r`` over sizes 1..its max (``shortest_batch``);
+    ``inf`` when none is known. A queued query's batch takes no less, whatever its size."""
+    best = INF
+    for b in range(1, maxb[r] + 1):
+        lat = table[r, b]
+        if lat > 0.0 and lat < best:
+            best = lat
+    return best
+
+
+@njit(cache=True, inline="always")
+def _adm_doom_at(m, t, short, ist, rep_st, rep_m, rep_fin):  # type: ignore[no-untyped-def]
+    """The live queue's ``doomed`` threshold at ``t``: a queued query whose deadline minus
+    the buffer is earlier than the earliest start (``t``, or later when every replica of
+    ``m`` is busy past it) plus the ``short``-est batch cannot make it. ``-inf``: nothing is
+    doomed (no replica, no latency)."""
+    if short == INF:
+        return -INF
+    start = INF
+    for s in range(ist[I_NSLOTS]):
+        if rep_m[s] == m and (rep_st[s] == IDLE or rep_st[s] == BUSY):
+            f = t if rep_st[s] == IDLE else rep_fin[s]
+            if f < start:
+                start = f
+    if start == INF:
+        return -INF
+    if start < t:
+        start = t
+    return start + short
+
+
 @njit(cache=True)
 def predict_done(now, position, queued, free, nf, max_batch, lat_row):  # type: ignore[no-untyped-def]
     """``_admission.predict_completion`` over arrays: ``free[:nf]`` the replicas' free times
@@ -1026,19 +1066,26 @@ def _adm_arrivals(
     base = m * N
     n = qlen[m]
     q = qheap[base : base + n]
+    slo = fst[F_ASLO]
+    buf = fst[F_ABUF]
+    # queued queries doomed since the last check (the live doom timer): they are gone
+    # before anything that arrives now is predicted
+    thr = _adm_doom_at(m, t, _adm_shortest(maxb, table, cur_row[m]), ist, rep_st, rep_m, rep_fin)
     old = 0
+    doom = 0
     ordered = True
     for k in range(n):  # left sorted by the last cut; new entries may break the order
         if enq[q[k] * M + m] < t:
-            old += 1
+            if arr[q[k]] + slo - buf < thr:
+                doom += 1
+            else:
+                old += 1
         if k > 0 and q[k - 1] > q[k]:
             ordered = False
-    if old == n and ordered:
-        return  # nothing entered at t: nothing to decide
+    if doom == 0 and old == n and ordered:
+        return  # nothing entered at t and nothing doomed: nothing to decide
     if not ordered:
         q.sort()
-    slo = fst[F_ASLO]
-    buf = fst[F_ABUF]
     ns = ist[I_NSLOTS]
     free0 = np.empty(ns)
     nf = 0
@@ -1056,6 +1103,9 @@ def _adm_arrivals(
     for k in range(n):
         i = q[k]
         if enq[i * M + m] < t:
+            if arr[i] + slo - buf < thr:
+                _adm_drop(drop, ist, i)
+                continue
             q[w] = i
             w += 1
             continue

@@ -11,6 +11,13 @@ fixed-batching rule) is at most its deadline minus the buffer. Then idle replica
 as ``_cut_admitted`` does: the rule's latency is that of ``min(max_batch, queued)``, a query
 whose deadline minus the buffer is earlier than now plus it is dropped and the next taken.
 A refused query never finishes (its other branches still run, as in the kernel).
+
+Doomed queries (the live puller's ``drop_doomed``): a queued query whose deadline minus the
+buffer is earlier than the earliest start (now, or the earliest free time when every replica
+is busy) plus the shortest batch is answered at once. The live queue checks after each batch
+start and on a timer at the earliest doom time; here the timer's drops are applied when the
+queue is next looked at (a dispatch at that model), before anything arriving then is judged,
+which is when they can change a decision.
 """
 
 from __future__ import annotations
@@ -21,10 +28,15 @@ from typing import Any
 from _simpy_reference import simpy_reference
 
 from inferline.core.estimator import EstimatorAdmission, dispatch_late, predict_completion
+from inferline.queueing import AdmissionConfig
+from inferline.queueing._admission import doomed, shortest_batch
 
 
-def admission_reference(*args: Any, admission: EstimatorAdmission, **kw: Any) -> Any:
-    """A ``SimpyReference`` with ``admission``; its ``refused`` holds the refused queries."""
+def admission_reference(
+    *args: Any, admission: EstimatorAdmission, doom: bool = True, **kw: Any
+) -> Any:
+    """A ``SimpyReference`` with ``admission``; its ``refused`` holds the refused queries.
+    ``doom=False``: without the doomed rule (the queue before it), to show a case needs it."""
     base = simpy_reference().SimpyReference
 
     class SimpyAdmission(base):  # type: ignore[misc, valid-type]
@@ -46,6 +58,21 @@ def admission_reference(*args: Any, admission: EstimatorAdmission, **kw: Any) ->
 
         def _deadline(self, i: int) -> float:
             return float(self.arr[i]) + self.adm.slo_s
+
+        def _drop_doomed(self, m: str) -> None:
+            """The live ``drop_doomed``: the queue is in deadline order, so a prefix."""
+            st = self.models[m]
+            if not doom:
+                return
+            live = [r for r in st.replicas if r.state in ("idle", "busy")]
+            free = [self.env.now if r.state == "idle" else r.busy_until for r in live]
+            cfg = AdmissionConfig("predicted", self.adm.buffer_s)
+            mb = self.cfg[m].max_batch_size
+            short = shortest_batch(lambda b: self._latency(m, b), mb)
+            while st.queue and doomed(
+                cfg, self.env.now, self._deadline(st.queue[0][1]), free, short, 0.0
+            ):
+                self._refuse(heapq.heappop(st.queue)[1], m)
 
         def _admit_new(self, m: str) -> None:
             st = self.models[m]
@@ -76,6 +103,7 @@ def admission_reference(*args: Any, admission: EstimatorAdmission, **kw: Any) ->
         def _dispatch(self, m: str) -> None:
             st = self.models[m]
             st.dispatch_scheduled = False
+            self._drop_doomed(m)  # before the new ones: they are not doomed at arrival
             self._admit_new(m)
             cfg = self.cfg[m]
             now = self.env.now
@@ -101,5 +129,6 @@ def admission_reference(*args: Any, admission: EstimatorAdmission, **kw: Any) ->
                 rep.busy_until = now + rep.service
                 st.batches += 1
                 rep.go.succeed(batch)
+                self._drop_doomed(m)  # what is left, after each batch start
 
     return SimpyAdmission()

@@ -4,6 +4,8 @@ exact agreement with the SimPy reference given the same rules (``_simpy_admissio
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from _simpy_admission import admission_reference
@@ -115,6 +117,35 @@ def _cases() -> list[tuple[Pipeline, list[str]]]:
     ]
 
 
+def _random_case(rng: np.random.Generator, p: Pipeline, models: list[str]) -> tuple[Any, ...]:
+    """An overload (batch sizes 1-8, 1-3 replicas): configs, profiles, arrivals, options."""
+    base, per = float(rng.uniform(0.004, 0.02)), float(rng.uniform(0.0005, 0.003))
+    prof = _prof(models, base, per)
+    cfg = {
+        m: ModelConfig("cpu", int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 4)))
+        for m in models
+    }
+    cap = min(
+        c.replicas * c.max_batch_size / (base * 1.6 + per * c.max_batch_size) for c in cfg.values()
+    )
+    arr = np.cumsum(rng.exponential(1 / (cap * rng.uniform(0.8, 3.0)), 300))
+    adm = EstimatorAdmission(float(rng.uniform(2, 6)) * (base + 8 * per) * len(models), 0.002)
+    opt = EstimatorOptions(admission=adm, hop_overhead_s=float(rng.choice([0.0, 0.001])))
+    return cfg, prof, arr, adm, opt
+
+
+def _agree(p: Pipeline, case: tuple[Any, ...], doom: bool = True) -> tuple[bool, int]:
+    """Whether the kernel agrees with the reference (latencies to 1e-9 s, refusals), and how
+    many the reference refused."""
+    cfg, prof, arr, adm, opt = case
+    got = simulate(p, cfg, prof, arr, options=opt)
+    ref = admission_reference(p, cfg, prof, arr, options=opt, admission=adm, doom=doom)
+    want = ref.run()
+    same = bool(np.allclose(got.latencies_s, want, rtol=0, atol=1e-9, equal_nan=True))
+    same = same and np.flatnonzero(got.refused_late).tolist() == sorted(ref.refused)
+    return same, len(ref.refused)
+
+
 @pytest.mark.parametrize("k", range(4))
 def test_agrees_with_the_simpy_reference(k: int) -> None:
     """Random overloads (batch sizes 1-8, 1-3 replicas, 1-3 models): the same latencies to
@@ -122,26 +153,26 @@ def test_agrees_with_the_simpy_reference(k: int) -> None:
     rng = np.random.default_rng(100 + k)
     refused = 0
     for p, models in _cases():
-        base, per = float(rng.uniform(0.004, 0.02)), float(rng.uniform(0.0005, 0.003))
-        prof = _prof(models, base, per)
-        cfg = {
-            m: ModelConfig("cpu", int(rng.choice([1, 2, 4, 8])), int(rng.integers(1, 4)))
-            for m in models
-        }
-        cap = min(
-            c.replicas * c.max_batch_size / (base * 1.6 + per * c.max_batch_size)
-            for c in cfg.values()
-        )
-        arr = np.cumsum(rng.exponential(1 / (cap * rng.uniform(0.8, 3.0)), 300))
-        adm = EstimatorAdmission(float(rng.uniform(2, 6)) * (base + 8 * per) * len(models), 0.002)
-        opt = EstimatorOptions(admission=adm, hop_overhead_s=float(rng.choice([0.0, 0.001])))
-        got = simulate(p, cfg, prof, arr, options=opt)
-        ref = admission_reference(p, cfg, prof, arr, options=opt, admission=adm)
-        want = ref.run()
-        np.testing.assert_allclose(got.latencies_s, want, rtol=0, atol=1e-9)
-        np.testing.assert_array_equal(np.flatnonzero(got.refused_late), sorted(ref.refused))
-        refused += len(ref.refused)
+        same, n = _agree(p, _random_case(rng, p, models))
+        assert same
+        refused += n
     assert refused > 0  # the overloads do refuse
+
+
+def test_doomed_queries_are_dropped_as_the_live_queue_does() -> None:
+    """Queries doomed in the queue (``drop_doomed``: they cannot make it even in the next
+    batch) go before anything arriving later is predicted, and after each batch start. In a
+    pipeline a query reaching a later model out of index order moves ahead of queued ones,
+    which then miss what their admission predicted; these seeds are cases where the rule
+    changes the outcome (the reference without it disagrees) and the kernel still agrees."""
+    changed = 0
+    for seed in (2, 4, 5, 10, 11):
+        rng = np.random.default_rng(seed)
+        for p, models in _cases()[1:]:  # one model: arrivals in index order, none doomed
+            case = _random_case(rng, p, models)
+            assert _agree(p, case)[0], (seed, p.name)
+            changed += not _agree(p, case, doom=False)[0]
+    assert changed >= 5, changed
 
 
 def test_early_stop_stays_exact_with_refusals() -> None:
