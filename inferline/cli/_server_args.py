@@ -166,6 +166,14 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
         help="with --switching model-switching: the app, stage, variants with their measured "
         "accuracy and profiles (format inferline.switching/1, docs/variants.md)",
     )
+    p.add_argument(
+        "--variant-queue",
+        choices=("shared", "per_variant"),
+        default="shared",
+        help="with --switching tuner: a variant stage's variants share one queue, so queries "
+        "queued at a switch go to the new variant (default), or keep one queue per variant "
+        "(per_variant: they finish on the old one; docs/variants.md)",
+    )
     add_ladder_knobs(p)
 
 

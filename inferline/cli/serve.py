@@ -38,6 +38,7 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
 
     tuner = None if getattr(args, "tuner", "inferline") == "none" else tuner_config
     variant_switching = getattr(args, "switching", "tuner") == "tuner"
+    variant_queue = getattr(args, "variant_queue", "shared")
     settings = ServeSettings(
         host=args.host,
         port=args.port,
@@ -53,8 +54,9 @@ def serve_with(args: argparse.Namespace, dep: Any, plan: Plan | None) -> int:
         variant_switching=variant_switching,
         drift=drift,
         door_workers=getattr(args, "door_workers", 0),
+        variant_queue=variant_queue,
     )
-    loops = Loops(tuner, variant_switching, drift, profiles, pipeline, switching)
+    loops = Loops(tuner, variant_switching, drift, profiles, pipeline, switching, variant_queue)
     run_loop(
         serve_deployment(dep, plan, settings, host=plugin_host(), loops=loops, ready=_print_serving)
     )

@@ -104,6 +104,7 @@ class Loops:
     profiles: Profiles | None = None
     pipeline: Pipeline | None = None
     model_switching: Any = None
+    variant_queue: str = "shared"  # the tuner's variant stages: one queue, or one per variant
 
 
 async def build_service(
@@ -141,6 +142,7 @@ async def build_service(
             observer=observer,
             dispatcher=dispatcher,
             variants=loops.variant_switching,
+            variant_queue=loops.variant_queue,
         )
 
     svc = new_service(

@@ -72,6 +72,7 @@ async def serve(
     pipeline: Pipeline | None = None,
     model_switching: Any = None,
     door_workers: int = 0,
+    variant_queue: str = "shared",
 ) -> None:
     """Start ``dep`` with ``plan`` and serve it until SIGINT/SIGTERM or until ``stop`` is set
     (``serve_deployment`` with these keyword arguments as its ``ServeSettings``).
@@ -92,8 +93,11 @@ async def serve(
         variant_switching=variant_switching,
         drift=drift,
         door_workers=door_workers,
+        variant_queue=variant_queue,
     )
-    loops = Loops(tuner, variant_switching, drift, profiles, pipeline, model_switching)
+    loops = Loops(
+        tuner, variant_switching, drift, profiles, pipeline, model_switching, variant_queue
+    )
     await serve_deployment(dep, plan, settings, loops=loops, ready=ready, stop=stop)
 
 
@@ -119,7 +123,12 @@ async def serve_deployment(
             settings.grpc_port,
         )
     if loops is None:
-        loops = Loops(settings.tuner, settings.variant_switching, settings.drift)
+        loops = Loops(
+            settings.tuner,
+            settings.variant_switching,
+            settings.drift,
+            variant_queue=settings.variant_queue,
+        )
     sock = bind(settings)
     try:
         svc = await build_service(

@@ -10,6 +10,7 @@ from typing import Any
 
 from inferline.core import TunerConfig, ValidationError
 from inferline.deploy._drift_policy import DriftConfig
+from inferline.deploy._tuning_queue import check_variant_queue
 from inferline.server import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
 from inferline.server.frontdoors import DEFAULT_MAX_INFLIGHT, DEFAULT_MAX_ROWS, check_max_rows
 
@@ -28,7 +29,9 @@ class ServeSettings:
     which a call is answered RESOURCE_EXHAUSTED at once (counted); ``allowed_hosts``: the ``Host`` names answered (None: the bound address and
     localhost); ``tuner``: the live tuner's configuration (None: no tuner; it runs only for a
     plan with tuner inputs); ``drift``: the drift loop's (None: off); ``door_workers``: HTTP door worker processes
-    in front of the one queue process (0: the single process; docs/triton-overhead.md)."""
+    in front of the one queue process (0: the single process; docs/triton-overhead.md);
+    ``variant_queue``: the tuner's variant stages share one queue (``shared``) or keep one
+    per variant (``per_variant``; docs/variants.md)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -44,6 +47,7 @@ class ServeSettings:
     variant_switching: bool = True
     drift: DriftConfig | None = None
     door_workers: int = 0
+    variant_queue: str = "shared"
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -55,6 +59,7 @@ class ServeSettings:
             _int("grpc_port", self.grpc_port, 0)
         _int("grpc_max_inflight", self.grpc_max_inflight, 1)
         _int("door_workers", self.door_workers, 0)
+        check_variant_queue(self.variant_queue)
         rt = self.read_timeout_s
         if isinstance(rt, bool) or not isinstance(rt, int | float) or not rt > 0:
             raise ValidationError("read_timeout_s", "a number of seconds > 0", rt)

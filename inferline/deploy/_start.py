@@ -30,6 +30,7 @@ async def start_service(
     profiles: Profiles | None = None,
     pipeline: Pipeline | None = None,
     model_switching: Any = None,
+    variant_queue: str = "shared",
 ) -> Service:
     """Deploy every model (plan's configuration, or one CPU replica with batch 1), create the
     interposed queue and the apps; returns a ready ``Service``. On failure, undoes it all.
@@ -39,14 +40,17 @@ async def start_service(
     ``variant_switching``: it may switch a variant stage of a plan made with variants to a
     cheaper variant instead of adding replicas. ``model_switching`` (a ``ServeSwitching``):
     switch one app's stage between variants by Model-Switching's effective-accuracy rule
-    (``--switching model-switching``); the tuner then stays off.
+    (``--switching model-switching``); the tuner then stays off. ``variant_queue``: the
+    tuner's variant stages share one queue (``"shared"``) or keep one per variant.
 
     ``drift``: run the drift loop (estimated vs measured P99 per app; with mode ``replan``,
     recalibration and re-planning, ``DriftMonitor``) with this configuration; it needs a
     plan, the ``profiles`` and the ``pipeline`` to estimate with (without them it stays off,
     with a one-line note). Its estimates run in a spawned process: a script that calls this
     with ``drift`` guards its entry point (``if __name__ == "__main__"``)."""
-    loops = Loops(tuner, variant_switching, drift, profiles, pipeline, model_switching)
+    loops = Loops(
+        tuner, variant_switching, drift, profiles, pipeline, model_switching, variant_queue
+    )
     return await build_service(
         dep,
         plan,

@@ -36,6 +36,7 @@ from inferline.core import (
     VariantTuner,
 )
 from inferline.deploy._batching import with_max_batch
+from inferline.deploy._tuning_queue import check_variant_queue, share_variant_stages
 
 __all__ = ["AppliedDecision", "LiveTuner"]
 
@@ -73,6 +74,7 @@ class LiveTuner:
         retry_max_s: float = 8.0,
         variants: bool = True,
         drain_timeout_s: float = 30.0,
+        variant_queue: str = "shared",
     ) -> None:
         """``observer(model, before, after, time_s=, reason=)`` is called for every model a
         decision changes (``PluginHost.scaling_observer("tuner")`` fits). ``dispatcher``: the
@@ -85,8 +87,11 @@ class LiveTuner:
         A plan made with model variants (``Plan.variants``) gets the variant-aware tuner
         (``VariantTuner``, unless ``variants=False``): a scale-up may instead switch a stage to
         a cheaper variant. A switch starts the new variant's replicas, moves the stage to them
-        once they serve (``Dispatcher.route``), then lets the old variant drain its queue (at
-        most ``drain_timeout_s``) before its replicas go."""
+        once they serve (``Dispatcher.route``), then lets the old variant drain (at most
+        ``drain_timeout_s``) before its replicas go. ``variant_queue`` ``"shared"`` (default):
+        a variant stage's variants share one queue (``_tuning_queue``), so the old variant
+        drains only its batch in flight and the queries queued at the switch go to the new
+        one; ``"per_variant"``: the old variant drains its own queue, as before."""
         if retry_s <= 0 or retry_max_s < retry_s:
             raise ValidationError("retry_s", "0 < retry_s <= retry_max_s", (retry_s, retry_max_s))
         self.retry_s = float(retry_s)
@@ -100,6 +105,8 @@ class LiveTuner:
         self._clock = clock
         self.use_variants = bool(variants)
         self.drain_timeout_s = float(drain_timeout_s)
+        self.variant_queue = check_variant_queue(variant_queue)
+        self.queues: dict[str, str] = {}  # stage -> "shared" or why it stays per variant
         self.policy = TunerPolicy.from_plan(plan, config)
         self.tuner = Tuner(self.policy, start_s=clock())
         self.variant_tuner = self._variant_tuner(plan)
@@ -126,12 +133,22 @@ class LiveTuner:
         self._targets = {}
         self._switches = {}
         self._in_place = {m: c.replicas for m, c in plan.models.items()}
+        self.share_queues()  # a new plan's variant stages (the shared ones stay shared)
         log.info("tuner follows the new plan: planned counts %s", self.policy.planned)
 
     def _variant_tuner(self, plan: Plan) -> VariantTuner | None:
         if not self.use_variants or plan.variants is None:
             return None
         return VariantTuner.from_plan(plan, self.config)
+
+    def share_queues(self) -> dict[str, str]:
+        """With variant switching on and ``variant_queue`` ``"shared"``: give each variant
+        stage one queue across its variants (``share_variant_stages``; a stage whose variants
+        cannot share keeps its queues, with a warning). Returns ``queues``."""
+        if self.variant_tuner is not None and self.dispatcher is not None:
+            if self.variant_queue == "shared":
+                self.queues.update(share_variant_stages(self.dispatcher, self.plan))
+        return self.queues
 
     def model_of(self, stage: str) -> str:
         """The deployment model serving ``stage`` as the tuner has decided (a variant)."""
@@ -161,6 +178,7 @@ class LiveTuner:
         if self.variant_tuner is not None:
             # the estimator prices switches inside a tick: load its kernel now, off the loop
             await asyncio.to_thread(self.variant_tuner.warm)
+        self.share_queues()  # before the first query: every one waits in its stage's queue
         self.attach(service, apps)
         self.start()
         plan = self.plan
@@ -175,9 +193,10 @@ class LiveTuner:
         )
         if self.variant_tuner is not None:
             log.info(
-                "tuner may switch variants: %s (pipeline accuracy floor %s)",
+                "tuner may switch variants: %s (pipeline accuracy floor %s; %s queue)",
                 dict(self.variant_tuner.choice.items()),
                 self.variant_tuner.floor,
+                self.variant_queue,
             )
 
     # -- the loop --------------------------------------------------------------------------
@@ -397,7 +416,9 @@ class LiveTuner:
 
     async def _switch(self, stage: str, old: str, new: str) -> str | None:
         """Move ``stage`` to ``new`` (its replicas serve by now), let ``old`` drain, then give
-        up ``old``'s replicas; an error text if that last step failed (it is retried)."""
+        up ``old``'s replicas; an error text if that last step failed (it is retried). With a
+        shared queue the route closes ``old``'s gate: its drain is its batch in flight (its
+        queued count is 0, the queue reports on the active variant)."""
         from inferline.deploy._planned import drain
 
         if self.dispatcher is not None and old != new:
