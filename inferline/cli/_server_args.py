@@ -120,9 +120,10 @@ def add_listen_args(
         type=int_in(0, 64, "a process count"),
         default=0,
         metavar="N",
-        help="HTTP door worker processes: N processes accept on the port (SO_REUSEPORT), "
-        "parse, guard, decode and encode, and hand the requests to this process's one EDF "
-        "queue over a local socket (default 0: this process serves HTTP itself)",
+        help="door worker processes: N processes accept on the HTTP port and, with "
+        "--grpc-port, the KServe gRPC port (SO_REUSEPORT), parse, guard, decode and encode, "
+        "and hand the requests to this process's one EDF queue over a local socket "
+        "(default 0: this process serves both itself)",
     )
     p.add_argument(
         "--ready-file",

@@ -5,7 +5,9 @@ the workers), runs the same guard (Host, token, content type, body limit) and, f
 queue process over the local channel (``_frames``), which runs the EDF queue and answers
 with the output tensors. Every other request (the native predict route, TF Serving, admin,
 metadata) travels whole over the same channel and is answered by the queue process's app,
-so every answer is the single process's.
+so every answer is the single process's. When the server has a gRPC port, the worker also
+serves it (``frontdoors._grpc_worker``: ``ModelInfer`` decoded and encoded here, the other
+RPCs answered by the queue process's handlers).
 
 Started and stopped by ``_workers.DoorWorkers`` as
 ``python -m inferline.server._door_worker SOCKET_PATH INDEX``; its settings come over the
@@ -37,6 +39,7 @@ from inferline.server.frontdoors import (
     kserve_decode,
     kserve_error,
     requested_outputs,
+    start_worker_grpc,
 )
 
 __all__ = ["QUEUE_GONE", "QueueLink", "WorkerApp", "main"]
@@ -221,15 +224,25 @@ async def _serve(path: str, index: int) -> None:
         max_body_bytes=int(config["max_body_bytes"]),
         allowed_hosts=config["allowed_hosts"],
     )
-    await serve_app(
-        app,
-        sock,
-        log_level=config.get("log_level", "warning"),
-        ready=lambda: link.channel.send({"k": "ready", "worker": index}),
-        stop=link.gone,
-        read_timeout_s=float(config["read_timeout_s"]),
-        shutdown_grace_s=float(config["shutdown_grace_s"]),
-    )
+    grace = float(config["shutdown_grace_s"])
+    grpc = None
+    if config.get("grpc"):  # the gRPC port too (listening before "ready" is sent)
+        grpc = await start_worker_grpc(
+            link, config["grpc"], config["token"], int(config["max_rows"])
+        )
+    try:
+        await serve_app(
+            app,
+            sock,
+            log_level=config.get("log_level", "warning"),
+            ready=lambda: link.channel.send({"k": "ready", "worker": index}),
+            stop=link.gone,
+            read_timeout_s=float(config["read_timeout_s"]),
+            shutdown_grace_s=grace,
+        )
+    finally:
+        if grpc is not None:  # its calls in flight finish (the queue process still answers)
+            await grpc.stop(0 if link.gone.is_set() else grace)
 
 
 def main(argv: list[str]) -> int:

@@ -1,5 +1,5 @@
-"""Door worker processes (``inferline serve --door-workers N``): more cores for the HTTP door
-without a second queue.
+"""Door worker processes (``inferline serve --door-workers N``): more cores for the HTTP and
+gRPC doors without a second queue.
 
 The queue process (this one) keeps the service, the EDF queue and the replicas; it holds the
 port bound (``SO_REUSEPORT``, not listening) and starts N workers
@@ -7,7 +7,10 @@ port bound (``SO_REUSEPORT``, not listening) and starts N workers
 parses, guards, decodes and encodes; it hands KServe v2 tensors (and every other request,
 whole: the native predict route and TF Serving's by the same answer functions as
 ``PredictRoute``, the rest by the app) to this process over a Unix socket in a private directory, in batched length-prefixed
-frames (``_frames``), and gets the outputs back the same way.
+frames (``_frames``), and gets the outputs back the same way. The gRPC port, when served,
+goes to the workers too: the gRPC door here stops listening and holds the port
+(``FrontDoorGrpc.hand_over``); a worker's decoded ``ModelInfer`` and its other RPCs are
+answered here by ``GrpcRelay``.
 
 Lifecycle: the workers start with the server (it is ready once all of them listen) and stop
 with it: SIGTERM/SIGINT (or ``stop``) sends them SIGTERM, their running requests finish
@@ -35,7 +38,7 @@ from inferline.server._frames import FrameChannel, pack_tensors, unpack_tensors
 from inferline.server._predict import handle_predict
 from inferline.server._predict_route import predict_app_name
 from inferline.server._replies import INTERNAL_ERROR
-from inferline.server.frontdoors import InferFastPath, kserve_error
+from inferline.server.frontdoors import GrpcRelay, InferFastPath, grpc_door_of, kserve_error
 
 __all__ = ["DoorWorkerError", "DoorWorkers", "serve_with_workers"]
 
@@ -104,6 +107,12 @@ class _Peer:
             self._spawn(self.pool.answer_post(header, payload))
         elif kind == "asgi":
             self._spawn(self.pool.answer_asgi(header, payload))
+        elif kind == "grpc_infer" and self.pool.relay is not None:
+            self._spawn(self.pool.relay.answer_infer(header, payload))
+        elif kind == "rpc" and self.pool.relay is not None:
+            self._spawn(self.pool.relay.answer_rpc(header, payload))
+        elif kind == "overloaded" and self.pool.relay is not None:
+            self.pool.relay.overloaded(header)
         elif kind == "hello":
             self.index = int(header["worker"])
             self.channel.send({"k": "config", "config": self.pool.config})
@@ -162,7 +171,10 @@ class DoorWorkers:
             "read_timeout_s": read_timeout_s,
             "shutdown_grace_s": shutdown_grace_s,
             "log_level": log_level,
+            "grpc": None,  # FrontDoorGrpc.worker_config's, once the port is handed over
         }
+        front = grpc_door_of(self.service)
+        self.relay = GrpcRelay(front) if front is not None else None
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.ready: dict[int, asyncio.Event] = {}
         self.restarts = 0
@@ -181,6 +193,9 @@ class DoorWorkers:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_unix_server(lambda: _Peer(self).channel, path)
         try:
+            if self.relay is not None:  # the workers serve the gRPC port too
+                await self.relay.front.hand_over()
+                self.config["grpc"] = self.relay.front.worker_config(self.n)
             for i in range(self.n):
                 await self._spawn(i)
             await self._wait_listening()

@@ -53,7 +53,9 @@ from inferline.server.frontdoors._door import (
     check_max_rows,
     decode_off_loop,
 )
-from inferline.server.frontdoors._grpc import DEFAULT_MAX_INFLIGHT, FrontDoorGrpc
+from inferline.server.frontdoors._grpc import DEFAULT_MAX_INFLIGHT, FrontDoorGrpc, grpc_door_of
+from inferline.server.frontdoors._grpc_relay import GrpcRelay
+from inferline.server.frontdoors._grpc_worker import start_worker_grpc
 from inferline.server.frontdoors._kserve_codec import header_length, kserve_decode, kserve_encode
 from inferline.server.frontdoors._kserve_http import (
     InferFastPath,
@@ -72,12 +74,14 @@ __all__ = [
     "TF_DTYPES",
     "FrontDoor",
     "FrontDoorGrpc",
+    "GrpcRelay",
     "InferFastPath",
     "Signature",
     "TensorInfo",
     "check_max_rows",
     "decode_off_loop",
     "encode_answer",
+    "grpc_door_of",
     "header_length",
     "infer_model",
     "kserve_decode",
@@ -86,4 +90,5 @@ __all__ = [
     "make_kserve_router",
     "make_tfserving_router",
     "requested_outputs",
+    "start_worker_grpc",
 ]

@@ -15,11 +15,20 @@ nothing on the server ever sees the call to answer or count it. 2,000 concurrent
 channel lost 10% that way. That queue is raised to :data:`CORE_BACKLOG` calls, so a burst
 waits the few milliseconds the loop needs to reach each call and answer it, admitted or
 refused; only a flood past that many calls waiting at once is still reset by grpc-core.
+
+Door workers (``--door-workers N``, ``_grpc_worker``): once the
+workers start, this door hands its port over (``hand_over``): its server stops, the port is
+held bound but not listening (as the HTTP port), and every worker serves the port with its
+own ``SO_REUSEPORT`` server. The RPC handlers registered here stay the answer to every RPC a
+worker does not answer itself (``handlers``, run by ``_grpc_relay``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import logging
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,13 +37,68 @@ from inferline.server.frontdoors._grpc_status import Admission, TokenCheck
 from inferline.server.frontdoors._kserve_grpc import kserve_servicer
 from inferline.server.frontdoors._tfserving_grpc import tfserving_servicers
 
-__all__ = ["CORE_BACKLOG", "DEFAULT_MAX_INFLIGHT", "FrontDoorGrpc"]
+__all__ = [
+    "CORE_BACKLOG",
+    "DEFAULT_MAX_INFLIGHT",
+    "FrontDoorGrpc",
+    "grpc_door_of",
+    "server_options",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INFLIGHT = 1024
 # calls grpc-core may hold before the event loop takes them (see the module docstring)
 CORE_BACKLOG = 1 << 16
+
+# the gRPC door serving each service's port (door workers take it over: ``hand_over``)
+_DOORS: weakref.WeakKeyDictionary[Any, FrontDoorGrpc] = weakref.WeakKeyDictionary()
+
+
+def grpc_door_of(service: Any) -> FrontDoorGrpc | None:
+    """The started gRPC door of ``service`` (None: it serves no gRPC port)."""
+    return _DOORS.get(service)
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, int]]:
+    """A gRPC door server's options (this process's, and every door worker's)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", 64 << 20),
+        # past these grpc-core resets calls the loop has not taken yet (module docstring)
+        ("grpc.server.max_pending_requests", CORE_BACKLOG),
+        ("grpc.server.max_pending_requests_hard_limit", CORE_BACKLOG),
+    ]
+
+
+class _Recording:
+    """The server the generated ``add_*_to_server`` functions see: registers on ``server``
+    and keeps the generic handlers, which door workers relay to."""
+
+    def __init__(self, server: Any, handlers: list[Any]) -> None:
+        self.server = server
+        self.handlers = handlers
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self.handlers.extend(handlers)
+        self.server.add_generic_rpc_handlers(handlers)
+
+    def __getattr__(self, name: str) -> Any:  # add_registered_method_handlers, ...
+        return getattr(self.server, name)
+
+
+def _methods(services: Sequence[str]) -> dict[str, str]:
+    """Every RPC of ``services`` (full names, from the protobuf descriptors) and its kind:
+    ``unary_unary``, ``stream_stream``, ..."""
+    from google.protobuf import descriptor_pool
+
+    pool = descriptor_pool.Default()
+    out = {}
+    for name in services:
+        for m in pool.FindServiceByName(name).methods:
+            kind = ("stream" if m.client_streaming else "unary") + "_"
+            out[f"/{name}/{m.name}"] = kind + ("stream" if m.server_streaming else "unary")
+    return out
 
 
 class FrontDoorGrpc:
@@ -74,33 +138,30 @@ class FrontDoorGrpc:
         self._server: Any = None
         self._auth = TokenCheck(token)
         self.max_inflight = max_inflight
-        self.gate = Admission(max_inflight, self._count_refused)
+        self.gate = Admission(max_inflight, self.count_refused)
+        self.handlers: list[Any] = []  # the generic RPC handlers registered
+        self._held: Any = None  # the port, held bound while door workers serve it
 
-    def _count_refused(self, name: str) -> None:
+    def count_refused(self, name: str) -> None:
+        """Count a call refused for overload (here, or in a door worker)."""
         # an unserved name is not a label value: a flood of random names must not add series
         self.door.service.metrics.overloaded(name if name in self.door.names() else "")
 
     async def start(self) -> int:
         import grpc
 
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", self.max_message_bytes),
-                ("grpc.max_send_message_length", 64 << 20),
-                # past these grpc-core resets calls the loop has not taken yet (docstring)
-                ("grpc.server.max_pending_requests", CORE_BACKLOG),
-                ("grpc.server.max_pending_requests_hard_limit", CORE_BACKLOG),
-            ]
-        )
+        server = grpc.aio.server(options=server_options(self.max_message_bytes))
         if "kserve" in self.protocols:
-            self._add_kserve(server)
+            self._add_kserve(_Recording(server, self.handlers))
         if "tfserving" in self.protocols:
-            self._add_tfserving(server)
+            self._add_tfserving(_Recording(server, self.handlers))
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.port = server.add_insecure_port(f"{shown}:{self.port}")
         await server.start()
         self._server = server
         self.door.service.on_close(self.stop)
+        with contextlib.suppress(TypeError):  # a service object without weak references
+            _DOORS[self.door.service] = self
         log.info("gRPC front doors %s on %s:%d", self.services, self.host, self.port)
         return self.port
 
@@ -128,9 +189,43 @@ class FrontDoorGrpc:
         )
         st.prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(pred, server)
         st.model_service_pb2_grpc.add_ModelServiceServicer_to_server(models, server)
+        for m in ("prediction_service_pb2", "model_service_pb2"):  # their descriptors: _methods
+            importlib.import_module("tensorflow_serving.apis." + m)
         self.services += ["tensorflow.serving.PredictionService", "tensorflow.serving.ModelService"]
+
+    async def hand_over(self) -> None:
+        """Door workers serve the port from now on: stop serving it here, and hold it bound
+        (``SO_REUSEPORT``, not listening: no connection comes here) until ``stop``."""
+        import socket
+
+        if self._server is None or self._held is not None:
+            return
+        server, self._server = self._server, None
+        await server.stop(0)
+        held = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        held.bind((self.host, self.port))
+        self._held = held
+        log.info("gRPC port %d handed over to the door workers", self.port)
+
+    def worker_config(self, workers: int) -> dict[str, Any]:
+        """What a door worker needs to serve this port (sent over the local channel)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "max_message_bytes": self.max_message_bytes,
+            # the bound holds per process: each worker has its own loop and grpc-core queue
+            "max_inflight": self.max_inflight,
+            "methods": _methods(self.services),
+            "infer": "inference.GRPCInferenceService" in self.services,
+            "workers": workers,
+        }
 
     async def stop(self) -> None:
         if self._server is not None:
             server, self._server = self._server, None
             await server.stop(0.5)
+        if self._held is not None:
+            self._held.close()
+            self._held = None

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
 from inferline.core import InferlineError, ValidationError
-from inferline.server.frontdoors._deadline import kserve_grpc_limits
+from inferline.server.frontdoors._deadline import RequestLimits, kserve_grpc_limits
 from inferline.server.frontdoors._door import (
     KSERVE_EXTENSIONS,
     KSERVE_OF,
@@ -28,7 +29,15 @@ from inferline.server.frontdoors._kserve_codec import (
     tensor_from_kserve,
 )
 
-__all__ = ["KServeHandlers", "kserve_servicer"]
+__all__ = [
+    "KServeHandlers",
+    "admit_infer",
+    "decode_infer",
+    "decode_infer_inputs",
+    "infer_response",
+    "kserve_servicer",
+    "run_infer",
+]
 
 
 class KServeHandlers:
@@ -138,49 +147,76 @@ class KServeHandlers:
         )
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
-        await self.auth.require(context)
-        await self.gate.enter(context, request.model_name)
-        try:
-            return await self._infer(request, context)
-        finally:
-            self.gate.leave()
+        return await admit_infer(self.auth, self.gate, request, context, self._infer)
 
     async def _infer(self, request: Any, context: Any) -> Any:
         try:
-            tensors = await decode_off_loop(
-                request.ByteSize(), _decode_inputs, request, self.door.max_rows
-            )
-            limits = kserve_grpc_limits(request.parameters, context)
-            self.door.check_datatypes(request.model_name, tensors)
+            tensors, limits = await decode_infer(request, context, self.door.max_rows)
             wanted = [o.name for o in request.outputs]
-            outs = self.door.stack(
-                request.model_name,
-                await self.door.run(
-                    request.model_name, self.door.queries(request.model_name, tensors), limits
-                ),
-                wanted,
-            )
-            resp = self.pb.ModelInferResponse(
-                model_name=request.model_name, model_version="1", id=request.id
-            )
-            for k, a in outs.items():
-                dt = KSERVE_OF.get(dtype_name(a))
-                if dt is None:
-                    raise ValidationError(
-                        f"outputs.{k}", "a numeric, bool or bytes tensor", str(a.dtype)
-                    )
-                resp.outputs.add(name=k, datatype=dt, shape=list(a.shape))
-                resp.raw_output_contents.append(
-                    bytes_serialize(a)
-                    if dt == "BYTES"
-                    else np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"))).tobytes()
-                )
-            return resp
+            outs = await run_infer(self.door, request.model_name, tensors, limits, wanted)
+            return infer_response(self.pb, request, outs)
         except InferlineError as e:
             await grpc_fail(context, e)
 
 
-def _decode_inputs(request: Any, max_rows: int) -> dict[str, np.ndarray]:
+async def admit_infer(
+    auth: TokenCheck,
+    gate: Admission,
+    request: Any,
+    context: Any,
+    infer: Callable[[Any, Any], Awaitable[Any]],
+) -> Any:
+    """``ModelInfer`` on any gRPC door (this process's, a door worker's): the token, a slot
+    of ``gate`` (or RESOURCE_EXHAUSTED, counted), then ``infer(request, context)``."""
+    await auth.require(context)
+    await gate.enter(context, request.model_name)
+    try:
+        return await infer(request, context)
+    finally:
+        gate.leave()
+
+
+async def decode_infer(
+    request: Any, context: Any, max_rows: int
+) -> tuple[dict[str, np.ndarray], RequestLimits]:
+    """A ``ModelInferRequest``'s input tensors (off the loop when large) and its limits (its
+    parameters, cut to the client's deadline). Raises ``InferlineError``."""
+    tensors = await decode_off_loop(request.ByteSize(), decode_infer_inputs, request, max_rows)
+    return tensors, kserve_grpc_limits(request.parameters, context)
+
+
+async def run_infer(
+    door: FrontDoor,
+    model: str,
+    tensors: dict[str, np.ndarray],
+    limits: RequestLimits,
+    wanted: list[str],
+) -> dict[str, np.ndarray]:
+    """A decoded ``ModelInfer``'s outputs, stacked: datatypes and rows checked, its queries
+    through the queue (here, or in the queue process for a door worker's call)."""
+    door.check_datatypes(model, tensors)
+    outs = await door.run(model, door.queries(model, tensors), limits)
+    return door.stack(model, outs, wanted)
+
+
+def infer_response(pb: Any, request: Any, outs: dict[str, np.ndarray]) -> Any:
+    """The ``ModelInferResponse`` of ``outs`` (raw output contents, little-endian). Raises
+    ``ValidationError`` for an output KServe cannot carry."""
+    resp = pb.ModelInferResponse(model_name=request.model_name, model_version="1", id=request.id)
+    for k, a in outs.items():
+        dt = KSERVE_OF.get(dtype_name(a))
+        if dt is None:
+            raise ValidationError(f"outputs.{k}", "a numeric, bool or bytes tensor", str(a.dtype))
+        resp.outputs.add(name=k, datatype=dt, shape=list(a.shape))
+        resp.raw_output_contents.append(
+            bytes_serialize(a)
+            if dt == "BYTES"
+            else np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"))).tobytes()
+        )
+    return resp
+
+
+def decode_infer_inputs(request: Any, max_rows: int) -> dict[str, np.ndarray]:
     """A ``ModelInferRequest``'s input tensors (raw or typed contents), shapes checked first."""
     tensors = {}
     raws = list(request.raw_input_contents)
