@@ -4,10 +4,13 @@ Variants: random forests of 200, 100 and 30 trees on scikit-learn's digits
 (``benchmarks/_digits.py``), trained at start inside their replica processes. Queries are
 the held-out 30% of the digits with Gaussian pixel noise (sigma 5 on 0..16), so the variants
 differ in accuracy. Measured at start through a real ``inferline serve`` per variant (two
-replicas): its accuracy on the 540 held-out images and its service time at saturation (four
-closed-loop callers; that server's SLO is 30 s so no answer expires), the profile the
-effective-accuracy table is estimated from. ``--seeds N`` replays N consecutive slices of each
-trace (other image orders) and pools the effective accuracy over them.
+replicas; the three servers side by side, ``--rounds`` interleaved rounds with the order
+rotated, each figure the variant's median over the rounds): its accuracy on the 540 held-out
+images, its cost at saturation (four closed-loop callers; 2 x elapsed / queries, which sets
+the replay's rate) and its replicas' median batch service time meanwhile, the profile the
+effective-accuracy table is estimated from (the quantity the live table measures while
+serving). That server's SLO is 30 s so no answer expires. ``--seeds N`` replays N
+consecutive slices of each trace (other image orders) and pools the effective accuracy.
 
 Then, per trace (Azure LLM inference 2023 ``conv`` and ``code``; a contiguous slice from the
 start, time compressed so its mean rate is ``--load`` x the most accurate variant's measured
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import sys
@@ -48,6 +52,18 @@ from inferline.measure import ServerProcess, encode_bodies, replay
 
 TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "traces"
 TREES = {"f200": 200, "f100": 100, "f30": 30}
+# One setting for both traces. The live table: a first rebuild 2 s into a 20 s replay (it
+# was 10 s) from the last 5 s of batches (at ~28 q/s, ~140 batches: rebuild_min_batches 10
+# is met on the serving variant), the spares scaled by its factor (rebuild_unobserved
+# "common"). The dwell stays 0.5 s: 2 s was tried on `code` (interleaved with 0.5 s, seeds 0
+# and 1) and lost (0.5444 vs 0.7556, 0.7722 vs 0.7750): it holds f200 into a burst.
+LIVE_TABLE = {
+    "rebuild_s": 2.0,
+    "rebuild_window_s": 5.0,
+    "rebuild_min_batches": 10,
+    "rebuild_unobserved": "common",
+    "min_dwell_s": 0.5,
+}
 
 
 def held_out(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -129,33 +145,75 @@ async def closed_loop(
     return labels, lat
 
 
+def round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """The variants' order in each measurement round: rotated by one each round, so no
+    variant is always measured first or last (a load that comes and goes hits them alike)."""
+    k = len(names)
+    return [names[r % k :] + names[: r % k] for r in range(rounds)]
+
+
+def median_of_rounds(per_round: dict[str, list[float]]) -> dict[str, float]:
+    """Each variant's median over its rounds (one round slowed by a passing load is out-voted)."""
+    return {v: float(np.median(xs)) for v, xs in per_round.items()}
+
+
+def replica_p50(url: str, variant: str) -> float:
+    """The median batch service time of ``variant``'s replicas over the server's live-table
+    window (``GET /admin/switching``): what the live table measures while serving."""
+    import httpx
+
+    snap = httpx.get(f"{url}/admin/switching", timeout=30).json()
+    return float(snap["window"]["timings"][variant]["1"]["p50_s"])
+
+
 def measure_variants(
-    tmp: Path, slo_ms: float, queries: int | None = None
-) -> tuple[dict[str, float], dict[str, float]]:
+    tmp: Path, slo_ms: float, queries: int | None = None, rounds: int = 3
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """Per variant, through ``inferline serve`` as it will be served (two replicas): accuracy
-    on the held-out split, and its service time at saturation: four closed-loop callers keep
-    both replicas busy, and 2 x elapsed / queries is what one query holds a replica for, the
-    server's and the caller's share of the two cores included (as in the replays).
-    ``queries``: measure on the first ones only (``--smoke``)."""
+    on the held-out split; its cost at saturation, four closed-loop callers keeping both
+    replicas busy: 2 x elapsed / queries (what one query costs the two cores, the server's
+    and the caller's share included: sets the replay's rate); and its replicas' median batch
+    service time meanwhile (the profile: the quantity the live table measures, so that the
+    live factors of all variants compare). The three servers run side by side (idle ones cost
+    nothing) and are measured in ``rounds`` interleaved rounds, the order rotated each round;
+    each figure is the variant's median over the rounds (one variant after another, once
+    each, put a loaded minute on one of them: f200 measured faster than f100). Returns
+    (accuracy, cost, service). ``queries``: measure on the first ones only (``--smoke``)."""
     xs, ys = held_out()
     xs, ys = xs[:queries], ys[:queries]
-    acc, lat = {}, {}
+    right = {v: 0 for v in TREES}
+    cost: dict[str, list[float]] = {v: [] for v in TREES}
+    svc: dict[str, list[float]] = {v: [] for v in TREES}
     guess = {v: 1e-4 * n for v, n in TREES.items()}  # only orders the options; one here
-    for v in TREES:
-        dep = tmp / f"measure-{v}.json"
-        # a deadline nobody reaches: an expired answer would count as a wrong label and
-        # cut the measured service time short (both seen on the loaded machine)
-        dep.write_text(json.dumps(deployment([v], {"digits": v}, max(slo_ms, 30_000.0))))
-        sw = switching_file(tmp, [v], {v: 1.0}, guess)
-        args = ["--switching", "model-switching", "--switching-config", str(sw)]
-        with ServerProcess(dep, extra_args=args) as srv:
-            asyncio.run(closed_loop(srv.url, "digits", xs[:40], 4))  # warm-up
-            t0 = time.perf_counter()
-            labels, _ = asyncio.run(closed_loop(srv.url, "digits", xs, 4))
-            elapsed = time.perf_counter() - t0
-        acc[v] = float(np.mean(labels == ys))
-        lat[v] = 2 * elapsed / len(xs)
-    return acc, lat
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for v in TREES:
+            dep = tmp / f"measure-{v}.json"
+            # a deadline nobody reaches: an expired answer would count as a wrong label and
+            # cut the measured service time short (both seen on the loaded machine)
+            dep.write_text(json.dumps(deployment([v], {"digits": v}, max(slo_ms, 30_000.0))))
+            sw = switching_file(tmp, [v], {v: 1.0}, guess)
+            args = ["--switching", "model-switching", "--switching-config", str(sw)]
+            urls[v] = stack.enter_context(ServerProcess(dep, extra_args=args)).url
+        for v in TREES:
+            asyncio.run(closed_loop(urls[v], "digits", xs[:40], 4))  # warm-up
+        for r, order in enumerate(round_orders(list(TREES), rounds)):
+            for v in order:
+                t0 = time.perf_counter()
+                labels, _ = asyncio.run(closed_loop(urls[v], "digits", xs, 4))
+                cost[v].append(2 * (time.perf_counter() - t0) / len(xs))
+                svc[v].append(replica_p50(urls[v], v))
+                right[v] += int(np.sum(labels == ys))
+            print(
+                f"  round {r + 1} ({' '.join(order)}): "
+                + ", ".join(
+                    f"{v} {cost[v][-1] * 1e3:.1f} ms (replica {svc[v][-1] * 1e3:.1f})"
+                    for v in order
+                ),
+                flush=True,
+            )
+    acc = {v: right[v] / (rounds * len(xs)) for v in TREES}
+    return acc, median_of_rounds(cost), median_of_rounds(svc)
 
 
 def trace_slice(name: str, mean_qps: float, seconds: float, seed: int = 0) -> np.ndarray:
@@ -197,7 +255,7 @@ def switching_file(
         "rate_window": 24,
         "cv": cv,  # burstiness the table assumes (the compressed traces are bursty)
         "interval_s": 0.1,
-        "min_dwell_s": 0.5,
+        **LIVE_TABLE,
         "queue": queue,  # the stage's one queue (default) or one per variant
     }
     path.write_text(json.dumps(cfg))
@@ -270,6 +328,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "of the images; effective accuracy is pooled over the seeds (default 1)",
     )
     ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds of the start-up service-time measurement, the variants' "
+        "order rotated each round; each variant's figure is its median (default 3)",
+    )
+    ap.add_argument(
         "--queue",
         choices=["shared", "per_variant"],
         default="shared",
@@ -286,19 +351,20 @@ def run_trace(
     mean_qps: float,
     seconds: float,
     acc: dict[str, float],
-    lat: dict[str, float],
+    profile_s: dict[str, float],
 ) -> dict[str, dict[str, Any]]:
     """One seed of one trace: the switching server and (unless ``--smoke``) each variant
-    alone, on the same replay; prints its table."""
+    alone, on the same replay; prints its table. ``profile_s``: each variant's service
+    time in the switching file's profiles."""
     times = trace_slice(name, mean_qps, seconds, seed)
     info = (
         f"{times.size} queries over {seconds:.0f} s, mean {times.size / seconds:.1f} q/s, "
         f"peak(1 s) {peak_rate(times, 1.0):.0f} q/s"
     )
-    sw = switching_file(tmp, list(TREES), acc, lat, args.cv, args.queue)
+    sw = switching_file(tmp, list(TREES), acc, profile_s, args.cv, args.queue)
     runs = {"switching": serve_and_replay(tmp, list(TREES), sw, times, args.slo_ms, seed)}
     for v in () if args.smoke else TREES:
-        one = switching_file(tmp, [v], acc, lat, args.cv)
+        one = switching_file(tmp, [v], acc, profile_s, args.cv)
         runs[v] = serve_and_replay(tmp, [v], one, times, args.slo_ms, seed)
     print(f"\n{name} seed {seed}: {info}")
     print(
@@ -341,15 +407,17 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = {}
     with tempfile.TemporaryDirectory(prefix="switching-live-") as d:
         tmp = Path(d)
-        acc, lat = measure_variants(tmp, args.slo_ms, 80 if args.smoke else None)
+        print("cost at saturation per round (interleaved, order rotated; replica median service):")
+        acc, lat, svc = measure_variants(tmp, args.slo_ms, 80 if args.smoke else None, args.rounds)
         print(
             "variants (measured through inferline serve, 2 replicas, 4 closed-loop callers, "
-            f"held-out noisy digits, n={80 if args.smoke else len(held_out()[1])}):"
+            f"held-out noisy digits, n={80 if args.smoke else len(held_out()[1])}, median of "
+            f"{args.rounds} rounds):"
         )
         for v in TREES:
             print(
-                f"  {v:<5} {TREES[v]:>3} trees  accuracy {acc[v]:.4f}  service time at "
-                f"saturation {lat[v] * 1e3:.1f} ms"
+                f"  {v:<5} {TREES[v]:>3} trees  accuracy {acc[v]:.4f}  cost at saturation "
+                f"{lat[v] * 1e3:.1f} ms  replica service time (profile) {svc[v] * 1e3:.1f} ms"
             )
         cap = 2 / lat["f200"]
         mean_qps = args.mean_qps or args.load * cap
@@ -358,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"trace {name} missing under {TRACES}: skipped")
                 continue
             per_seed = [
-                run_trace(tmp, args, name, s, mean_qps, seconds, acc, lat)
+                run_trace(tmp, args, name, s, mean_qps, seconds, acc, svc)
                 for s in range(args.seeds)
             ]
             if not args.smoke:

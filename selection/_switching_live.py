@@ -10,7 +10,11 @@ latency over its batch sizes, as ``inferline calibrate`` does) and says when the
 left the table's grid). ``scaled_profiles`` applies the factors: the factor measured on the
 variant's serving split scales every split of that variant (what slowed it, a loaded machine,
 slows its other splits alike; a split that does not serve has no timings of its own).
-A variant with too few batches in the window keeps the factor it had.
+A variant with too few batches in the window (a warm spare that did not serve) gets, with
+``unobserved="common"`` (the default), the observed variants' common factor: on one machine's
+cores a load that slows the serving variant slows the spares alike, and their start-up figure
+was taken under another load (measured: a forest profiled at 24.6 ms served at about twice
+that). ``unobserved="keep"`` keeps the factor it had (for variants on hardware of their own).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 from inferline.core import BatchProfile, Profiles, ValidationError
 
 __all__ = [
+    "UNOBSERVED",
     "RebuildDecision",
     "TableInfo",
     "TableRebuildConfig",
@@ -31,6 +36,9 @@ __all__ = [
     "scaled_profiles",
     "timings_by_batch",
 ]
+
+
+UNOBSERVED = ("common", "keep")  # what a variant without live timings gets
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,15 @@ class TableRebuildConfig:
     """``every_s``: least time between two builds (0: never rebuild, the start-up table
     stays); ``window_s``: the batches the timings are taken over (the drift loop's window);
     ``min_batches``: a variant's batches in the window before its timings count;
-    ``threshold``: relative change of a variant's factor that makes the table due."""
+    ``threshold``: relative change of a variant's factor that makes the table due;
+    ``unobserved``: a variant with too few batches gets the observed variants' common factor
+    (``"common"``: a load slows all CPU variants alike) or keeps its own (``"keep"``)."""
 
     every_s: float = 10.0
     window_s: float = 10.0
     min_batches: int = 10
     threshold: float = 0.1
+    unobserved: str = "common"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.every_s) and self.every_s >= 0):
@@ -85,6 +96,10 @@ class TableRebuildConfig:
             )
         if not self.threshold >= 0:
             raise ValidationError("switching.rebuild_threshold", "a number >= 0", self.threshold)
+        if self.unobserved not in UNOBSERVED:
+            raise ValidationError(
+                "switching.rebuild_unobserved", f"one of {list(UNOBSERVED)}", self.unobserved
+            )
 
 
 @dataclass(frozen=True)
@@ -165,16 +180,25 @@ class TableRebuildPolicy:
         c = self.config
         if c.every_s <= 0 or now_s - built_at_s < c.every_s:
             return None
-        factors = dict(current)
-        moved = []
+        seen = {}  # variant -> (factor, batches, hardware): the variants with enough batches
         for v, hw in sorted(serving_hw.items()):
             f = self.factor(v, hw, live.get(v, {}))
-            if f is None:
-                continue
-            old = current.get(v, 1.0)
+            if f is not None:
+                seen[v] = (f, sum(t.batches for t in live[v].values()), hw)
+        target = {v: f for v, (f, _, _) in seen.items()}
+        why = {v: f"{n} batches on {hw}" for v, (_, n, hw) in seen.items()}
+        if c.unobserved == "common" and seen:
+            common = _common(seen.values())
+            src = "common factor of " + ", ".join(sorted(seen))
+            for v in serving_hw:
+                if v not in seen:
+                    target[v], why[v] = common, src
+        factors = dict(current)
+        moved = []
+        for v in sorted(target):
+            f, old = target[v], current.get(v, 1.0)
             if abs(f - old) > c.threshold * old:
-                n = sum(t.batches for t in live[v].values())
-                moved.append(f"{v} service x{old:.2f} -> x{f:.2f} ({n} batches on {hw})")
+                moved.append(f"{v} service x{old:.2f} -> x{f:.2f} ({why[v]})")
                 factors[v] = f
         beyond = math.isfinite(rate_qps) and rate_qps > top_rate_qps
         if not moved and not beyond:
@@ -182,6 +206,13 @@ class TableRebuildPolicy:
         if beyond:
             moved.append(f"rate {rate_qps:.1f} q/s above the grid's {top_rate_qps:.1f}")
         return RebuildDecision(now_s, factors, rate_qps, "; ".join(moved))
+
+
+def _common(seen: Iterable[tuple[float, int, str]]) -> float:
+    """The observed variants' factors as one: their batch-count-weighted geometric mean."""
+    rows = list(seen)
+    n = sum(b for _, b, _ in rows)
+    return math.exp(sum(b * math.log(f) for f, b, _ in rows) / n)
 
 
 def scaled_profiles(base: Profiles, factors: Mapping[str, float]) -> Profiles:

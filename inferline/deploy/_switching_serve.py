@@ -14,6 +14,9 @@ the measured accuracy replaces the declared one (which stays the fallback withou
 ``rebuild_s`` (default 10, 0: off), ``rebuild_window_s`` (default: the drift loop's window),
 ``rebuild_min_batches`` and ``rebuild_threshold``: the table is rebuilt from live service times
 and the measured arrival rate (``TableKeeper``); ``GET /admin/switching`` shows it.
+``rebuild_unobserved`` (default ``"common"``): a variant without enough live batches (a warm
+spare) is scaled by the observed variants' common factor (a load slows all CPU variants
+alike); ``"keep"``: it keeps its own last factor.
 ``queue`` (default ``"shared"``): the variants share the stage's one EDF queue and the variant
 is chosen when a batch is cut (``Dispatcher.share``), so at a switch the queued queries go to
 the new variant; ``"per_variant"``: each variant its own queue (queries queued at a switch
@@ -82,6 +85,7 @@ class ServeSwitching:
     rebuild_window_s: float | None = None
     rebuild_min_batches: int = 10
     rebuild_threshold: float = 0.1
+    rebuild_unobserved: str = "common"
     queue: str = "shared"
 
     def __post_init__(self) -> None:
@@ -106,7 +110,11 @@ class ServeSwitching:
         """The live table's settings; the window defaults to the drift loop's."""
         window = self.rebuild_window_s or drift_window_s or DriftConfig().window_s
         return TableRebuildConfig(
-            self.rebuild_s, window, self.rebuild_min_batches, self.rebuild_threshold
+            self.rebuild_s,
+            window,
+            self.rebuild_min_batches,
+            self.rebuild_threshold,
+            self.rebuild_unobserved,
         )
 
     def controller_config(self, slo_s: float) -> SwitchingConfig:
