@@ -3,9 +3,12 @@ on the server's port (its own ``SO_REUSEPORT`` socket; the kernel spreads connec
 the workers), runs the same guard (Host, token, content type, body limit) and, for KServe v2
 ``/infer``, the same decode and encode as the single process; the decoded tensors go to the
 queue process over the local channel (``_frames``), which runs the EDF queue and answers
-with the output tensors. Every other request (the native predict route, TF Serving, admin,
-metadata) travels whole over the same channel and is answered by the queue process's app,
-so every answer is the single process's. When the server has a gRPC port, the worker also
+with the output tensors. The native predict route is parsed and checked here too
+(``parse_predict``, with each app's ``AppRules`` from the config) and only its checked inputs
+travel (a ``native`` frame); rules the queue process finds changed since come back
+``stale`` with the new ones, and that request travels whole. Every other request (TF
+Serving, admin, metadata) travels whole over the same channel and is answered by the queue
+process's app, so every answer is the single process's. When the server has a gRPC port, the worker also
 serves it (``frontdoors._grpc_worker``: ``ModelInfer`` decoded and encoded here, the other
 RPCs answered by the queue process's handlers).
 
@@ -28,7 +31,8 @@ from starlette.types import Receive, Scope, Send
 from inferline.core import BodyTooLarge, InferlineError
 from inferline.server._frames import FrameChannel, pack_tensors, unpack_tensors
 from inferline.server._guard import Guard
-from inferline.server._predict_route import read_body, send_answer
+from inferline.server._predict import AppRules, PredictRequest, error_answer, parse_predict
+from inferline.server._predict_route import predict_app_name, read_body, send_answer
 from inferline.server._replies import INTERNAL_ERROR, send_json, too_large
 from inferline.server._run import bind_socket, run_loop, serve_app
 from inferline.server.frontdoors import (
@@ -114,6 +118,12 @@ class WorkerApp:
         self.limit = int(config["max_body_bytes"])
         self.max_rows = int(config["max_rows"])
         self.kserve = bool(config["kserve"])
+        self.rules: dict[str, AppRules] = {}
+        self.set_rules(config.get("apps") or [])
+
+    def set_rules(self, apps: list[dict[str, Any]]) -> None:
+        """Each app's parse rules, as the queue process has them now (``AppRules``)."""
+        self.rules = {r.name: r for r in map(AppRules.from_dict, apps)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -131,10 +141,13 @@ class WorkerApp:
         try:
             model = infer_model(scope["path"]) if self.kserve else None
             post = scope["method"] == "POST" and _has_length(scope)
+            app = predict_app_name(scope["path"]) if post else None
             if model is not None and post:
                 await self._infer(model, raw, scope, send)
-            else:
-                await self._forward(scope, raw, send, "post" if post else "asgi")
+            elif app is not None and app in self.rules:
+                await self._native(self.rules[app], raw, scope, send)
+            else:  # an app it has no rules for yet asks for them with the answer
+                await self._forward(scope, raw, send, "post" if post else "asgi", app is not None)
         except QueueGone:
             await send_json(send, 503, QUEUE_GONE, [(b"retry-after", b"1")])
         except Exception:
@@ -173,7 +186,32 @@ class WorkerApp:
             answer = kserve_error(e)
         await send_answer(send, *answer)
 
-    async def _forward(self, scope: Scope, raw: bytes, send: Send, kind: str) -> None:
+    async def _native(self, rules: AppRules, raw: bytes, scope: Scope, send: Send) -> None:
+        """The native route: parsed and checked here with the app's rules, queued there.
+        The queue process answers ``stale`` when the app's rules changed since (or the app is
+        gone): the worker takes the new rules and forwards this request whole."""
+        try:
+            req = parse_predict(rules, raw)
+        except InferlineError as e:
+            self.link.channel.send({"k": "invalid", "app": rules.name})  # counted there
+            status, body, extra = error_answer(e)
+            await send_answer(send, status, body, "application/json", extra)
+            return
+        head = native_head(req, rules)
+        if head is None:  # inputs the channel cannot carry as they are: parsed there
+            await self._forward(scope, raw, send, "post")
+            return
+        head, bufs = head
+        reply, payload = await self.link.request(head, bufs)
+        if reply.get("stale"):
+            self.set_rules(reply["apps"])
+            await self._forward(scope, raw, send, "post")
+            return
+        await send_answer(send, reply["st"], bytes(payload), reply["media"], reply.get("h"))
+
+    async def _forward(
+        self, scope: Scope, raw: bytes, send: Send, kind: str, ask: bool = False
+    ) -> None:
         """The whole request to the queue process: ``post`` (a POST with a length: answered
         as ``PredictRoute`` answers it, guarded here) or ``asgi`` (through its app)."""
         head = {
@@ -187,14 +225,41 @@ class WorkerApp:
             "c": list(scope["client"]) if scope.get("client") else None,
             "sc": scope.get("scheme", "http"),
             "v": scope.get("http_version", "1.1"),
+            "ask": ask,
         }
         reply, payload = await self.link.request(head, [raw])
+        if "apps" in reply:  # a predict route's app this worker did not know: rules now
+            self.set_rules(reply["apps"])
         if "media" in reply:  # an answer function's (status, body, media, extra headers)
             await send_answer(send, reply["st"], bytes(payload), reply["media"], reply.get("h"))
             return
         headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in reply["h"]]
         await send({"type": "http.response.start", "status": reply["st"], "headers": headers})
         await send({"type": "http.response.body", "body": bytes(payload)})
+
+
+def native_head(req: PredictRequest, rules: AppRules) -> tuple[dict[str, Any], list[Any]] | None:
+    """A parsed native request as a ``native`` frame: checked inputs as tensors (an app with
+    an input spec) or plain JSON (none, and the body held no tagged value); else None."""
+    head: dict[str, Any] = {
+        "k": "native",
+        "r": rules.to_dict(),  # the rules it was checked with: the queue process compares
+        "slo": req.slo_s,
+        "b": req.is_batch,
+        "prio": req.priority,
+    }
+    if rules.input_spec is not None:
+        if not all(
+            getattr(x, "dtype", None) is not None and x.dtype.kind in "biufc" for x in req.inputs
+        ):
+            return None
+        meta, bufs = pack_tensors({str(i): x for i, x in enumerate(req.inputs)})
+        head["t"] = meta
+        return head, bufs
+    if not req.plain:
+        return None
+    head["j"] = req.inputs
+    return head, []
 
 
 def _has_length(scope: Scope) -> bool:

@@ -11,15 +11,26 @@ import asyncio
 import json
 import logging
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from inferline.core import InferlineError, ValidationError, decode_json, error_body, status_for
 from inferline.queueing import PredictedLate, check_priority
-from inferline.server._decode import brief
+from inferline.server._decode import InputSpec, brief, decode_input
 from inferline.server._outcomes import Prediction, json_default
 from inferline.server._service import Service
 
-__all__ = ["MAX_SLO_MS", "handle_predict", "http_answer"]
+__all__ = [
+    "MAX_SLO_MS",
+    "AppRules",
+    "PredictRequest",
+    "error_answer",
+    "handle_predict",
+    "http_answer",
+    "parse_predict",
+    "run_predict",
+]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +65,57 @@ def _slo_of(app: Any, body: dict[str, Any]) -> float:
     return min(float(v) / 1e3, float(app.slo_s))
 
 
-def _parse_request(
-    service: Service, app_name: str, raw: bytes
-) -> tuple[Any, list[Any], float, bool, int]:
-    """Returns ``(app, inputs, slo_s, is_batch, priority)``."""
-    app = service.app(app_name)
+@dataclass(frozen=True)
+class AppRules:
+    """What the parse of a predict body needs of an app (an ``App`` has the same fields):
+    its SLO (default and cap), batch limit and input spec. Door workers get them over the
+    channel, so they parse and check the native route themselves."""
+
+    name: str
+    slo_s: float
+    max_batch_inputs: int
+    input_spec: InputSpec | None
+
+    @classmethod
+    def of(cls, app: Any) -> AppRules:
+        return cls(app.name, float(app.slo_s), int(app.max_batch_inputs), app.input_spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        spec = None if self.input_spec is None else self.input_spec.to_dict()
+        return {
+            "name": self.name,
+            "slo_s": self.slo_s,
+            "max_batch_inputs": self.max_batch_inputs,
+            "input_spec": spec,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AppRules:
+        spec = d.get("input_spec")
+        return cls(
+            str(d["name"]),
+            float(d["slo_s"]),
+            int(d["max_batch_inputs"]),
+            None if spec is None else InputSpec.from_dict(spec),
+        )
+
+
+@dataclass(frozen=True)
+class PredictRequest:
+    """A parsed, checked predict body: what the queue part (``run_predict``) takes.
+    ``plain``: the body held no JSON object but itself (the inputs are plain JSON)."""
+
+    app: str
+    inputs: list[Any]
+    slo_s: float
+    is_batch: bool
+    priority: int
+    plain: bool
+
+
+def parse_predict(app: AppRules | Any, raw: bytes) -> PredictRequest:
+    """Parse and check one predict body against ``app`` (an ``App`` or its ``AppRules``);
+    ``ValidationError`` naming the field for a bad one."""
     if not raw:
         raise ValidationError("body", 'a JSON object like {"input": ...}', "an empty body")
     body = decode_json(raw, 'a JSON object like {"input": ...}')
@@ -82,9 +139,10 @@ def _parse_request(
     has_batch = "input_batch" in body
     if has_one == has_batch:
         raise ValidationError("body", "exactly one of 'input' or 'input_batch'", sorted(body))
+    spec = app.input_spec
     if has_one:
-        x = service.check_input(app, body["input"], "input", plain=plain, non_numbers=non_numbers)
-        return app, [x], slo_s, False, priority
+        x = decode_input(spec, body["input"], "input", plain=plain, non_numbers=non_numbers)
+        return PredictRequest(app.name, [x], slo_s, False, priority, plain)
     batch = body["input_batch"]
     if not isinstance(batch, list) or not batch:
         raise ValidationError("input_batch", "a non-empty JSON array of inputs", brief(batch))
@@ -93,10 +151,10 @@ def _parse_request(
             "input_batch", f"at most {app.max_batch_inputs} inputs", f"{len(batch)} inputs"
         )
     inputs = [
-        service.check_input(app, x, f"input_batch[{i}]", plain=plain, non_numbers=non_numbers)
+        decode_input(spec, x, f"input_batch[{i}]", plain=plain, non_numbers=non_numbers)
         for i, x in enumerate(batch)
     ]
-    return app, inputs, slo_s, True, priority
+    return PredictRequest(app.name, inputs, slo_s, True, priority, plain)
 
 
 def _dumps(body: Any) -> bytes:
@@ -114,24 +172,45 @@ def _dumps_output(app_name: str, body: Any) -> bytes:
         raise _OutputNotJSON(f"the output of app {app_name!r} has no JSON form: {e}") from None
 
 
+_CLOSING = {"detail": "server is shutting down", "error": "Unavailable"}
+
+
+def error_answer(e: InferlineError) -> tuple[int, bytes, dict[str, str] | None]:
+    """A refused request's answer as the native route sends it."""
+    status, body, headers = http_answer(e)
+    return status, _dumps(body), headers
+
+
 async def handle_predict(
     service: Service, app_name: str, raw: bytes
 ) -> tuple[int, bytes, dict[str, str] | None]:
     """One predict request, start to end: ``(status, JSON body, extra headers)``. Never raises
     for a bad request or a failed query: those become 4xx/5xx answers."""
     if service.closing:
-        return 503, _dumps({"detail": "server is shutting down", "error": "Unavailable"}), None
+        return 503, _dumps(_CLOSING), None
     try:
-        try:
-            app_, inputs, slo_s, is_batch, prio = _parse_request(service, app_name, raw)
-        except InferlineError:
-            service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
-            raise
-        if not is_batch:
-            pred = await service.predict(app_.name, inputs[0], slo_s, prio)
+        req = parse_predict(service.app(app_name), raw)
+    except InferlineError as e:
+        service.metrics.rejected(app_name if app_name in service.apps else "-", "invalid")
+        return error_answer(e)
+    return await run_predict(service, req)
+
+
+async def run_predict(
+    service: Service, req: PredictRequest
+) -> tuple[int, bytes, dict[str, str] | None]:
+    """The queue part of a parsed request (``parse_predict``'s): its answer, as
+    ``handle_predict`` gives it."""
+    if service.closing:
+        return 503, _dumps(_CLOSING), None
+    app_name = req.app
+    try:
+        if not req.is_batch:
+            pred = await service.predict(app_name, req.inputs[0], req.slo_s, req.priority)
             return 200, _dumps_output(app_name, pred.to_body()), None
         results = await asyncio.gather(
-            *(service.predict(app_.name, x, slo_s, prio) for x in inputs), return_exceptions=True
+            *(service.predict(app_name, x, req.slo_s, req.priority) for x in req.inputs),
+            return_exceptions=True,
         )
         for r in results:
             if isinstance(r, BaseException) and not isinstance(r, InferlineError):
@@ -141,8 +220,7 @@ async def handle_predict(
         log.error("%s", e)
         return 500, _dumps({"detail": str(e), "error": "OutputError"}), None
     except InferlineError as e:
-        status, body, headers = http_answer(e)
-        return status, _dumps(body), headers
+        return error_answer(e)
     except Exception as e:  # a bug in a pipeline: answer it, log it, keep serving
         log.exception("app %r failed", app_name)
         return 500, _dumps({"detail": f"{type(e).__name__}: {e}", "error": "InternalError"}), None

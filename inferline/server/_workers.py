@@ -4,9 +4,10 @@ gRPC doors without a second queue.
 The queue process (this one) keeps the service, the EDF queue and the replicas; it holds the
 port bound (``SO_REUSEPORT``, not listening) and starts N workers
 (``inferline.server._door_worker``), each listening on the port with its own socket. A worker
-parses, guards, decodes and encodes; it hands KServe v2 tensors (and every other request,
-whole: the native predict route and TF Serving's by the same answer functions as
-``PredictRoute``, the rest by the app) to this process over a Unix socket in a private directory, in batched length-prefixed
+parses, guards, decodes and encodes; it hands KServe v2 tensors and the native predict
+route's checked inputs (``answer_native``: the queue part only; a worker's rules checked
+against the app's now) and every other request, whole (TF Serving's by the same answer
+functions as ``PredictRoute``, the rest by the app) to this process over a Unix socket in a private directory, in batched length-prefixed
 frames (``_frames``), and gets the outputs back the same way. The gRPC port, when served,
 goes to the workers too: the gRPC door here stops listening and holds the port
 (``FrontDoorGrpc.hand_over``); a worker's decoded ``ModelInfer`` and its other RPCs are
@@ -35,7 +36,7 @@ from typing import Any
 
 from inferline.core import InferlineError
 from inferline.server._frames import FrameChannel, pack_tensors, unpack_tensors
-from inferline.server._predict import handle_predict
+from inferline.server._predict import AppRules, PredictRequest, handle_predict, run_predict
 from inferline.server._predict_route import predict_app_name
 from inferline.server._replies import INTERNAL_ERROR
 from inferline.server.frontdoors import GrpcRelay, InferFastPath, grpc_door_of, kserve_error
@@ -103,6 +104,10 @@ class _Peer:
         kind = header.get("k")
         if kind == "kserve":
             self._spawn(self.pool.answer_kserve(header, payload))
+        elif kind == "native":
+            self._spawn(self.pool.answer_native(header, payload))
+        elif kind == "invalid":  # a native request the worker refused: counted as here
+            self.pool.invalid(str(header.get("app", "")))
         elif kind == "post":
             self._spawn(self.pool.answer_post(header, payload))
         elif kind == "asgi":
@@ -115,7 +120,8 @@ class _Peer:
             self.pool.relay.overloaded(header)
         elif kind == "hello":
             self.index = int(header["worker"])
-            self.channel.send({"k": "config", "config": self.pool.config})
+            config = {**self.pool.config, "apps": self.pool.app_rules()}
+            self.channel.send({"k": "config", "config": config})
         elif kind == "ready":
             self.pool.listening(self.index)
 
@@ -178,6 +184,9 @@ class DoorWorkers:
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.ready: dict[int, asyncio.Event] = {}
         self.restarts = 0
+        # native requests answered from a worker's parse, and forwarded whole (parsed here)
+        self.native_decoded = 0
+        self.native_whole = 0
         self.stopping = False
         self._dir = ""
         self._server: asyncio.AbstractServer | None = None
@@ -311,6 +320,33 @@ class DoorWorkers:
             return _whole(rid, 500, INTERNAL_ERROR)
         return {"id": rid, "t": meta}, bufs
 
+    def app_rules(self) -> list[dict[str, Any]]:
+        """Every app's parse rules now: what a worker needs to parse the native route."""
+        return [AppRules.of(a).to_dict() for a in list(self.service.apps.values())]
+
+    def invalid(self, app: str) -> None:
+        self.service.metrics.rejected(app if app in self.service.apps else "-", "invalid")
+
+    async def answer_native(
+        self, h: dict[str, Any], payload: memoryview
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """A native request parsed and checked by the worker: only the queue part runs here.
+        Rules that changed since the worker got them (an app replaced or removed): ``stale``,
+        with the rules now; the worker forwards that request whole."""
+        rid = h["id"]
+        rules = h["r"]
+        app = self.service.apps.get(rules["name"])
+        if app is None or AppRules.of(app).to_dict() != rules:
+            return {"id": rid, "stale": True, "apps": self.app_rules()}, []
+        if "t" in h:
+            inputs = list(unpack_tensors(h["t"], payload).values())
+        else:
+            inputs = list(h["j"])
+        req = PredictRequest(app.name, inputs, float(h["slo"]), bool(h["b"]), int(h["prio"]), True)
+        self.native_decoded += 1
+        status, data, extra = await run_predict(self.service, req)
+        return {"id": rid, "st": status, "media": "application/json", "h": extra}, [data]
+
     async def answer_post(
         self, h: dict[str, Any], payload: memoryview
     ) -> tuple[dict[str, Any], list[Any]]:
@@ -319,8 +355,12 @@ class DoorWorkers:
         path = h["p"]
         name = predict_app_name(path)
         if name is not None:
+            self.native_whole += 1
             status, data, extra = await handle_predict(self.service, name, bytes(payload))
-            return {"id": h["id"], "st": status, "media": "application/json", "h": extra}, [data]
+            reply = {"id": h["id"], "st": status, "media": "application/json", "h": extra}
+            if h.get("ask") and name in self.service.apps:  # it parses the next ones itself
+                reply["apps"] = self.app_rules()
+            return reply, [data]
         for fp in self.fast_paths:
             key = fp.match(path)
             if key is None:
