@@ -145,10 +145,12 @@ def test_requests_waiting_on_a_gone_queue_process_get_a_503() -> None:
 # ---------------------------------------------------------------- a real server
 
 
-def _start(dep: Path, tmp: Path, name: str, workers: int) -> tuple[subprocess.Popen[bytes], Path]:
+def _start(
+    dep: Path, tmp: Path, name: str, workers: int, token: str = TOKEN, limit: int = LIMIT
+) -> tuple[subprocess.Popen[bytes], Path]:
     ready = tmp / f"{name}.json"
     cmd = [sys.executable, "-m", "inferline", "serve", "--deployment", str(dep), "--port", "0"]
-    cmd += ["--token", TOKEN, "--max-body-bytes", str(LIMIT), "--ready-file", str(ready)]
+    cmd += ["--token", token, "--max-body-bytes", str(limit), "--ready-file", str(ready)]
     cmd += ["--tuner", "none", "--on-drift", "off", "--door-workers", str(workers)]
     with open(tmp / f"{name}.log", "wb") as log:  # the process keeps its own copy
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), ready

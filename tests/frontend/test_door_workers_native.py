@@ -14,13 +14,12 @@ import json
 import re
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from test_door_workers import _start as start_serve  # the HTTP test's helpers
+from test_door_workers import _url
 
 from inferline.demo.simple import noop_deployment
 from inferline.server._decode import InputSpec
@@ -123,23 +122,7 @@ def test_an_app_the_worker_does_not_know_goes_whole_and_brings_its_rules() -> No
 
 
 def _start(dep: Path, tmp: Path, name: str, workers: int) -> tuple[subprocess.Popen[bytes], Path]:
-    ready = tmp / f"{name}.json"
-    cmd = [sys.executable, "-m", "inferline", "serve", "--deployment", str(dep), "--port", "0"]
-    cmd += ["--token", TOKEN, "--max-body-bytes", str(LIMIT), "--ready-file", str(ready)]
-    cmd += ["--tuner", "none", "--on-drift", "off", "--door-workers", str(workers)]
-    with open(tmp / f"{name}.log", "wb") as log:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), ready
-
-
-def _url(proc: subprocess.Popen[bytes], ready: Path, tmp: Path) -> str:
-    deadline = time.monotonic() + 60
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            logs = "".join(p.read_text(errors="replace")[-1500:] for p in tmp.glob("*.log"))
-            pytest.fail(f"inferline serve did not start:\n{logs}")
-        time.sleep(0.05)
-    return str(json.loads(ready.read_text())["url"])
+    return start_serve(dep, tmp, name, workers, token=TOKEN, limit=LIMIT)
 
 
 BODIES: list[bytes] = [
